@@ -1,0 +1,204 @@
+"""Actor processes: K environments stepped in a for-loop, one batched policy call.
+
+Each actor owns K environments and K rollout slots at a time. Per step it
+runs ONE forward pass of its local CPU model over all K observations
+(batching is what makes a CPU forward pass cheap per sample), steps the K
+environments, and writes step t of env k into slot k. The model's weights
+live in shared memory and are overwritten in place by the learner after
+every update, so an actor always acts with recent weights without any
+message passing.
+
+Actors ignore SIGINT: Ctrl-C reaches the whole process group, and shutdown
+is the learner's job (it closes the queues, which wakes and stops actors).
+If the learner dies without closing them, actors notice within a second
+that its pid is gone and exit.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from beast import envs
+from beast.buffers import RolloutBuffers, core_state_key
+from beast.native import QueueClosed
+
+__all__ = ["ActorSettings", "run_actor", "sample_actions"]
+
+# How often a blocked actor checks that the learner still exists.
+_PARENT_CHECK_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class ActorSettings:
+    """What an actor process needs to know; a picklable subset of Config."""
+
+    env: str
+    seed: int
+    num_envs: int
+    unroll_length: int
+    episodic_life: bool
+
+
+def sample_actions(policy_logits: torch.Tensor) -> torch.Tensor:
+    """Sample one action per row: logits [..., A] float -> actions [...] int64."""
+    flat = policy_logits.reshape(-1, policy_logits.shape[-1])
+    actions = torch.multinomial(F.softmax(flat, dim=-1), num_samples=1)
+    return actions.view(policy_logits.shape[:-1])
+
+
+def _learner_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _take_free_slots(buffers: RolloutBuffers, count: int, learner_pid: int) -> list[int] | None:
+    """K free slot indices, or None when the run is shutting down."""
+    slots = []
+    while len(slots) < count:
+        try:
+            slots.append(buffers.free_queue.get(timeout=_PARENT_CHECK_SECONDS))
+        except queue.Empty:
+            if not _learner_alive(learner_pid):
+                return None
+        except QueueClosed:
+            return None
+    return slots
+
+
+class _EnvBatch:
+    """K environments and their latest outputs as batched numpy arrays."""
+
+    def __init__(self, settings: ActorSettings, actor_index: int) -> None:
+        k = settings.num_envs
+        first_seed = settings.seed + actor_index * k
+        self.envs = [
+            envs.make(settings.env, seed=first_seed + i, episodic_life=settings.episodic_life)
+            for i in range(k)
+        ]
+        self.obs = np.stack([env.reset()[0] for env in self.envs])
+        self.reward = np.zeros(k, dtype=np.float32)
+        self.done = np.ones(k, dtype=bool)  # the first observation starts an episode
+        self.episode_end = np.zeros(k, dtype=bool)
+        self.episode_return = np.zeros(k, dtype=np.float32)
+        self.episode_step = np.zeros(k, dtype=np.int32)
+
+    def step(self, actions: np.ndarray) -> None:
+        self.episode_end[:] = False
+        for i, env in enumerate(self.envs):
+            obs, reward, terminated, truncated, info = env.step(int(actions[i]))
+            done = terminated or truncated
+            if "episode" in info:
+                self.episode_end[i] = True
+                self.episode_return[i] = info["episode"]["r"]
+                self.episode_step[i] = info["episode"]["l"]
+            if done:
+                obs, _ = env.reset()
+            self.obs[i] = obs
+            self.reward[i] = reward
+            self.done[i] = done
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def run_actor(
+    actor_index: int,
+    settings: ActorSettings,
+    buffers: RolloutBuffers,
+    model: torch.nn.Module,
+    learner_pid: int,
+) -> None:
+    """Process entry point. Exits 0 on shutdown, 1 after reporting an error once."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    torch.manual_seed(settings.seed * 7919 + actor_index)
+    try:
+        _act(actor_index, settings, buffers, model, learner_pid)
+    except Exception:
+        print(
+            f"beast: actor {actor_index} (env {settings.env}) failed:\n{traceback.format_exc()}",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(1)
+
+
+def _act(
+    actor_index: int,
+    settings: ActorSettings,
+    buffers: RolloutBuffers,
+    model: torch.nn.Module,
+    learner_pid: int,
+) -> None:
+    k, unroll_length = settings.num_envs, settings.unroll_length
+    env_batch = _EnvBatch(settings, actor_index)
+    fields = buffers.tensors
+    # Tensor views of the env batch's numpy arrays: no copies when building inputs.
+    inputs = {
+        "obs": torch.from_numpy(env_batch.obs).unsqueeze(0),
+        "reward": torch.from_numpy(env_batch.reward).unsqueeze(0),
+        "done": torch.from_numpy(env_batch.done).unsqueeze(0),
+        "last_action": torch.zeros((1, k), dtype=torch.int64),
+    }
+    env_outputs = {
+        "episode_end": torch.from_numpy(env_batch.episode_end),
+        "episode_return": torch.from_numpy(env_batch.episode_return),
+        "episode_step": torch.from_numpy(env_batch.episode_step),
+    }
+
+    state_in = model.initial_state(k)
+    with torch.no_grad():
+        output, state_out = model(inputs, state_in)
+    action = sample_actions(output.policy_logits)
+
+    def write_step(slots: torch.Tensor, t: int) -> None:
+        for key, value in inputs.items():
+            fields[key][slots, t] = value[0]
+        for key, value in env_outputs.items():
+            fields[key][slots, t] = value
+        fields["action"][slots, t] = action[0]
+        fields["policy_logits"][slots, t] = output.policy_logits[0]
+        fields["baseline"][slots, t] = output.baseline[0]
+
+    try:
+        while True:
+            slot_list = _take_free_slots(buffers, k, learner_pid)
+            if slot_list is None:
+                return
+            slots = torch.tensor(slot_list, dtype=torch.int64)
+            # The state that produced step 0's output: the learner replays
+            # step 0 from it. State tensors are [d0, K, ...]; slots store [d0, ...].
+            for i, tensor in enumerate(state_in):
+                fields[core_state_key(i)][slots] = tensor.transpose(0, 1)
+            write_step(slots, 0)
+            for t in range(1, unroll_length + 1):
+                inputs["last_action"].copy_(action)
+                env_batch.step(action[0].numpy())
+                state_in = state_out
+                with torch.no_grad():
+                    output, state_out = model(inputs, state_in)
+                action = sample_actions(output.policy_logits)
+                write_step(slots, t)
+            for slot in slot_list:
+                buffers.full_queue.put(slot)
+            if not _learner_alive(learner_pid):
+                return
+    except QueueClosed:
+        return
+    finally:
+        env_batch.close()

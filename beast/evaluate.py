@@ -1,0 +1,81 @@
+"""`--mode test`: run a saved policy for N episodes and report its returns.
+
+The checkpoint's own flags decide the environment and the network, so
+`--mode test --xpid RUN` evaluates RUN as it was trained, whatever the
+other defaults are now.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+import torch
+
+from beast import envs
+from beast.actor import sample_actions
+from beast.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
+from beast.config import Config, ConfigError
+
+__all__ = ["test"]
+
+
+def test(config: Config) -> list[float]:
+    """Returns the episode returns; prints each one and a summary."""
+    from beast.runner import build_run_model
+
+    path = os.path.join(config.run_dir, CHECKPOINT_NAME)
+    if not os.path.isfile(path):
+        raise ConfigError(
+            f"no checkpoint at {path}: train first, or pass the --savedir and --xpid of a run"
+        )
+    try:
+        checkpoint = load_checkpoint(path)
+        trained = Config(**checkpoint["config"])
+    except (CheckpointError, KeyError, TypeError) as error:
+        raise ConfigError(f"{path} is not a beast checkpoint: {error}") from error
+
+    env = envs.make(trained.env, seed=config.seed, episodic_life=False)
+    spec = envs.env_spec(env)
+    model = build_run_model(trained, spec)
+    model.load_state_dict(checkpoint["model_state_dict"])
+    model.eval()
+    print(f"[beast] testing {trained.xpid} (step {checkpoint['step']:,}) on {trained.env}"
+          f" for {config.num_test_episodes} episodes", flush=True)
+
+    returns: list[float] = []
+    obs, _ = env.reset()
+    state = model.initial_state(1)
+    inputs = {
+        "reward": torch.zeros((1, 1)),
+        "done": torch.ones((1, 1), dtype=torch.bool),
+        "last_action": torch.zeros((1, 1), dtype=torch.int64),
+    }
+    with torch.no_grad():
+        while len(returns) < config.num_test_episodes:
+            inputs["obs"] = torch.from_numpy(obs).view(1, 1, *spec.obs_shape)
+            output, state = model(inputs, state)
+            action = sample_actions(output.policy_logits)
+            obs, reward, terminated, truncated, info = env.step(int(action))
+            inputs["last_action"] = action
+            inputs["reward"] = torch.tensor([[reward]], dtype=torch.float32)
+            inputs["done"] = torch.tensor([[terminated or truncated]])
+            if "episode" in info:
+                returns.append(float(info["episode"]["r"]))
+                print(f"[beast] episode {len(returns)}/{config.num_test_episodes}: return"
+                      f" {returns[-1]:.2f}, {int(info['episode']['l'])} steps", flush=True)
+            if terminated or truncated:
+                obs, _ = env.reset()
+    env.close()
+    summary = {
+        "episodes": len(returns),
+        "mean_return": statistics.fmean(returns),
+        "median_return": statistics.median(returns),
+        "returns": returns,
+    }
+    with open(os.path.join(config.run_dir, "test.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print(f"[beast] mean return {summary['mean_return']:.2f}, median"
+          f" {summary['median_return']:.2f} over {len(returns)} episodes", flush=True)
+    return returns

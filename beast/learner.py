@@ -1,0 +1,195 @@
+"""The learner: batch threads, learner threads, weight publishing.
+
+Batch threads take `batch_size` full slots, copy them out into one
+time-major batch (moved to the learning device) and free the slots at once,
+so actors never wait on a learner step. Learner threads run the loss and
+the optimizer step. The whole update (forward, backward, step) holds one
+lock: the model's parameters are updated in place, and a second thread's
+backward pass over parameters changed under it would be wrong (autograd
+rejects it). Several learner threads therefore overlap only the hand-off,
+as in TorchBeast; torch's intra-op threads parallelise the step itself.
+
+The learner does not know which algorithm runs: it calls `loss_fn(outputs,
+batch) -> LossOutput` and reads `total_loss` and `stats`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from beast.buffers import RolloutBuffers
+from beast.native import QueueClosed
+
+__all__ = ["Learner", "TrainingProgress", "UpdateStats"]
+
+# How often blocked threads look at the stop flag.
+_POLL_SECONDS = 0.2
+
+
+@dataclass
+class TrainingProgress:
+    """Counters that a checkpoint saves and a resumed run continues from."""
+
+    step: int = 0  # agent steps consumed by the learner
+    num_updates: int = 0
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one update reports to the run log."""
+
+    step: int
+    num_updates: int
+    losses: dict[str, float]
+    episode_returns: list[float]
+    episode_steps: list[int]
+
+
+LossFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], Any]
+
+
+class Learner:
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        actor_model: nn.Module,
+        buffers: RolloutBuffers,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        loss_fn: LossFn,
+        device: torch.device,
+        batch_size: int,
+        total_steps: int,
+        grad_norm_clipping: float,
+        num_learner_threads: int,
+        on_update: Callable[[UpdateStats], None],
+        progress: TrainingProgress | None = None,
+    ) -> None:
+        self.model = model
+        self.actor_model = actor_model
+        self.buffers = buffers
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.loss_fn = loss_fn
+        self.device = device
+        self.batch_size = batch_size
+        self.total_steps = total_steps
+        self.grad_norm_clipping = grad_norm_clipping
+        self.on_update = on_update
+        self.progress = progress or TrainingProgress()
+        # Guards the model, optimizer, scheduler, progress and the published
+        # actor weights: everything an update or a checkpoint touches.
+        self.lock = threading.Lock()
+        self.finished = threading.Event()  # total_steps reached, or a thread failed
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        # Prepared batches waiting for a learner thread; small, so that a slow
+        # learner applies back-pressure to the batch thread and not to memory.
+        self._batches: queue.Queue[dict[str, torch.Tensor]] = queue.Queue(maxsize=2)
+        self._threads = [threading.Thread(target=self._run, args=(self._batch_loop,),
+                                          name="batcher", daemon=True)]
+        self._threads += [
+            threading.Thread(target=self._run, args=(self._learn_loop,), name=f"learner-{i}",
+                             daemon=True)
+            for i in range(num_learner_threads)
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _run(self, loop: Callable[[], None]) -> None:
+        try:
+            loop()
+        except QueueClosed:
+            pass
+        except BaseException as error:  # reported by the runner's monitor
+            self.error = error
+            self.finished.set()
+
+    def _batch_loop(self) -> None:
+        pin = self.device.type == "cuda"
+        while not self._stop.is_set():
+            indices: list[int] = []
+            while len(indices) < self.batch_size:
+                try:
+                    indices.append(self.buffers.full_queue.get(timeout=_POLL_SECONDS))
+                except queue.Empty:
+                    if self._stop.is_set():
+                        return
+            batch = self.buffers.gather(indices)
+            for index in indices:
+                self.buffers.free_queue.put(index)
+            if pin:
+                batch = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
+            while not self._stop.is_set():
+                try:
+                    self._batches.put(batch, timeout=_POLL_SECONDS)
+                    break
+                except queue.Full:
+                    continue
+
+    def _learn_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                batch = self._batches.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                continue
+            with self.lock:
+                if self.progress.step >= self.total_steps:
+                    self.finished.set()
+                    return
+                stats = self._update(batch)
+            self.on_update(stats)
+
+    def _update(self, batch: dict[str, torch.Tensor]) -> UpdateStats:
+        """One optimizer step on one batch; caller holds the lock."""
+        self.model.train()
+        outputs, _ = self.model(batch, self.buffers.core_state(batch))
+        loss = self.loss_fn(outputs._asdict(), batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.total_loss.backward()
+        # clip_grad_norm_ with an infinite bound just measures the norm.
+        max_norm = self.grad_norm_clipping if self.grad_norm_clipping > 0 else float("inf")
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.publish_weights()
+
+        unroll_length = batch["reward"].shape[0] - 1
+        self.progress.step += unroll_length * self.batch_size
+        self.progress.num_updates += 1
+        # Step 0 repeats the previous rollout's last step: count episodes from t=1.
+        ended = batch["episode_end"][1:]
+        losses = {key: float(value) for key, value in loss.stats.items()}
+        losses["grad_norm"] = float(grad_norm)
+        losses["learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        return UpdateStats(
+            step=self.progress.step,
+            num_updates=self.progress.num_updates,
+            losses=losses,
+            episode_returns=batch["episode_return"][1:][ended].tolist(),
+            episode_steps=batch["episode_step"][1:][ended].tolist(),
+        )
+
+    def publish_weights(self) -> None:
+        """Copy the learner's weights into the actors' shared-memory model, in place."""
+        with torch.no_grad():
+            for shared, own in zip(self.actor_model.state_dict().values(),
+                                   self.model.state_dict().values(), strict=True):
+                shared.copy_(own, non_blocking=False)

@@ -1,0 +1,397 @@
+"""Actor-critic networks for IMPALA-style agents.
+
+Every model is ``torso -> core -> heads`` and runs on time-major batches:
+
+    inputs["obs"]          [T, B, *obs_shape]  uint8 images (scaled by 1/255 inside the
+                                               model, so uint8 travels end to end), or
+                                               float32 vectors (used as they are)
+    inputs["reward"]       [T, B] float32      raw reward that arrived with obs_t; the model
+                                               clips it to [-1, 1] for the core input
+    inputs["last_action"]  [T, B] int64        action taken before obs_t (one-hot encoded)
+    inputs["done"]         [T, B] bool         obs_t starts a new episode; read only by
+                                               recurrent models, which zero their state for
+                                               that sample *before* processing step t
+
+    AgentOutput.policy_logits  [T, B, num_actions] float32 (unnormalised; the caller samples)
+    AgentOutput.baseline       [T, B] float32
+
+The core input is ``[torso features, clipped reward, one-hot last action]`` as in TorchBeast's
+AtariNet. Without an LSTM the heads read that vector directly; with one, they read the LSTM
+output. The policy and baseline heads are separate linear layers on a shared torso and core.
+
+Recurrent state (``CoreState``) is ``(h, c)``, each float32 ``[1, B, lstm_size]``: one LSTM
+layer, as in the IMPALA paper (Espeholt et al. 2018, fig. 3), rather than TorchBeast's two
+layers of ``fc + num_actions + 1`` units, which more than doubles AtariNet's parameters for
+no reported gain. Feed-forward models use the empty state ``()``.
+
+Initialisation: orthogonal weights and zero biases for every conv and linear layer (gain
+sqrt(2) after ReLU, 5/3 after tanh), the policy head with gain 0.01 so the initial policy is
+close to uniform (Andrychowicz et al. 2021, "What matters in on-policy RL", decision C57) and
+the baseline head with gain 1. The LSTM keeps PyTorch's default uniform initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "MODEL_NAMES",
+    "ActorCriticNet",
+    "AgentOutput",
+    "AtariNet",
+    "CoreState",
+    "MLPNet",
+    "ResNet",
+    "build_model",
+]
+
+MODEL_NAMES = ("auto", "atari", "resnet", "mlp")
+
+# Width of the LSTM core of the image models, as in the IMPALA paper (fig. 3).
+DEFAULT_LSTM_SIZE = 256
+# Width of both hidden layers of MLPNet (and of its LSTM): CleanRL's and Stable-Baselines3's
+# default for classic control.
+DEFAULT_MLP_HIDDEN_SIZE = 64
+# Orthogonal-init gains. ReLU and tanh gains are torch.nn.init.calculate_gain's values.
+_RELU_GAIN = math.sqrt(2.0)
+_TANH_GAIN = 5.0 / 3.0
+_POLICY_GAIN = 0.01
+_BASELINE_GAIN = 1.0
+
+
+class AgentOutput(NamedTuple):
+    """What a model returns for each step.
+
+    policy_logits: float32 [T, B, num_actions], unnormalised log-probabilities.
+    baseline: float32 [T, B], the value estimate V(x_t).
+    """
+
+    policy_logits: Tensor
+    baseline: Tensor
+
+
+CoreState = tuple[Tensor, ...]
+"""``()`` for feed-forward models; ``(h, c)``, each float32 [1, B, lstm_size], for the LSTM."""
+
+
+def _orthogonal_init(module: nn.Module, gain: float) -> None:
+    """Orthogonal weights with ``gain`` and zero biases for every conv/linear in ``module``."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Conv2d | nn.Linear):
+            nn.init.orthogonal_(layer.weight, gain)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+
+
+def _flat_size(module: nn.Module, in_shape: tuple[int, ...], model_name: str) -> int:
+    """Features per sample that ``module`` outputs for one input of ``in_shape``.
+
+    Found by a dummy pass so the models work for any [C, H, W]; a conv stack that would shrink
+    the image below 1x1 becomes a one-line ValueError instead of a PyTorch shape error.
+    """
+    try:
+        with torch.no_grad():
+            out = module(torch.zeros(1, *in_shape))
+    except RuntimeError:
+        raise ValueError(
+            f"obs_shape {in_shape} is too small for the {model_name} conv torso; "
+            "use 'resnet' or 'mlp' for small images"
+        ) from None
+    return out[0].numel()
+
+
+def _check_image_shape(obs_shape: tuple[int, ...], model_name: str) -> None:
+    if len(obs_shape) != 3:
+        raise ValueError(
+            f"the {model_name} model needs image observations [C, H, W], got obs_shape "
+            f"{obs_shape}; use 'mlp' for vectors"
+        )
+
+
+class ActorCriticNet(nn.Module):
+    """Shared core and heads; subclasses provide the torso.
+
+    Args:
+        torso: maps float32 [N, *obs_shape] to float32 [N, torso_size].
+        torso_size: features per sample out of ``torso``.
+        obs_shape: shape of one observation.
+        num_actions: size of the discrete action space.
+        use_lstm: put a one-layer LSTM between the torso and the heads.
+        lstm_size: LSTM hidden size (ignored without ``use_lstm``).
+    """
+
+    def __init__(
+        self,
+        torso: nn.Module,
+        torso_size: int,
+        obs_shape: Sequence[int],
+        num_actions: int,
+        *,
+        use_lstm: bool,
+        lstm_size: int,
+    ) -> None:
+        super().__init__()
+        self.obs_shape = tuple(obs_shape)
+        self.num_actions = num_actions
+        self.use_lstm = use_lstm
+        self.torso = torso
+        core_input_size = torso_size + 1 + num_actions
+        self.core: nn.LSTM | None
+        if use_lstm:
+            self.core = nn.LSTM(core_input_size, lstm_size, num_layers=1)
+            core_output_size = lstm_size
+        else:
+            self.core = None
+            core_output_size = core_input_size
+        self.policy = nn.Linear(core_output_size, num_actions)
+        self.baseline = nn.Linear(core_output_size, 1)
+        _orthogonal_init(self.policy, _POLICY_GAIN)
+        _orthogonal_init(self.baseline, _BASELINE_GAIN)
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> CoreState:
+        """Zero recurrent state for ``batch_size`` samples, on ``device``.
+
+        ``device=None`` means the device of the model's parameters.
+        """
+        if self.core is None:
+            return ()
+        if device is None:
+            device = self.policy.weight.device
+        shape = (self.core.num_layers, batch_size, self.core.hidden_size)
+        return (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+
+    def forward(
+        self, inputs: Mapping[str, Tensor], core_state: CoreState = ()
+    ) -> tuple[AgentOutput, CoreState]:
+        """Run T steps for B samples. See the module docstring for the ``inputs`` contract.
+
+        For recurrent models an empty ``core_state`` means ``initial_state(B)``. The returned
+        state is the one after step T-1, so carrying it into the next call gives exactly the
+        same outputs as one call over all steps.
+        """
+        obs = inputs["obs"]
+        T, B = obs.shape[:2]
+        x = obs.flatten(0, 1)
+        # uint8 pixels are scaled here rather than by the caller, so rollouts store bytes.
+        x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+        x = self.torso(x)
+        reward = inputs["reward"].flatten(0, 1).float().clamp(-1.0, 1.0).unsqueeze(1)
+        last_action = F.one_hot(inputs["last_action"].flatten(0, 1), self.num_actions).float()
+        core_input = torch.cat([x, reward, last_action], dim=1)
+
+        if self.core is None:
+            core_output = core_input
+            core_state = ()
+        else:
+            core_output, core_state = self._unroll(
+                core_input.view(T, B, -1), inputs["done"], core_state
+            )
+            core_output = core_output.flatten(0, 1)
+
+        policy_logits = self.policy(core_output).view(T, B, self.num_actions)
+        baseline = self.baseline(core_output).view(T, B)
+        return AgentOutput(policy_logits, baseline), core_state
+
+    def _unroll(
+        self, core_input: Tensor, done: Tensor, core_state: CoreState
+    ) -> tuple[Tensor, CoreState]:
+        """LSTM over core_input [T, B, F], zeroing a sample's state where done[t] is set.
+
+        Rather than stepping the LSTM once per t (TorchBeast), split T at the steps where any
+        sample starts an episode and run one LSTM call per chunk: the state is only reset at
+        chunk starts, so this is the same computation, but a 80-step learner unroll with no
+        episode end is one fused call instead of 80. Returns (output [T, B, lstm_size], state).
+        """
+        assert self.core is not None
+        T, B = done.shape
+        if not core_state:
+            core_state = self.initial_state(B, core_input.device)
+        # [T, 1, B, 1]: indexing t gives [1, B, 1], broadcasting over (layers, B, hidden).
+        done = done.bool().view(T, 1, B, 1)
+        # Chunk starts: 0, then every t > 0 where some sample's episode starts. T == 1 is the
+        # actors' path and skips the search, which would cost a host sync on GPU.
+        starts = [0]
+        if T > 1:
+            starts += (done[1:].flatten(1).any(dim=1).nonzero().flatten() + 1).tolist()
+        outputs = []
+        for start, end in zip(starts, [*starts[1:], T], strict=True):
+            # masked_fill, not a multiply by (1 - done): a reset must also clear NaN/inf (e.g.
+            # debug sentinels in an unwritten state buffer), and 0 * NaN is NaN.
+            core_state = tuple(s.masked_fill(done[start], 0.0) for s in core_state)
+            output, core_state = self.core(core_input[start:end], core_state)
+            outputs.append(output)
+        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), tuple(core_state)
+
+
+class AtariNet(ActorCriticNet):
+    """TorchBeast's AtariNet (the Nature-DQN torso) for [C, H, W] images with H, W >= 36.
+
+    conv 32 8x8 s4 -> ReLU -> conv 64 4x4 s2 -> ReLU -> conv 64 3x3 s1 -> ReLU -> fc 512 -> ReLU.
+    """
+
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        num_actions: int,
+        *,
+        use_lstm: bool = False,
+        lstm_size: int = DEFAULT_LSTM_SIZE,
+    ) -> None:
+        obs_shape = tuple(obs_shape)
+        _check_image_shape(obs_shape, "atari")
+        convs = nn.Sequential(
+            nn.Conv2d(obs_shape[0], 32, kernel_size=8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, kernel_size=4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, kernel_size=3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        torso = nn.Sequential(
+            convs, nn.Linear(_flat_size(convs, obs_shape, "atari"), 512), nn.ReLU()
+        )
+        _orthogonal_init(torso, _RELU_GAIN)
+        super().__init__(torso, 512, obs_shape, num_actions, use_lstm=use_lstm, lstm_size=lstm_size)
+
+
+class _ResidualBlock(nn.Module):
+    """x + conv(ReLU(conv(ReLU(x)))), 3x3 convs with same padding."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
+
+
+class ResNet(ActorCriticNet):
+    """The IMPALA deep ResNet (Espeholt et al. 2018, fig. 3, right) for [C, H, W] images.
+
+    Three sections of 16, 32, 32 channels, each: conv 3x3 -> maxpool 3x3 s2 -> two residual
+    blocks; then ReLU -> flatten -> fc 256 -> ReLU. The max-pool pads by 1, which gives
+    TensorFlow's "SAME" output size ceil(H / 2) (84 -> 42 -> 21 -> 11).
+    """
+
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        num_actions: int,
+        *,
+        use_lstm: bool = False,
+        lstm_size: int = DEFAULT_LSTM_SIZE,
+    ) -> None:
+        obs_shape = tuple(obs_shape)
+        _check_image_shape(obs_shape, "resnet")
+        layers: list[nn.Module] = []
+        in_channels = obs_shape[0]
+        for channels in (16, 32, 32):
+            layers += [
+                nn.Conv2d(in_channels, channels, kernel_size=3, padding=1),
+                nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+                _ResidualBlock(channels),
+                _ResidualBlock(channels),
+            ]
+            in_channels = channels
+        convs = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
+        torso = nn.Sequential(
+            convs, nn.Linear(_flat_size(convs, obs_shape, "resnet"), 256), nn.ReLU()
+        )
+        _orthogonal_init(torso, _RELU_GAIN)
+        super().__init__(torso, 256, obs_shape, num_actions, use_lstm=use_lstm, lstm_size=lstm_size)
+
+
+class MLPNet(ActorCriticNet):
+    """Two tanh hidden layers of ``hidden_size`` units on the flattened observation.
+
+    tanh rather than ReLU follows CleanRL's and Stable-Baselines3's classic-control defaults
+    (bounded features suit unnormalised vector observations such as CartPole's velocities).
+    The LSTM, when used, has ``hidden_size`` units too.
+    """
+
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        num_actions: int,
+        *,
+        use_lstm: bool = False,
+        hidden_size: int = DEFAULT_MLP_HIDDEN_SIZE,
+    ) -> None:
+        obs_shape = tuple(obs_shape)
+        torso = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(math.prod(obs_shape), hidden_size),
+            nn.Tanh(),
+            nn.Linear(hidden_size, hidden_size),
+            nn.Tanh(),
+        )
+        _orthogonal_init(torso, _TANH_GAIN)
+        super().__init__(
+            torso, hidden_size, obs_shape, num_actions, use_lstm=use_lstm, lstm_size=hidden_size
+        )
+
+
+def build_model(
+    name: str,
+    obs_shape: Sequence[int],
+    num_actions: int,
+    *,
+    use_lstm: bool = False,
+    hidden_size: int | None = None,
+) -> ActorCriticNet:
+    """Build a model by name (one of MODEL_NAMES).
+
+    "auto" picks "atari" for 3-D [C, H, W] observations and "mlp" for 1-D vectors. "mlp"
+    accepts any shape (it flattens), so small grids can use it too; "atari" and "resnet" need
+    3-D images, and "atari" needs H, W >= 36.
+
+    ``hidden_size`` sets MLPNet's layer and LSTM width (default 64) and the image models'
+    LSTM width (default 256). Image models have no other width to set, so passing it for one
+    without ``use_lstm`` is an error rather than silently ignored.
+
+    Raises:
+        ValueError: unknown name, impossible shape, or a non-positive size.
+    """
+    obs_shape = tuple(int(d) for d in obs_shape)
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES}")
+    if not obs_shape or min(obs_shape) < 1:
+        raise ValueError(f"obs_shape must be non-empty with positive sizes, got {obs_shape}")
+    if num_actions < 1:
+        raise ValueError(f"num_actions must be >= 1, got {num_actions}")
+    if hidden_size is not None and hidden_size < 1:
+        raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
+    if name == "auto":
+        if len(obs_shape) == 3:
+            name = "atari"
+        elif len(obs_shape) == 1:
+            name = "mlp"
+        else:
+            raise ValueError(
+                f"model 'auto' needs 1-D vector or 3-D [C, H, W] obs, got obs_shape {obs_shape}; "
+                "name a model explicitly"
+            )
+    if name == "mlp":
+        return MLPNet(
+            obs_shape,
+            num_actions,
+            use_lstm=use_lstm,
+            hidden_size=hidden_size or DEFAULT_MLP_HIDDEN_SIZE,
+        )
+    if hidden_size is not None and not use_lstm:
+        raise ValueError(
+            f"hidden_size sets the LSTM width of the {name} model; it has no effect without "
+            "use_lstm"
+        )
+    image_cls = AtariNet if name == "atari" else ResNet
+    return image_cls(
+        obs_shape, num_actions, use_lstm=use_lstm, lstm_size=hidden_size or DEFAULT_LSTM_SIZE
+    )

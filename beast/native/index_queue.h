@@ -1,0 +1,151 @@
+/*
+ * beast/native/index_queue.h -- a process-shared FIFO of int32 slot indices.
+ *
+ * Actors and the learner exchange rollout-slot indices through a "free" and a
+ * "full" queue (TorchBeast's protocol). This queue lives entirely inside one
+ * caller-provided block of memory, so any process that maps the block can use
+ * it. Waiting is a futex sleep on a word inside the block: no spinning, no
+ * Python on the wake path.
+ *
+ * Ownership
+ *   The caller allocates and frees the memory; C only borrows it. Python
+ *   allocates it as a shared-memory torch uint8 tensor and keeps that tensor
+ *   alive for as long as it holds the pointer. The block must be at least
+ *   beast_queue_nbytes(capacity) bytes, aligned to 8 bytes, and zeroed or
+ *   otherwise never initialised before beast_queue_init. To share the queue
+ *   between processes the block must sit in a MAP_SHARED mapping (torch's
+ *   share_memory_() or a fork of the initialising process provides one); in
+ *   a private mapping it still works, but only between threads.
+ *
+ * Thread and process safety
+ *   beast_queue_init must run exactly once, before any other call, with no
+ *   concurrent user of the block. After that, put, get, close, size and
+ *   owner_deaths may be called concurrently from any number of threads in any
+ *   number of processes. Every call is short and non-blocking except
+ *   beast_queue_get, which sleeps until a value arrives, the queue closes,
+ *   its timeout expires or a signal interrupts it. No call may race with the
+ *   memory being unmapped or freed.
+ *
+ * Owner death
+ *   The internal lock is a robust, process-shared pthread mutex. If a process
+ *   dies while holding it, the next locker recovers it and carries on. Ring
+ *   writes are ordered (value written, then the index published) so that a
+ *   death mid-operation loses at most the one value being put or got, and
+ *   never corrupts the ring. A process that dies while sleeping in
+ *   beast_queue_get holds no lock and costs nothing. One gap: a waiter killed
+ *   after a put woke it but before it took the value leaves that value queued
+ *   while other waiters sleep on; the next put or close wakes them again.
+ *
+ * Closing
+ *   beast_queue_close wakes every waiter in every process at once. After it,
+ *   put and get fail with BEAST_ECLOSED (values still queued are abandoned);
+ *   size still reports them. Close is idempotent.
+ */
+#ifndef BEAST_INDEX_QUEUE_H
+#define BEAST_INDEX_QUEUE_H
+
+#ifndef __linux__
+#error "beast's native queue needs Linux futexes"
+#endif
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Return codes. Every int-returning call returns one of these. */
+enum beast_status {
+  BEAST_OK = 0,
+  BEAST_ETIMEDOUT = 1,       /* get: no value before the timeout */
+  BEAST_ECLOSED = 2,         /* put/get: the queue has been closed */
+  BEAST_EFULL = 3,           /* put: capacity values already queued */
+  BEAST_EINVAL = 4,          /* bad pointer, size, alignment or capacity */
+  BEAST_EINTR = 5,           /* get: a signal arrived; retry with the time left */
+  BEAST_ENOTRECOVERABLE = 6, /* the lock is permanently unusable */
+  BEAST_ESYS = 7,            /* an unexpected pthread or futex failure */
+};
+
+/* Largest capacity accepted; keeps the byte size far from overflow. */
+#define BEAST_QUEUE_MAX_CAPACITY (1u << 28)
+
+/* Bytes needed for a queue of `capacity` values; 0 if capacity is invalid
+ * (0 or above BEAST_QUEUE_MAX_CAPACITY). */
+size_t beast_queue_nbytes(uint32_t capacity);
+
+/* Initialise an empty, open queue in `mem` (nbytes long, 8-byte aligned). */
+int beast_queue_init(void *mem, size_t nbytes, uint32_t capacity);
+
+/* Append `value`. Never blocks: BEAST_EFULL when full, BEAST_ECLOSED when
+ * closed. */
+int beast_queue_put(void *mem, int32_t value);
+
+/* Pop the oldest value into *out. timeout_ns < 0 waits forever, 0 only
+ * polls. Returns BEAST_ETIMEDOUT, BEAST_ECLOSED, or BEAST_EINTR when a signal
+ * handler ran during the wait: the caller retries with the time left (this
+ * lets Python raise KeyboardInterrupt from a blocked get). */
+int beast_queue_get(void *mem, int32_t *out, int64_t timeout_ns);
+
+/* Close the queue and wake every waiter. Idempotent. */
+int beast_queue_close(void *mem);
+
+/* Number of values queued, into *out. */
+int beast_queue_size(void *mem, uint32_t *out);
+
+/* Capacity the queue was initialised with, into *out. */
+int beast_queue_capacity(void *mem, uint32_t *out);
+
+/* How many times a process died holding the lock and the lock was recovered,
+ * into *out. For diagnostics: a non-zero value means an actor died mid-call. */
+int beast_queue_owner_deaths(void *mem, uint32_t *out);
+
+/*
+ * Futex helpers, shared with other native components (e.g. a batched
+ * inference server). They use shared futexes (no FUTEX_PRIVATE_FLAG), so the
+ * word may live in memory mapped by several processes.
+ */
+
+/* Sleep while *word == expected. deadline is an absolute CLOCK_MONOTONIC time,
+ * or NULL to wait forever. Returns 0 when woken (possibly spuriously), EAGAIN
+ * if *word != expected on entry, ETIMEDOUT, EINTR, or another errno. */
+static inline int beast_futex_wait(uint32_t *word, uint32_t expected,
+                                   const struct timespec *deadline) {
+  /* FUTEX_WAIT_BITSET takes an absolute CLOCK_MONOTONIC deadline, so a retry
+   * after EINTR or a spurious wake needs no remaining-time arithmetic. */
+  long rc = syscall(SYS_futex, word, FUTEX_WAIT_BITSET, expected, deadline,
+                    NULL, FUTEX_BITSET_MATCH_ANY);
+  return rc == 0 ? 0 : errno;
+}
+
+/* Wake up to n sleepers on word (INT_MAX: all). Returns how many woke, or -1. */
+static inline int beast_futex_wake(uint32_t *word, int n) {
+  return (int)syscall(SYS_futex, word, FUTEX_WAKE, n, NULL, NULL, 0);
+}
+
+/* Absolute CLOCK_MONOTONIC deadline timeout_ns from now (timeout_ns >= 0). */
+static inline struct timespec beast_deadline_after(int64_t timeout_ns) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  /* Clamp so that tv_sec cannot overflow: ~292 years is "forever" enough. */
+  const int64_t max_ns = INT64_MAX / 2;
+  if (timeout_ns > max_ns) timeout_ns = max_ns;
+  int64_t ns = (int64_t)now.tv_nsec + timeout_ns % 1000000000;
+  struct timespec deadline;
+  deadline.tv_sec = now.tv_sec + (time_t)(timeout_ns / 1000000000) +
+                    (time_t)(ns / 1000000000);
+  deadline.tv_nsec = (long)(ns % 1000000000);
+  return deadline;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BEAST_INDEX_QUEUE_H */
