@@ -205,7 +205,7 @@ class ActorCriticNet(nn.Module):
 
         Rather than stepping the LSTM once per t (TorchBeast), split T at the steps where any
         sample starts an episode and run one LSTM call per chunk: the state is only reset at
-        chunk starts, so this is the same computation, but a 80-step learner unroll with no
+        chunk starts, so this is the same computation, but an 80-step learner unroll with no
         episode end is one fused call instead of 80. Returns (output [T, B, lstm_size], state).
         """
         assert self.core is not None

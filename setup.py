@@ -1,0 +1,31 @@
+"""Build script: package metadata lives here with the cffi extension it builds.
+
+`pip install -e .` compiles beast/native (C, cffi API mode) through
+`cffi_modules`, so the native queue is always built for the interpreter that
+runs it.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="beast",
+    version="0.1.0",
+    description="A PyTorch engine for scalable deep reinforcement learning (IMPALA, R2D2, LASER).",
+    python_requires=">=3.10",
+    packages=find_packages(include=["beast", "beast.*"]),
+    setup_requires=["cffi>=1.15"],
+    cffi_modules=["beast/native/build.py:ffibuilder"],
+    install_requires=[
+        "torch>=2.1,<3",
+        "numpy>=1.24",
+        "gymnasium>=1.0",
+        "ale-py>=0.9",
+        "opencv-python-headless>=4.8",
+        "gitpython>=3.1",
+        "cffi>=1.15",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "ruff>=0.5"],
+    },
+    zip_safe=False,
+)

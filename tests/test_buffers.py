@@ -1,0 +1,65 @@
+"""Rollout buffers: one block per field, shared across processes, slot protocol."""
+
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+import torch
+
+from beast.buffers import RolloutBuffers, core_state_key, rollout_spec
+
+
+def make_buffers(num_buffers=6, unroll_length=3, core_state_shapes=((1, 5), (1, 5))):
+    spec = rollout_spec(unroll_length=unroll_length, obs_shape=(2, 3), obs_dtype=np.uint8,
+                        num_actions=4, core_state_shapes=core_state_shapes)
+    return RolloutBuffers(spec, num_buffers)
+
+
+def test_one_contiguous_block_per_field():
+    buffers = make_buffers()
+    assert buffers.tensors["obs"].shape == (6, 4, 2, 3)
+    assert buffers.tensors["obs"].dtype == torch.uint8
+    assert buffers.tensors["policy_logits"].shape == (6, 4, 4)
+    assert buffers.tensors[core_state_key(1)].shape == (6, 1, 5)
+    for tensor in buffers.tensors.values():
+        assert tensor.is_shared() and tensor.is_contiguous()
+    assert buffers.free_queue.qsize() == 6 and buffers.full_queue.qsize() == 0
+
+
+def _write_rollouts(buffers, count):
+    """Child process: fill `count` slots with values derived from the slot index."""
+    for _ in range(count):
+        index = buffers.free_queue.get(timeout=10)
+        buffers.tensors["obs"][index] = index
+        buffers.tensors["reward"][index] = torch.arange(4) + 10.0 * index
+        buffers.tensors[core_state_key(0)][index] = -index
+        buffers.full_queue.put(index)
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_written_in_one_process_read_in_another(method):
+    buffers = make_buffers()
+    ctx = mp.get_context(method)
+    child = ctx.Process(target=_write_rollouts, args=(buffers, 4))
+    child.start()
+    indices = [buffers.full_queue.get(timeout=30) for _ in range(4)]
+    child.join(10)
+    assert child.exitcode == 0
+    batch = buffers.gather(indices)
+    # Time-major: [T+1, B, ...]; state: [d0, B, ...].
+    assert batch["obs"].shape == (4, 4, 2, 3)
+    assert batch["reward"].shape == (4, 4)
+    for b, index in enumerate(indices):
+        assert torch.all(batch["obs"][:, b] == index)
+        assert torch.equal(batch["reward"][:, b], torch.arange(4) + 10.0 * index)
+    state = buffers.core_state(batch)
+    assert len(state) == 2 and state[0].shape == (1, 4, 5)
+    assert torch.equal(state[0][0, :, 0], -torch.tensor(indices, dtype=torch.float32))
+
+
+def test_gather_copies_out_of_the_slots():
+    buffers = make_buffers()
+    buffers.tensors["reward"][2] = 1.0
+    batch = buffers.gather([2])
+    buffers.tensors["reward"][2] = 7.0  # an actor reusing the slot
+    assert torch.all(batch["reward"] == 1.0)

@@ -1,0 +1,358 @@
+"""Contract tests for beast.models.
+
+The contract: time-major [T, B] inputs in, AgentOutput(policy_logits [T, B, A] float32,
+baseline [T, B] float32) and a core state out; uint8 images scaled inside the model; reward
+clipped and last action one-hot encoded as core inputs; a recurrent state reset per sample on
+`done` before step t, so one call over T steps equals T one-step calls carrying the state;
+state_dicts portable between models built with the same arguments, in shared memory.
+"""
+
+import pytest
+import torch
+
+from beast.models import (
+    MODEL_NAMES,
+    ActorCriticNet,
+    AgentOutput,
+    AtariNet,
+    MLPNet,
+    ResNet,
+    build_model,
+)
+
+PONG = ((4, 84, 84), 6)
+CARTPOLE = ((4,), 2)
+# Small images keep the many-step tests fast; 36x36 is the smallest the atari torso takes.
+SMALL_IMAGE = (3, 36, 36)
+
+# (name, obs_shape, num_actions) for one small-ish config of every concrete model.
+MODEL_CASES = [
+    ("atari", *PONG),
+    ("resnet", *PONG),
+    ("mlp", *CARTPOLE),
+]
+SMALL_CASES = [
+    ("atari", SMALL_IMAGE, 5),
+    ("resnet", SMALL_IMAGE, 5),
+    ("mlp", (7,), 3),
+]
+
+
+def make_inputs(obs_shape, num_actions, T, B, *, generator, done=None):
+    """Random inputs; uint8 obs for images (3-D), float32 for vectors."""
+    if len(obs_shape) == 3:
+        obs = torch.randint(0, 256, (T, B, *obs_shape), dtype=torch.uint8, generator=generator)
+    else:
+        obs = torch.randn((T, B, *obs_shape), generator=generator)
+    if done is None:
+        done = torch.zeros(T, B, dtype=torch.bool)
+    return {
+        "obs": obs,
+        # Scale 3 so some rewards fall outside [-1, 1] and exercise the clip.
+        "reward": 3 * torch.randn(T, B, generator=generator),
+        "last_action": torch.randint(0, num_actions, (T, B), generator=generator),
+        "done": done,
+    }
+
+
+def random_state(model, B, generator):
+    return tuple(torch.randn(s.shape, generator=generator) for s in model.initial_state(B))
+
+
+def step(inputs, t):
+    """The inputs of step t alone, keeping a T axis of 1."""
+    return {k: v[t : t + 1] for k, v in inputs.items()}
+
+
+@pytest.mark.parametrize("T,B", [(1, 1), (1, 5), (4, 1), (4, 3)])
+@pytest.mark.parametrize("use_lstm", [False, True])
+@pytest.mark.parametrize("name,obs_shape,num_actions", MODEL_CASES)
+def test_output_shapes_and_dtypes(name, obs_shape, num_actions, use_lstm, T, B):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    model = build_model(name, obs_shape, num_actions, use_lstm=use_lstm)
+    assert isinstance(model, ActorCriticNet)
+    assert model.num_actions == num_actions
+    inputs = make_inputs(obs_shape, num_actions, T, B, generator=g)
+    with torch.no_grad():
+        out, state = model(inputs, model.initial_state(B))
+    assert isinstance(out, AgentOutput)
+    assert out.policy_logits.shape == (T, B, num_actions)
+    assert out.policy_logits.dtype == torch.float32
+    assert out.baseline.shape == (T, B)
+    assert out.baseline.dtype == torch.float32
+    assert torch.isfinite(out.policy_logits).all() and torch.isfinite(out.baseline).all()
+    if use_lstm:
+        assert len(state) == 2
+        for s, s0 in zip(state, model.initial_state(B), strict=True):
+            assert s.shape == s0.shape and s.dtype == torch.float32
+    else:
+        assert state == ()
+
+
+@pytest.mark.parametrize("name,obs_shape,num_actions", SMALL_CASES)
+def test_initial_state(name, obs_shape, num_actions):
+    assert build_model(name, obs_shape, num_actions).initial_state(3) == ()
+    model = build_model(name, obs_shape, num_actions, use_lstm=True, hidden_size=24)
+    for device in (None, "cpu", torch.device("cpu")):
+        h, c = model.initial_state(3, device)
+        for s in (h, c):
+            assert s.shape == (1, 3, 24) and s.dtype == torch.float32
+            assert s.device.type == "cpu"
+            assert not s.any()
+
+
+@pytest.mark.parametrize("name,obs_shape,num_actions", SMALL_CASES)
+def test_empty_state_means_initial_state(name, obs_shape, num_actions):
+    model = build_model(name, obs_shape, num_actions, use_lstm=True)
+    inputs = make_inputs(obs_shape, num_actions, 3, 2, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out_a, state_a = model(inputs)
+        out_b, state_b = model(inputs, model.initial_state(2))
+    # Same ops on the same values: exact.
+    torch.testing.assert_close(out_a, out_b, rtol=0, atol=0)
+    torch.testing.assert_close(state_a, state_b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["atari", "resnet", "mlp"])
+def test_uint8_obs_scaled_inside_model(name):
+    obs_shape = SMALL_IMAGE
+    model = build_model(name, obs_shape, 4)
+    inputs = make_inputs(obs_shape, 4, 2, 3, generator=torch.Generator().manual_seed(0))
+    obs_before = inputs["obs"].clone()
+    as_float = dict(inputs, obs=inputs["obs"].float() / 255)
+    with torch.no_grad():
+        out_uint8, _ = model(inputs)
+        out_float, _ = model(as_float)
+    # The model does the same float conversion and division as this test: exact.
+    torch.testing.assert_close(out_uint8, out_float, rtol=0, atol=0)
+    assert torch.equal(inputs["obs"], obs_before)  # caller's uint8 tensor left alone
+
+
+def test_float_obs_not_modified():
+    model = build_model("mlp", (5,), 3)
+    inputs = make_inputs((5,), 3, 2, 2, generator=torch.Generator().manual_seed(0))
+    obs_before = inputs["obs"].clone()
+    model(inputs)
+    assert torch.equal(inputs["obs"], obs_before)
+
+
+@pytest.mark.parametrize("use_lstm", [False, True])
+def test_reward_clipped_and_last_action_used(use_lstm):
+    model = build_model("mlp", (5,), 3, use_lstm=use_lstm)
+    inputs = make_inputs((5,), 3, 1, 4, generator=torch.Generator().manual_seed(0))
+
+    def run(**overrides):
+        with torch.no_grad():
+            return model(dict(inputs, **overrides))[0]
+
+    big, one = torch.full((1, 4), 7.0), torch.ones(1, 4)
+    # Clipping maps both to exactly 1.0: exact.
+    torch.testing.assert_close(run(reward=big), run(reward=one), rtol=0, atol=0)
+    torch.testing.assert_close(run(reward=-big), run(reward=-one), rtol=0, atol=0)
+    assert not torch.allclose(run(reward=one).baseline, run(reward=0.5 * one).baseline)
+    a0, a1 = torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4, dtype=torch.long)
+    assert not torch.allclose(run(last_action=a0).baseline, run(last_action=a1).baseline)
+
+
+def test_auto_picks_by_obs_rank():
+    assert isinstance(build_model("auto", *PONG), AtariNet)
+    assert isinstance(build_model("auto", *CARTPOLE), MLPNet)
+    assert isinstance(build_model("resnet", *PONG), ResNet)
+    assert set(MODEL_NAMES) == {"auto", "atari", "resnet", "mlp"}
+
+
+def test_mlp_flattens_images():
+    model = build_model("mlp", (2, 5, 5), 3)
+    inputs = make_inputs((2, 5, 5), 3, 2, 2, generator=torch.Generator().manual_seed(0))
+    assert model(inputs)[0].policy_logits.shape == (2, 2, 3)
+
+
+def test_hidden_size():
+    mlp = build_model("mlp", (4,), 2, hidden_size=32)
+    assert mlp.torso[1].out_features == 32 and mlp.torso[3].out_features == 32
+    mlp_lstm = build_model("mlp", (4,), 2, use_lstm=True, hidden_size=32)
+    assert mlp_lstm.initial_state(1)[0].shape == (1, 1, 32)
+    atari_lstm = build_model("atari", *PONG, use_lstm=True, hidden_size=128)
+    assert atari_lstm.initial_state(1)[0].shape == (1, 1, 128)
+    assert build_model("resnet", *PONG, use_lstm=True).initial_state(1)[0].shape == (1, 1, 256)
+
+
+@pytest.mark.parametrize(
+    "name,obs_shape,num_actions,kwargs",
+    [
+        ("atari", (4,), 2, {}),  # image model on vectors
+        ("resnet", (4,), 2, {}),
+        ("atari", (84, 84), 2, {}),
+        ("atari", (4, 10, 10), 2, {}),  # too small for the 8x8/4 + 4x4/2 + 3x3 convs
+        ("auto", (4, 10, 10), 2, {}),
+        ("auto", (84, 84), 2, {}),  # neither a vector nor [C, H, W]
+        ("auto", (1, 2, 3, 4), 2, {}),
+        ("lstm", (4,), 2, {}),  # unknown name
+        ("mlp", (), 2, {}),
+        ("mlp", (0,), 2, {}),
+        ("mlp", (4,), 0, {}),
+        ("mlp", (4,), 2, {"hidden_size": 0}),
+        ("atari", (4, 84, 84), 6, {"hidden_size": 128}),  # would be ignored without an LSTM
+    ],
+)
+def test_build_model_rejects(name, obs_shape, num_actions, kwargs):
+    with pytest.raises(ValueError) as info:
+        build_model(name, obs_shape, num_actions, **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def _reference_unroll(model, inputs, state):
+    """T one-step calls carrying the state; the reset on done is done here, by the caller,
+    so it checks the model's own reset rather than reusing it."""
+    T, B = inputs["done"].shape
+    outputs = []
+    for t in range(T):
+        done = inputs["done"][t].view(1, B, 1)
+        state = tuple(torch.where(done, torch.zeros_like(s), s) for s in state)
+        step_inputs = dict(step(inputs, t), done=torch.zeros(1, B, dtype=torch.bool))
+        out, state = model(step_inputs, state)
+        outputs.append(out)
+    stacked = AgentOutput(*(torch.cat(x) for x in zip(*outputs, strict=True)))
+    return stacked, state
+
+
+@pytest.mark.parametrize("done_pattern", ["random", "none", "all", "first_step"])
+@pytest.mark.parametrize("name,obs_shape,num_actions", SMALL_CASES)
+def test_lstm_unroll_matches_stepping(name, obs_shape, num_actions, done_pattern):
+    T, B = 10, 4
+    g = torch.Generator().manual_seed(0)
+    done = {
+        "random": torch.rand(T, B, generator=g) < 0.25,
+        "none": torch.zeros(T, B, dtype=torch.bool),
+        "all": torch.ones(T, B, dtype=torch.bool),
+        "first_step": torch.arange(T).view(T, 1).expand(T, B) == 0,
+    }[done_pattern]
+    torch.manual_seed(0)
+    model = build_model(name, obs_shape, num_actions, use_lstm=True)
+    inputs = make_inputs(obs_shape, num_actions, T, B, generator=g, done=done)
+    state = random_state(model, B, g)
+    with torch.no_grad():
+        out, final_state = model(inputs, state)
+        ref_out, ref_state = _reference_unroll(model, inputs, state)
+    # Same math in a different grouping: one LSTM call over a chunk batches the input
+    # projection of all its steps into one GEMM, stepping does one GEMM per step, so float32
+    # rounding may differ by a few ulps per step.
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(final_state, ref_state, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,obs_shape,num_actions", SMALL_CASES)
+def test_done_resets_state_per_sample(name, obs_shape, num_actions):
+    T, B = 3, 2
+    g = torch.Generator().manual_seed(0)
+    done = torch.zeros(T, B, dtype=torch.bool)
+    done[0, 0] = True  # sample 0 starts an episode at t=0; sample 1 continues
+    model = build_model(name, obs_shape, num_actions, use_lstm=True)
+    inputs = make_inputs(obs_shape, num_actions, T, B, generator=g, done=done)
+    state_a = random_state(model, B, g)
+    state_b = random_state(model, B, g)
+    # NaN in the incoming state: a reset must clear it, not multiply it by zero.
+    state_nan = tuple(torch.full_like(s, float("nan")) for s in state_a)
+    with torch.no_grad():
+        out_a, _ = model(inputs, state_a)
+        out_b, _ = model(inputs, state_b)
+        out_nan, _ = model(inputs, state_nan)
+    for x_a, x_b, x_nan in zip(out_a, out_b, out_nan, strict=True):
+        # The reset sample saw zeros either way: exact.
+        torch.testing.assert_close(x_a[:, 0], x_b[:, 0], rtol=0, atol=0)
+        torch.testing.assert_close(x_a[:, 0], x_nan[:, 0], rtol=0, atol=0)
+        assert not torch.allclose(x_a[:, 1], x_b[:, 1])
+        assert torch.isnan(x_nan[:, 1]).all()
+
+
+@pytest.mark.parametrize("name,obs_shape,num_actions", SMALL_CASES)
+def test_feedforward_ignores_done_and_returns_empty_state(name, obs_shape, num_actions):
+    model = build_model(name, obs_shape, num_actions)
+    g = torch.Generator().manual_seed(0)
+    inputs = make_inputs(obs_shape, num_actions, 3, 2, generator=g)
+    with torch.no_grad():
+        out, state = model(inputs)
+        out_done, _ = model(dict(inputs, done=torch.ones(3, 2, dtype=torch.bool)))
+    assert state == ()
+    torch.testing.assert_close(out, out_done, rtol=0, atol=0)  # same ops: exact
+
+
+@pytest.mark.parametrize("use_lstm", [False, True])
+@pytest.mark.parametrize("name,obs_shape,num_actions", SMALL_CASES)
+def test_gradients_reach_every_parameter(name, obs_shape, num_actions, use_lstm):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    T, B = 3, 2  # T > 1 so the LSTM's hidden-to-hidden weights get a nonzero gradient
+    model = build_model(name, obs_shape, num_actions, use_lstm=use_lstm)
+    out, _ = model(make_inputs(obs_shape, num_actions, T, B, generator=g))
+    # Random weights so no symmetry (e.g. softmax-invariant sums) zeroes a gradient.
+    loss = (out.policy_logits * torch.randn(out.policy_logits.shape, generator=g)).sum()
+    loss = loss + (out.baseline * torch.randn(out.baseline.shape, generator=g)).sum()
+    loss.backward()
+    for param_name, param in model.named_parameters():
+        assert param.grad is not None, param_name
+        assert param.grad.abs().sum() > 0, param_name
+        assert torch.isfinite(param.grad).all(), param_name
+
+
+@pytest.mark.parametrize("use_lstm", [False, True])
+@pytest.mark.parametrize("name,obs_shape,num_actions", SMALL_CASES)
+def test_state_dict_loads_into_shared_memory_copy(name, obs_shape, num_actions, use_lstm):
+    torch.manual_seed(0)
+    learner_model = build_model(name, obs_shape, num_actions, use_lstm=use_lstm)
+    torch.manual_seed(1)  # different initial weights
+    actor_model = build_model(name, obs_shape, num_actions, use_lstm=use_lstm)
+    actor_model.share_memory()
+    actor_model.load_state_dict(learner_model.state_dict())
+    # load_state_dict copies in place, so the published weights stay in shared memory.
+    for param_name, param in actor_model.state_dict().items():
+        assert param.is_shared(), param_name
+    inputs = make_inputs(obs_shape, num_actions, 2, 3, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = learner_model(inputs)
+        actual = actor_model(inputs)
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)  # same weights, same ops
+
+
+def _conv(c_in, c_out, k):
+    return c_in * c_out * k * k + c_out
+
+
+def _linear(n_in, n_out):
+    return n_in * n_out + n_out
+
+
+def _lstm(n_in, hidden):
+    return 4 * hidden * (n_in + hidden) + 8 * hidden  # two bias vectors
+
+
+def n_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_parameter_counts_match_the_architectures():
+    """Counts worked out by hand from the layer specs in the docstrings."""
+    A = 6
+    atari_torso = (
+        _conv(4, 32, 8) + _conv(32, 64, 4) + _conv(64, 64, 3) + _linear(64 * 7 * 7, 512)
+    )  # 84 -> 20 -> 9 -> 7
+    core_in = 512 + A + 1
+    assert n_params(build_model("atari", (4, 84, 84), A)) == (
+        atari_torso + _linear(core_in, A) + _linear(core_in, 1)
+    )
+    assert n_params(build_model("atari", (4, 84, 84), A, use_lstm=True)) == (
+        atari_torso + _lstm(core_in, 256) + _linear(256, A) + _linear(256, 1)
+    )
+    resnet_torso = sum(
+        _conv(c_in, c, 3) + 4 * _conv(c, c, 3) for c_in, c in [(4, 16), (16, 32), (32, 32)]
+    ) + _linear(32 * 11 * 11, 256)  # 84 -> 42 -> 21 -> 11
+    core_in = 256 + A + 1
+    assert n_params(build_model("resnet", (4, 84, 84), A)) == (
+        resnet_torso + _linear(core_in, A) + _linear(core_in, 1)
+    )
+    mlp_torso = _linear(4, 64) + _linear(64, 64)
+    core_in = 64 + 2 + 1
+    assert n_params(build_model("mlp", (4,), 2)) == (
+        mlp_torso + _linear(core_in, 2) + _linear(core_in, 1)
+    )

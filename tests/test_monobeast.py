@@ -1,0 +1,136 @@
+"""monobeast.py end to end, as a user runs it: subprocesses on real envs.
+
+Every run gets a unique marker in its environment; after it exits, no
+process on the machine may still carry that marker (actors, forkserver),
+and /dev/shm must hold no new segment.
+"""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MONOBEAST = os.path.join(ROOT, "monobeast.py")
+
+CARTPOLE_SMALL = [
+    "--env", "CartPole-v1", "--num_actors", "1", "--num_envs_per_actor", "2",
+    "--unroll_length", "10", "--batch_size", "2", "--log_interval", "0.5", "--num_threads", "1",
+]
+
+
+def processes_with_marker(marker: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def wait_until_gone(marker: str, timeout: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := processes_with_marker(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def run(argv, timeout=120, marker=None):
+    env = dict(os.environ, BEAST_TEST_MARKER=marker or uuid.uuid4().hex, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, MONOBEAST, *argv], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_train_then_test_on_cartpole(tmp_path):
+    marker = uuid.uuid4().hex
+    before = shm_entries()
+    result = run([*CARTPOLE_SMALL, "--total_steps", "4000", "--savedir", str(tmp_path),
+                  "--xpid", "smoke"], marker=marker)
+    assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / "smoke"
+    rows = read_csv(run_dir / "logs.csv")
+    assert int(rows[-1]["step"]) >= 4000
+    assert {"total_loss", "pg_loss", "baseline_loss", "entropy_loss"} <= set(rows[0])
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["config"]["env"] == "CartPole-v1" and "git" in meta
+    assert (run_dir / "model.tar").is_file()
+    assert "SPS" in result.stdout and "return" in result.stdout
+    assert wait_until_gone(marker) == []
+    assert shm_entries() - before == set()
+
+    tested = run(["--mode", "test", "--savedir", str(tmp_path), "--xpid", "smoke",
+                  "--num_test_episodes", "3"])
+    assert tested.returncode == 0, tested.stderr
+    summary = json.loads((run_dir / "test.json").read_text())
+    assert summary["episodes"] == 3 and summary["mean_return"] > 0
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--env", "NoSuchEnv-v0"], "NoSuchEnv-v0"),
+        (["--env", "CartPole-v1", "--num_actors", "0"], "--num_actors must be positive"),
+        (["--env", "CartPole-v1", "--unroll_length", "-3"], "--unroll_length must be positive"),
+        (["--env", "CartPole-v1", "--batch_size", "64", "--num_buffers", "32"],
+         "--num_buffers 32 is too small"),
+        (["--mode", "test", "--xpid", "never-trained"], "no checkpoint at"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
+    marker = uuid.uuid4().hex
+    result = run([*argv, "--savedir", str(tmp_path)], timeout=60, marker=marker)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
+    assert lines[0].startswith("monobeast.py: error:")
+    assert wait_until_gone(marker) == []
+
+
+def test_ctrl_c_stops_everything_within_10s(tmp_path):
+    marker = uuid.uuid4().hex
+    before = shm_entries()
+    env = dict(os.environ, BEAST_TEST_MARKER=marker, PYTHONUNBUFFERED="1")
+    argv = [*CARTPOLE_SMALL, "--num_actors", "2", "--total_steps", "100000000",
+            "--savedir", str(tmp_path), "--xpid", "ctrlc"]
+    # A new session stands in for the terminal: Ctrl-C signals the whole group.
+    proc = subprocess.Popen([sys.executable, MONOBEAST, *argv], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        log = tmp_path / "ctrlc" / "logs.csv"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (log.exists() and len(read_csv(log)) > 2):
+            time.sleep(0.2)
+        assert log.exists(), "training never started"
+        start = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+        elapsed = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert elapsed < 10
+    assert "Traceback" not in err, err
+    assert (tmp_path / "ctrlc" / "model.tar").is_file()
+    assert wait_until_gone(marker) == []
+    assert shm_entries() - before == set()
