@@ -1,0 +1,244 @@
+"""The IMPALA loss: V-trace actor-critic (Espeholt et al. 2018, section 4.2).
+
+Batch layout (time-major, ``T + 1`` steps per rollout; step 0 repeats the
+last step of the previous rollout). Index t of the batch holds:
+
+    reward          float32 [T+1, B]     received on arriving at obs_t
+    done            bool    [T+1, B]     obs_t starts a new episode (the
+                                         transition into it ended one, by
+                                         termination or truncation; both are
+                                         treated as terminal)
+    action          int64   [T+1, B]     taken by the behaviour policy at obs_t
+    policy_logits   float32 [T+1, B, A]  behaviour policy logits at obs_t
+
+and the learner's forward pass over the same steps gives
+
+    policy_logits   float32 [T+1, B, A]  target policy logits at obs_t
+    baseline        float32 [T+1, B]     V(obs_t)
+
+Agent outputs are stored aligned with the observation they were computed
+from (TorchBeast stores them shifted by one), so the transition out of
+``obs_t`` pairs ``action[t]`` with ``reward[t + 1]`` and ``done[t + 1]``;
+``impala_loss`` does that shift and the last step only supplies the
+bootstrap value.
+
+Losses are SUMS over time and batch, as in TorchBeast (and scalable_agent),
+not means: TorchBeast's tuned learning rates, baseline and entropy costs
+(lr 4.8e-4 for T=80, B=8 and so on) assume sums and stay meaningful here.
+The price is that the effective step size scales with ``T * B``.
+
+The three terms are small pure functions with an optional ``[T, B]`` mask so
+that other losses (LASER masks some steps out of the policy gradient) can
+compose them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from beast.algos import vtrace
+
+__all__ = [
+    "REWARD_CLIPPING_MODES",
+    "LossOutput",
+    "baseline_loss",
+    "clip_rewards",
+    "entropy_loss",
+    "impala_loss",
+    "policy_gradient_loss",
+]
+
+REWARD_CLIPPING_MODES = ("abs_one", "none")
+
+
+class LossOutput(NamedTuple):
+    """What a loss hands the learner.
+
+    total_loss: differentiable scalar to minimise.
+    stats: detached scalars for logging (see ``impala_loss``).
+    """
+
+    total_loss: Tensor
+    stats: dict[str, Tensor]
+
+
+def _apply_mask(per_step: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        return per_step
+    if mask.shape != per_step.shape:
+        raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {tuple(per_step.shape)}")
+    return per_step * mask.to(per_step.dtype)
+
+
+def policy_gradient_loss(
+    logits: Tensor, actions: Tensor, advantages: Tensor, mask: Tensor | None = None
+) -> Tensor:
+    """``-sum_{t,b} mask * log pi(a_t|x_t) * A_t``, gradient through ``logits`` only.
+
+    Args:
+        logits: float ``[T, B, A]`` target policy logits (differentiable).
+        actions: int64 ``[T, B]``.
+        advantages: float ``[T, B]``; detached here, they are targets.
+        mask: optional bool or float ``[T, B]``; 0 drops a step.
+
+    Returns:
+        Scalar.
+    """
+    log_probs = vtrace.action_log_probs(logits, actions)
+    return _apply_mask(-log_probs * advantages.detach(), mask).sum()
+
+
+def baseline_loss(values: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
+    """``0.5 * sum_{t,b} mask * (targets - values)^2``, gradient through ``values`` only.
+
+    Args:
+        values: float ``[T, B]``, ``V(x_t)`` (differentiable).
+        targets: float ``[T, B]``, e.g. the V-trace ``vs``; detached here.
+        mask: optional bool or float ``[T, B]``.
+
+    Returns:
+        Scalar.
+    """
+    return 0.5 * _apply_mask((targets.detach() - values) ** 2, mask).sum()
+
+
+def entropy_loss(logits: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Negative entropy ``sum_{t,b} mask * sum_a pi(a|x_t) log pi(a|x_t)``.
+
+    Minimising it raises the policy's entropy (pushes towards uniform).
+
+    Args:
+        logits: float ``[T, B, A]`` (differentiable).
+        mask: optional bool or float ``[T, B]``.
+
+    Returns:
+        Scalar, ``<= 0``.
+    """
+    log_policy = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+    negative_entropy = (log_policy.exp() * log_policy).sum(-1)
+    return _apply_mask(negative_entropy, mask).sum()
+
+
+def clip_rewards(rewards: Tensor, reward_clipping: str) -> Tensor:
+    """``"abs_one"``: clamp to ``[-1, 1]`` (the IMPALA Atari setting); ``"none"``: unchanged."""
+    if reward_clipping == "abs_one":
+        return rewards.clamp(-1.0, 1.0)
+    if reward_clipping == "none":
+        return rewards
+    raise ValueError(
+        f"reward_clipping must be one of {REWARD_CLIPPING_MODES}, got {reward_clipping!r}"
+    )
+
+
+def impala_loss(
+    learner_outputs: Mapping[str, Tensor],
+    batch: Mapping[str, Tensor],
+    *,
+    discounting: float,
+    reward_clipping: str,
+    baseline_cost: float,
+    entropy_cost: float,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+) -> LossOutput:
+    """IMPALA's V-trace actor-critic loss over one learner batch.
+
+    Args:
+        learner_outputs: ``policy_logits`` float ``[T+1, B, A]`` and
+            ``baseline`` float ``[T+1, B]``, from the learner's model over
+            the batch (differentiable).
+        batch: ``reward``, ``done``, ``action``, ``policy_logits`` laid out
+            as in the module docstring, ``[T+1, ...]``; other keys ignored.
+        discounting: ``gamma``.
+        reward_clipping: ``"abs_one"`` or ``"none"``.
+        baseline_cost: weight of the baseline loss.
+        entropy_cost: weight of the entropy loss.
+        clip_rho_threshold: V-trace ``rho_bar``; None for no clipping.
+        clip_pg_rho_threshold: V-trace ``rho^pg_bar``; None for no clipping.
+
+    Returns:
+        ``LossOutput(total_loss, stats)``; ``total_loss = pg_loss +
+        baseline_loss + entropy_loss``, each a sum over T and B. ``stats``
+        holds detached scalars:
+
+        - ``total_loss``, ``pg_loss``, ``baseline_loss``, ``entropy_loss``:
+          the terms of the total, costs included.
+        - ``mean_rho``: mean UNCLIPPED ratio ``pi(a|x) / mu(a|x)``, a gauge
+          of policy lag (the clipped mean is capped by the threshold and
+          hides it).
+        - ``rho_clipped_fraction``: fraction of steps with ``rho >
+          clip_rho_threshold`` (0 when the threshold is None).
+        - ``mean_entropy``: mean per-step policy entropy in nats, unscaled.
+    """
+    rewards = clip_rewards(batch["reward"][1:], reward_clipping)
+
+    target_logits = learner_outputs["policy_logits"]
+    baseline = learner_outputs["baseline"]
+    if target_logits.dim() < 2 or target_logits.shape[0] < 2:
+        raise ValueError(
+            f"need T+1 >= 2 steps, got policy_logits of shape {tuple(target_logits.shape)}"
+        )
+    if baseline.shape != target_logits.shape[:-1]:
+        raise ValueError(
+            f"baseline has shape {tuple(baseline.shape)}, expected "
+            f"{tuple(target_logits.shape[:-1])}"
+        )
+    for key in ("reward", "done", "action"):
+        if batch[key].shape != baseline.shape:
+            raise ValueError(
+                f"batch[{key!r}] has shape {tuple(batch[key].shape)}, "
+                f"expected {tuple(baseline.shape)}"
+            )
+    if batch["policy_logits"].shape != target_logits.shape:
+        raise ValueError(
+            f"batch['policy_logits'] has shape {tuple(batch['policy_logits'].shape)}, "
+            f"expected {tuple(target_logits.shape)}"
+        )
+
+    # The transition out of obs_t (t < T) ended an episode iff obs_{t+1}
+    # starts one; the bootstrap V(obs_T) is then cut.
+    not_done = batch["done"][1:].logical_not()
+    discounts = discounting * not_done.to(rewards.dtype)
+    logits = target_logits[:-1]
+    actions = batch["action"][:-1]
+    values = baseline[:-1]
+
+    vtrace_returns = vtrace.from_logits(
+        behavior_policy_logits=batch["policy_logits"][:-1],
+        target_policy_logits=logits,
+        actions=actions,
+        discounts=discounts,
+        rewards=rewards,
+        values=values,
+        bootstrap_value=baseline[-1],
+        clip_rho_threshold=clip_rho_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold,
+    )
+
+    pg_loss = policy_gradient_loss(logits, actions, vtrace_returns.pg_advantages)
+    value_loss = baseline_cost * baseline_loss(values, vtrace_returns.vs)
+    negentropy_loss = entropy_cost * entropy_loss(logits)
+    total_loss = pg_loss + value_loss + negentropy_loss
+
+    with torch.no_grad():
+        rhos = vtrace_returns.log_rhos.exp()
+        if clip_rho_threshold is None:
+            rho_clipped_fraction = torch.zeros((), dtype=rhos.dtype, device=rhos.device)
+        else:
+            rho_clipped_fraction = (rhos > clip_rho_threshold).to(rhos.dtype).mean()
+        num_steps = values.numel()
+        stats = {
+            "total_loss": total_loss.detach(),
+            "pg_loss": pg_loss.detach(),
+            "baseline_loss": value_loss.detach(),
+            "entropy_loss": negentropy_loss.detach(),
+            "mean_rho": rhos.mean(),
+            "rho_clipped_fraction": rho_clipped_fraction,
+            "mean_entropy": -entropy_loss(logits.detach()) / num_steps,
+        }
+    return LossOutput(total_loss=total_loss, stats=stats)

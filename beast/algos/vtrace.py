@@ -1,0 +1,254 @@
+"""V-trace off-policy targets (Espeholt et al. 2018, "IMPALA", section 4.1).
+
+Pure functions: tensors in, tensors out, every constant an argument. All
+tensors are time-major, ``[T, B]`` for per-step quantities and ``[B]`` for the
+bootstrap value; any trailing batch shape ``[T, *batch]`` works the same way.
+
+The n-step V-trace target for ``V(x_s)`` (paper eq. 1, with the per-step
+discounts ``gamma_t`` that make episode ends possible inside a rollout):
+
+    v_s = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} gamma_i c_i) delta_t V
+    delta_t V = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t))
+    rho_t = min(rho_bar, pi(a_t|x_t) / mu(a_t|x_t))
+    c_i = lambda * min(c_bar, pi(a_i|x_i) / mu(a_i|x_i))
+
+with ``V(x_T)`` the bootstrap value. The policy-gradient advantage (paper
+section 4.2) is ``rho^pg_s (r_s + gamma_s v_{s+1} - V(x_s))`` with ``v_T =
+V(x_T)`` and its own clipping threshold ``rho^pg_bar``.
+
+Ratios arrive as ``log_rhos`` because the policies' log-probabilities are
+what we have, and their difference is exact where the ratio of two tiny
+probabilities would not be.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "VTraceFromLogitsReturns",
+    "VTraceReturns",
+    "action_log_probs",
+    "from_importance_weights",
+    "from_logits",
+]
+
+
+class VTraceReturns(NamedTuple):
+    """V-trace targets, both ``[T, B]``, detached.
+
+    vs: the value targets ``v_s``.
+    pg_advantages: ``rho^pg_s (r_s + gamma_s v_{s+1} - V(x_s))``.
+    """
+
+    vs: Tensor
+    pg_advantages: Tensor
+
+
+class VTraceFromLogitsReturns(NamedTuple):
+    """``VTraceReturns`` plus the log-probabilities they came from, all ``[T, B]``, detached.
+
+    log_rhos: ``log pi(a_t|x_t) - log mu(a_t|x_t)`` (unclipped).
+    behavior_action_log_probs: ``log mu(a_t|x_t)``.
+    target_action_log_probs: ``log pi(a_t|x_t)``.
+    """
+
+    vs: Tensor
+    pg_advantages: Tensor
+    log_rhos: Tensor
+    behavior_action_log_probs: Tensor
+    target_action_log_probs: Tensor
+
+
+def _compute_dtype(*tensors: Tensor) -> torch.dtype:
+    # At least float32: V-trace sums up to T discounted terms, which bf16/fp16
+    # (from an autocast forward pass) cannot do faithfully. float64 inputs
+    # stay float64, which the tests use.
+    return functools.reduce(torch.promote_types, (t.dtype for t in tensors), torch.float32)
+
+
+def action_log_probs(policy_logits: Tensor, actions: Tensor) -> Tensor:
+    """``log softmax(policy_logits)[actions]``, differentiable in the logits.
+
+    Args:
+        policy_logits: float ``[T, B, A]`` unnormalised log-probabilities.
+        actions: integer ``[T, B]`` action indices in ``[0, A)``.
+
+    Returns:
+        ``[T, B]`` log-probabilities, in at least float32.
+    """
+    if policy_logits.shape[:-1] != actions.shape:
+        raise ValueError(
+            f"policy_logits {tuple(policy_logits.shape)} and actions "
+            f"{tuple(actions.shape)} disagree on the leading dimensions"
+        )
+    log_probs = F.log_softmax(policy_logits.to(_compute_dtype(policy_logits)), dim=-1)
+    return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+
+def _discounted_backward_scan(coefs: Tensor, deltas: Tensor) -> Tensor:
+    """All ``x_s = deltas_s + coefs_s x_{s+1}`` with ``x_T = 0``, i.e.
+    ``x_s = sum_{t>=s} (prod_{i=s}^{t-1} coefs_i) deltas_t``.
+
+    A Hillis-Steele doubling scan: ``ceil(log2 T)`` rounds of whole-tensor ops
+    instead of T Python-level steps. Exact in the sense that it only adds and
+    multiplies (no division, no logs), so ``coefs`` of exactly 0 (episode
+    ends, ``lambda = 0``) cut the sum as they must; only the order of the
+    floating-point operations differs from the reverse loop.
+
+    Invariant before the round with span ``m``: ``x_s`` holds the sum over
+    ``t`` in ``[s, s+m)`` (clipped to ``T``) and ``a_s = prod_{i=s}^{s+m-1}
+    coefs_i`` for every ``s < T - m``, the only ones still needed.
+    """
+    num_steps = deltas.shape[0]
+    x = deltas.clone()
+    a = coefs
+    span = 1
+    while span < num_steps:
+        # The product is materialised before the in-place add, so reading
+        # x[span:] while writing x[:-span] does not alias.
+        x[: num_steps - span] += a[: num_steps - span] * x[span:]
+        if 2 * span < num_steps:
+            a = a[: num_steps - 2 * span] * a[span : num_steps - span]
+        span *= 2
+    return x
+
+
+@torch.no_grad()
+def from_importance_weights(
+    log_rhos: Tensor,
+    discounts: Tensor,
+    rewards: Tensor,
+    values: Tensor,
+    bootstrap_value: Tensor,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    lambda_: float = 1.0,
+    clip_c_threshold: float | None = 1.0,
+) -> VTraceReturns:
+    """V-trace targets from log importance ratios (paper eq. 1 and section 4.2).
+
+    Args:
+        log_rhos: float32 ``[T, B]``, ``log pi(a_t|x_t) - log mu(a_t|x_t)``.
+        discounts: float32 ``[T, B]``, ``gamma_t``, the discount applied to
+            what follows step t; 0 where the transition out of ``x_t`` ended
+            the episode.
+        rewards: float32 ``[T, B]``, ``r_t``, received on the transition
+            ``x_t -> x_{t+1}``.
+        values: float32 ``[T, B]``, ``V(x_t)``.
+        bootstrap_value: float32 ``[B]``, ``V(x_T)``.
+        clip_rho_threshold: ``rho_bar`` for ``delta_t V``; None for no clipping.
+        clip_pg_rho_threshold: ``rho^pg_bar`` for the advantages; None for no
+            clipping.
+        lambda_: the trace-cutting factor in ``c_i`` (paper remark 2); 1 is
+            plain V-trace, 0 the one-step target.
+        clip_c_threshold: ``c_bar``; None for no clipping. The paper assumes
+            ``c_bar <= rho_bar``; 1.0 is what the paper's experiments,
+            scalable_agent and TorchBeast use.
+
+    Returns:
+        ``VTraceReturns(vs, pg_advantages)``, each ``[T, B]``, detached, in
+        at least float32 (float64 if any input is float64).
+
+    The sum over t runs as a doubling scan (``ceil(log2 T)`` rounds). With
+    ``c_bar <= 1``, ``lambda <= 1`` and ``gamma <= 1`` every trace product is
+    at most 1, so nothing can overflow. Without clipping (``clip_c_threshold=None``)
+    products of large ratios can overflow float32, as they would in the
+    reverse loop.
+    """
+    if log_rhos.dim() < 1:
+        raise ValueError("log_rhos must be at least [T]")
+    for name, tensor in (("discounts", discounts), ("rewards", rewards), ("values", values)):
+        if tensor.shape != log_rhos.shape:
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)}, expected {tuple(log_rhos.shape)}"
+            )
+    if bootstrap_value.shape != log_rhos.shape[1:]:
+        raise ValueError(
+            f"bootstrap_value has shape {tuple(bootstrap_value.shape)}, "
+            f"expected {tuple(log_rhos.shape[1:])}"
+        )
+
+    dtype = _compute_dtype(log_rhos, discounts, rewards, values, bootstrap_value)
+    log_rhos, discounts, rewards, values, bootstrap_value = (
+        t.to(dtype) for t in (log_rhos, discounts, rewards, values, bootstrap_value)
+    )
+
+    rhos = torch.exp(log_rhos)
+    clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
+    cs = lambda_ * (rhos if clip_c_threshold is None else rhos.clamp(max=clip_c_threshold))
+
+    # V(x_{t+1}) for t = 0..T-1.
+    values_tp1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])
+    deltas = clipped_rhos * (rewards + discounts * values_tp1 - values)
+    vs = values + _discounted_backward_scan(discounts * cs, deltas)
+
+    # v_{s+1} for s = 0..T-1, with v_T = V(x_T).
+    vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)])
+    pg_rhos = rhos if clip_pg_rho_threshold is None else rhos.clamp(max=clip_pg_rho_threshold)
+    pg_advantages = pg_rhos * (rewards + discounts * vs_tp1 - values)
+    return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+
+
+@torch.no_grad()
+def from_logits(
+    behavior_policy_logits: Tensor,
+    target_policy_logits: Tensor,
+    actions: Tensor,
+    discounts: Tensor,
+    rewards: Tensor,
+    values: Tensor,
+    bootstrap_value: Tensor,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    lambda_: float = 1.0,
+    clip_c_threshold: float | None = 1.0,
+) -> VTraceFromLogitsReturns:
+    """V-trace targets for softmax policies given as logits.
+
+    Args:
+        behavior_policy_logits: float32 ``[T, B, A]``, ``mu``'s logits at
+            ``x_t``, as the actor computed them.
+        target_policy_logits: float32 ``[T, B, A]``, ``pi``'s logits at
+            ``x_t``, as the learner computes them.
+        actions: int64 ``[T, B]``, ``a_t``, sampled from ``mu``.
+        discounts, rewards, values, bootstrap_value, clip_rho_threshold,
+        clip_pg_rho_threshold, lambda_, clip_c_threshold: as in
+            ``from_importance_weights``.
+
+    Returns:
+        ``VTraceFromLogitsReturns``, every field ``[T, B]`` and detached:
+        these are targets; the policy-gradient loss takes its gradient from
+        the logits itself.
+    """
+    if behavior_policy_logits.shape != target_policy_logits.shape:
+        raise ValueError(
+            f"behavior_policy_logits {tuple(behavior_policy_logits.shape)} and "
+            f"target_policy_logits {tuple(target_policy_logits.shape)} differ"
+        )
+    target_log_probs = action_log_probs(target_policy_logits, actions)
+    behavior_log_probs = action_log_probs(behavior_policy_logits, actions)
+    log_rhos = target_log_probs - behavior_log_probs
+    vtrace_returns = from_importance_weights(
+        log_rhos=log_rhos,
+        discounts=discounts,
+        rewards=rewards,
+        values=values,
+        bootstrap_value=bootstrap_value,
+        clip_rho_threshold=clip_rho_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold,
+        lambda_=lambda_,
+        clip_c_threshold=clip_c_threshold,
+    )
+    return VTraceFromLogitsReturns(
+        vs=vtrace_returns.vs,
+        pg_advantages=vtrace_returns.pg_advantages,
+        log_rhos=log_rhos,
+        behavior_action_log_probs=behavior_log_probs,
+        target_action_log_probs=target_log_probs,
+    )
