@@ -32,7 +32,11 @@ def convert_space(space: Any, what: str = "space") -> spaces.Space:
     if isinstance(space, spaces.Space):
         return space
     # MultiBinary also has `.n` but a non-empty shape; MultiDiscrete has `.nvec`.
-    if hasattr(space, "n") and not hasattr(space, "nvec") and not tuple(getattr(space, "shape", ()) or ()):
+    if (
+        hasattr(space, "n")
+        and not hasattr(space, "nvec")
+        and not tuple(getattr(space, "shape", ()) or ())
+    ):
         return spaces.Discrete(int(space.n), start=int(getattr(space, "start", 0)))
     if all(hasattr(space, attr) for attr in ("low", "high", "shape", "dtype")):
         dtype = np.dtype(space.dtype)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium
+import numpy as np
+from gymnasium import spaces
 
-__all__ = ["EpisodeStatistics", "SeedFirstReset"]
+__all__ = ["EpisodeStatistics", "Float32Observation", "SeedFirstReset"]
 
 
 class EpisodeStatistics(gymnasium.Wrapper):
@@ -77,3 +79,23 @@ class SeedFirstReset(gymnasium.Wrapper):
             seed = self._pending_seed
         self._pending_seed = None
         return self.env.reset(seed=seed, options=options)
+
+
+class Float32Observation(gymnasium.ObservationWrapper):
+    """Cast float Box observations (float64, float16) to float32 numpy arrays.
+
+    Models and buffers are float32. Unlike `gymnasium.wrappers.DtypeObservation`, the
+    bounds are cast explicitly (bounds beyond float32's range become +-inf), so no
+    "precision lowered" warning is logged for every env created.
+    """
+
+    def __init__(self, env: gymnasium.Env) -> None:
+        super().__init__(env)
+        inner = env.observation_space
+        with np.errstate(over="ignore"):
+            low = np.asarray(inner.low).astype(np.float32)
+            high = np.asarray(inner.high).astype(np.float32)
+        self.observation_space = spaces.Box(low=low, high=high, dtype=np.float32)
+
+    def observation(self, observation: Any) -> np.ndarray:
+        return np.asarray(observation, dtype=np.float32)

@@ -1,0 +1,13 @@
+"""Environments for beast: creation by name, Atari preprocessing, old-gym adapter, specs.
+
+    env = make("PongNoFrameskip-v4", seed=0, episodic_life=True)
+    spec = env_spec(env)   # EnvSpec(obs_shape=(4, 84, 84), obs_dtype=uint8, num_actions=6)
+
+See `beast.envs.factory` for the names `make` accepts and the wrapper order.
+"""
+
+from beast.envs.adapters import OldGymAdapter
+from beast.envs.factory import make
+from beast.envs.spec import EnvError, EnvSpec, env_spec
+
+__all__ = ["EnvError", "EnvSpec", "OldGymAdapter", "env_spec", "make"]

@@ -1,0 +1,215 @@
+"""`make`: one call from a name to a ready env, with the same stats and seeding for all.
+
+Names:
+    - a Gymnasium id (`CartPole-v1`, `PongNoFrameskip-v4`, `ALE/Breakout-v5`, ...);
+    - `package.module:ClassName` or `package.module:factory_function`, called with no
+      arguments; a result that is not a `gymnasium.Env` is taken to speak the old gym
+      API and wrapped in `OldGymAdapter`. (`package.module:EnvId-v0`, Gymnasium's own
+      "import this module, then make this id" form, works too.)
+
+Atari: a Gymnasium id whose entry point is ale_py's `AtariEnv` gets the DeepMind
+preprocessing (see `beast.envs.atari`). Its AtariEnv is always created with
+`frameskip=1` so the preprocessing's skip of 4 (with max-pooling) is the only one:
+`*NoFrameskip-v4` ids already are; `ALE/*-v5` (skip 4) and `*-v4` (random skip 2..4)
+ids are overridden. Everything else the id defines is kept, notably
+`repeat_action_probability` (0.25 for v5, "sticky actions", applied per frame by the
+ALE; 0 for v4). A custom factory returning a bare `AtariEnv` (with `frameskip=1`) is
+preprocessed too; one returning a wrapped Atari env is used as is, on the view that its
+author has preprocessed it. An AtariEnv with `obs_type="ram"` (ale-py registers no RAM
+ids, but a factory or a user-registered id can make one) is used as defined: uint8
+[128] RAM, its own frame skip, no episodic life; pixel preprocessing does not apply.
+
+Wrapper order, innermost first:
+    Atari:  AtariEnv -> AtariPreprocessing -> [TimeLimit] -> EpisodeStatistics
+            -> [EpisodicLife] -> FrameStack(4) -> SeedFirstReset
+    other:  env -> [Float32Observation] -> EpisodeStatistics -> SeedFirstReset
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from typing import Any
+
+import ale_py
+import gymnasium
+import numpy as np
+from ale_py.env import AtariEnv
+from gymnasium import spaces
+from gymnasium.envs.registration import load_env_creator
+from gymnasium.wrappers import TimeLimit
+
+from beast.envs.adapters import OldGymAdapter
+from beast.envs.atari import (
+    AtariPreprocessing,
+    EpisodicLife,
+    FrameStack,
+    wants_pixel_preprocessing,
+)
+from beast.envs.spec import EnvError
+from beast.envs.wrappers import EpisodeStatistics, Float32Observation, SeedFirstReset
+
+__all__ = ["make"]
+
+# Importing ale_py registers the ALE ids; this call documents that dependency.
+gymnasium.register_envs(ale_py)
+
+# DeepMind preprocessing constants (Mnih et al. 2015, "Methods").
+NOOP_MAX = 30
+FRAME_SKIP = 4
+SCREEN_SIZE = 84
+FRAME_STACK = 4
+
+
+def make(name: str, *, seed: int | None = None, episodic_life: bool = False) -> gymnasium.Env:
+    """Create an environment by name, wrapped for beast.
+
+    Every returned env puts `info["episode"] = {"r": float, "l": int}` (raw undiscounted
+    return, length in agent steps) in the info of the step that ends a real episode,
+    returns vector observations as float32 and Atari observations as uint8 [4, 84, 84].
+
+    Args:
+        name: Gymnasium id or `package.module:ClassName` (see module docstring).
+        seed: seeds the first `reset()` (used when it is called without a seed) and the
+            action space; None leaves both to fresh entropy.
+        episodic_life: Atari only. A lost life returns `terminated=True` and the next
+            `reset()` continues the game; `info["episode"]` still covers whole games.
+
+    Raises:
+        EnvError: unknown id, bad import path, missing dependency, or episodic_life for
+            a non-Atari env.
+    """
+    if ":" in name:
+        env, max_episode_steps = _make_from_path(name)
+    else:
+        env, max_episode_steps = _make_registered(name)
+
+    if wants_pixel_preprocessing(env):
+        env = _wrap_atari(env, episodic_life, max_episode_steps)
+    else:
+        if episodic_life:
+            env.close()
+            raise EnvError(
+                f"episodic_life=True only applies to Atari games, and '{name}' is not one; "
+                "set episodic_life to false"
+            )
+        env = _wrap_generic(env)
+    return SeedFirstReset(env, seed)
+
+
+def _make_registered(name: str) -> tuple[gymnasium.Env, int | None]:
+    """Create a Gymnasium id; pixel Atari ids come back as a bare `AtariEnv`, frameskip=1.
+
+    Returns the env and, for Atari, the id's `max_episode_steps` still to be applied
+    (in agent steps) on top of the preprocessing; None otherwise.
+    """
+    try:
+        spec = gymnasium.spec(name)
+    except gymnasium.error.Error:
+        raise EnvError(_unknown_id_message(name)) from None
+
+    try:
+        atari = _is_atari_entry_point(spec.entry_point) and spec.kwargs.get("obs_type") != "ram"
+        env = gymnasium.make(spec, **({"frameskip": 1} if atari else {}))
+    except (gymnasium.error.DependencyNotInstalled, ImportError) as err:
+        raise EnvError(f"cannot create '{name}': {_first_line(err)}") from None
+    if atari:
+        # Drop gymnasium's checker/order/time-limit wrappers: the preprocessing drives
+        # the ALE directly. (The registered ALE ids set no max_episode_steps; they
+        # truncate through the ALE's max_num_frames_per_episode instead.)
+        return env.unwrapped, spec.max_episode_steps
+    return env, None
+
+
+def _is_atari_entry_point(entry_point: Any) -> bool:
+    """Whether an id's entry point is (a subclass of) ale_py's AtariEnv; may import it."""
+    creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+    return isinstance(creator, type) and issubclass(creator, AtariEnv)
+
+
+def _make_from_path(name: str) -> tuple[gymnasium.Env, int | None]:
+    """Import `package.module:attr`, call it with no arguments, adapt old-API results."""
+    module_name, _, attr = name.partition(":")
+    if not module_name or not attr:
+        raise EnvError(f"'{name}' is not a valid custom env path; write 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        missing = getattr(err, "name", None)
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise EnvError(
+                f"cannot import module '{module_name}' for environment '{name}': "
+                "check the path, and that the package is installed or on PYTHONPATH"
+            ) from None
+        # The module exists but failed inside: keep its traceback, it is the user's bug.
+        raise EnvError(
+            f"importing module '{module_name}' for environment '{name}' failed: {_first_line(err)}"
+        ) from err
+
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            break
+    if obj is None:
+        if attr in gymnasium.registry:
+            # Gymnasium's "module:EnvId" form: importing the module registered the id.
+            return _make_registered(attr)
+        raise EnvError(f"module '{module_name}' has no attribute '{attr}' (environment '{name}')")
+    if not callable(obj):
+        raise EnvError(f"'{name}' is not callable; point it at an env class or factory function")
+    try:
+        inspect.signature(obj).bind()
+    except TypeError:
+        raise EnvError(
+            f"'{name}' must be callable with no arguments, but its signature is "
+            f"{inspect.signature(obj)}; wrap it in a factory function"
+        ) from None
+    except ValueError:
+        pass  # no introspectable signature (builtins); just try the call
+    env = obj()
+    if isinstance(env, gymnasium.Env):
+        return env, None
+    return OldGymAdapter(env), None
+
+
+def _wrap_atari(
+    atari_env: AtariEnv, episodic_life: bool, max_episode_steps: int | None
+) -> gymnasium.Env:
+    env: gymnasium.Env = AtariPreprocessing(
+        atari_env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP, screen_size=SCREEN_SIZE
+    )
+    if max_episode_steps is not None:
+        env = TimeLimit(env, max_episode_steps)
+    # Statistics below episodic life, so a lost life does not cut the reported episode.
+    env = EpisodeStatistics(env)
+    if episodic_life:
+        env = EpisodicLife(env)
+    return FrameStack(env, FRAME_STACK)
+
+
+def _wrap_generic(env: gymnasium.Env) -> gymnasium.Env:
+    obs_space = env.observation_space
+    if (
+        isinstance(obs_space, spaces.Box)
+        and obs_space.dtype.kind == "f"
+        and obs_space.dtype != np.float32
+    ):
+        env = Float32Observation(env)
+    return EpisodeStatistics(env)
+
+
+def _unknown_id_message(name: str) -> str:
+    by_lower = {env_id.lower(): env_id for env_id in gymnasium.registry}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)
+    if close:
+        hint = "did you mean " + " or ".join(repr(by_lower[c]) for c in close) + "?"
+    else:
+        hint = "list them with gymnasium.pprint_registry(); custom envs are 'package.module:Class'"
+    return f"unknown environment '{name}': not a registered Gymnasium id ({hint})"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,1 @@
+"""Throughput benchmarks; each script also exposes a function other benchmarks import."""
