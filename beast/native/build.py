@@ -55,6 +55,10 @@ ffibuilder.set_source(
     depends=[os.path.join(_NATIVE, "index_queue.h")],
     extra_compile_args=["-O2", "-Wall", "-Wextra"],
     libraries=["pthread"],
+    # What setuptools picks anyway; the direct build then writes the same
+    # `_ext.abi3.so`, so a stale development build can never shadow (by
+    # import-suffix priority) the one `pip install -e .` made.
+    py_limited_api=True,
 )
 
 if __name__ == "__main__":

@@ -22,14 +22,14 @@
 #define BEAST_QUEUE_MAGIC 0x3151497473616562ULL
 
 struct beast_queue {
-  uint64_t magic;        /* BEAST_QUEUE_MAGIC once initialised */
-  uint32_t capacity;     /* immutable after init */
-  uint32_t closed;       /* 0 or 1 */
-  uint64_t head;         /* values ever popped; next read is data[head % cap] */
-  uint64_t tail;         /* values ever pushed; next write is data[tail % cap] */
-  uint32_t seq;          /* futex word: bumped on every put, close, recovery */
-  uint32_t nwaiters;     /* getters registered to sleep; a dead one overcounts,
-                            which only costs a spare wake syscall */
+  uint64_t magic;    /* BEAST_QUEUE_MAGIC once initialised */
+  uint32_t capacity; /* immutable after init */
+  uint32_t closed;   /* 0 or 1 */
+  uint64_t head;     /* values ever popped; next read is data[head % cap] */
+  uint64_t tail;     /* values ever pushed; next write is data[tail % cap] */
+  uint32_t seq;      /* futex word: bumped on every put, close, recovery */
+  uint32_t nwaiters; /* getters registered to sleep; a dead one overcounts,
+                        which only costs a spare wake syscall */
   uint32_t owner_deaths; /* lock recoveries after a holder died */
   uint32_t reserved;
   pthread_mutex_t mutex; /* guards every field above except magic/capacity */
@@ -37,8 +37,10 @@ struct beast_queue {
 };
 
 size_t beast_queue_nbytes(uint32_t capacity) {
-  if (capacity == 0 || capacity > BEAST_QUEUE_MAX_CAPACITY) return 0;
-  size_t n = offsetof(struct beast_queue, data) + (size_t)capacity * sizeof(int32_t);
+  if (capacity == 0 || capacity > BEAST_QUEUE_MAX_CAPACITY)
+    return 0;
+  size_t n =
+      offsetof(struct beast_queue, data) + (size_t)capacity * sizeof(int32_t);
   /* Round up so that queues can be packed back to back in one block. */
   const size_t align = _Alignof(struct beast_queue);
   return (n + align - 1) / align * align;
@@ -48,16 +50,20 @@ size_t beast_queue_nbytes(uint32_t capacity) {
  * catch every bad pointer (an unmapped one still faults), only null,
  * misaligned, never-initialised or overwritten blocks. */
 static struct beast_queue *checked(void *mem) {
-  if (mem == NULL || (uintptr_t)mem % _Alignof(struct beast_queue) != 0) return NULL;
+  if (mem == NULL || (uintptr_t)mem % _Alignof(struct beast_queue) != 0)
+    return NULL;
   struct beast_queue *q = mem;
-  if (__atomic_load_n(&q->magic, __ATOMIC_ACQUIRE) != BEAST_QUEUE_MAGIC) return NULL;
-  if (q->capacity == 0 || q->capacity > BEAST_QUEUE_MAX_CAPACITY) return NULL;
+  if (__atomic_load_n(&q->magic, __ATOMIC_ACQUIRE) != BEAST_QUEUE_MAGIC)
+    return NULL;
+  if (q->capacity == 0 || q->capacity > BEAST_QUEUE_MAX_CAPACITY)
+    return NULL;
   return q;
 }
 
 static int lock(struct beast_queue *q) {
   int rc = pthread_mutex_lock(&q->mutex);
-  if (rc == 0) return BEAST_OK;
+  if (rc == 0)
+    return BEAST_OK;
   if (rc == EOWNERDEAD) {
     /* The previous holder died inside a queue call. Every call writes a value
      * before publishing the counter that exposes it, so the ring is
@@ -73,7 +79,8 @@ static int lock(struct beast_queue *q) {
     beast_futex_wake(&q->seq, INT_MAX);
     return BEAST_OK;
   }
-  if (rc == ENOTRECOVERABLE) return BEAST_ENOTRECOVERABLE;
+  if (rc == ENOTRECOVERABLE)
+    return BEAST_ENOTRECOVERABLE;
   return BEAST_ESYS;
 }
 
@@ -86,17 +93,22 @@ int beast_queue_init(void *mem, size_t nbytes, uint32_t capacity) {
     return BEAST_EINVAL;
   struct beast_queue *q = mem;
   /* Re-initialising a live queue would strand its users. */
-  if (__atomic_load_n(&q->magic, __ATOMIC_ACQUIRE) == BEAST_QUEUE_MAGIC) return BEAST_EINVAL;
+  if (__atomic_load_n(&q->magic, __ATOMIC_ACQUIRE) == BEAST_QUEUE_MAGIC)
+    return BEAST_EINVAL;
   memset(mem, 0, need);
   q->capacity = capacity;
 
   pthread_mutexattr_t attr;
-  if (pthread_mutexattr_init(&attr) != 0) return BEAST_ESYS;
+  if (pthread_mutexattr_init(&attr) != 0)
+    return BEAST_ESYS;
   int rc = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-  if (rc == 0) rc = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-  if (rc == 0) rc = pthread_mutex_init(&q->mutex, &attr);
+  if (rc == 0)
+    rc = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  if (rc == 0)
+    rc = pthread_mutex_init(&q->mutex, &attr);
   pthread_mutexattr_destroy(&attr);
-  if (rc != 0) return BEAST_ESYS;
+  if (rc != 0)
+    return BEAST_ESYS;
 
   /* Magic last: a block is valid only once everything above is in place. */
   __atomic_store_n(&q->magic, BEAST_QUEUE_MAGIC, __ATOMIC_RELEASE);
@@ -105,9 +117,11 @@ int beast_queue_init(void *mem, size_t nbytes, uint32_t capacity) {
 
 int beast_queue_put(void *mem, int32_t value) {
   struct beast_queue *q = checked(mem);
-  if (q == NULL) return BEAST_EINVAL;
+  if (q == NULL)
+    return BEAST_EINVAL;
   int rc = lock(q);
-  if (rc != BEAST_OK) return rc;
+  if (rc != BEAST_OK)
+    return rc;
   if (q->closed) {
     unlock(q);
     return BEAST_ECLOSED;
@@ -125,7 +139,8 @@ int beast_queue_put(void *mem, int32_t value) {
   unlock(q);
   /* One value, one wake. Skipping the syscall when nobody sleeps keeps the
    * common case (a non-empty free queue) free of kernel calls. */
-  if (waiters > 0) beast_futex_wake(&q->seq, 1);
+  if (waiters > 0)
+    beast_futex_wake(&q->seq, 1);
   return BEAST_OK;
 }
 
@@ -138,7 +153,8 @@ static int deadline_passed(const struct timespec *deadline) {
 
 int beast_queue_get(void *mem, int32_t *out, int64_t timeout_ns) {
   struct beast_queue *q = checked(mem);
-  if (q == NULL || out == NULL) return BEAST_EINVAL;
+  if (q == NULL || out == NULL)
+    return BEAST_EINVAL;
   struct timespec deadline;
   const struct timespec *until = NULL; /* NULL: wait forever */
   if (timeout_ns >= 0) {
@@ -149,9 +165,11 @@ int beast_queue_get(void *mem, int32_t *out, int64_t timeout_ns) {
   int registered = 0; /* whether this call counts in q->nwaiters */
   for (;;) {
     int rc = lock(q);
-    if (rc != BEAST_OK) return rc;
+    if (rc != BEAST_OK)
+      return rc;
     if (registered) {
-      if (q->nwaiters > 0) q->nwaiters--;
+      if (q->nwaiters > 0)
+        q->nwaiters--;
       registered = 0;
     }
     if (q->closed) {
@@ -165,7 +183,8 @@ int beast_queue_get(void *mem, int32_t *out, int64_t timeout_ns) {
        * case where the waiter a put woke died before taking its value. */
       int pass_on = q->tail != q->head && q->nwaiters > 0;
       unlock(q);
-      if (pass_on) beast_futex_wake(&q->seq, 1);
+      if (pass_on)
+        beast_futex_wake(&q->seq, 1);
       *out = value;
       return BEAST_OK;
     }
@@ -183,9 +202,11 @@ int beast_queue_get(void *mem, int32_t *out, int64_t timeout_ns) {
     int err = beast_futex_wait(&q->seq, seen, until);
     /* 0: woken; EAGAIN: seq moved before we slept; ETIMEDOUT: re-check once
      * under the lock, then report the timeout. All three loop. */
-    if (err == 0 || err == EAGAIN || err == ETIMEDOUT) continue;
+    if (err == 0 || err == EAGAIN || err == ETIMEDOUT)
+      continue;
     if (lock(q) == BEAST_OK) {
-      if (q->nwaiters > 0) q->nwaiters--;
+      if (q->nwaiters > 0)
+        q->nwaiters--;
       unlock(q);
     }
     /* EINTR goes back to the caller rather than retrying here, so that a
@@ -196,21 +217,25 @@ int beast_queue_get(void *mem, int32_t *out, int64_t timeout_ns) {
 
 int beast_queue_close(void *mem) {
   struct beast_queue *q = checked(mem);
-  if (q == NULL) return BEAST_EINVAL;
+  if (q == NULL)
+    return BEAST_EINVAL;
   int rc = lock(q);
   /* Close even if the lock is unusable: shutdown must still wake everyone. */
   __atomic_store_n(&q->closed, 1, __ATOMIC_RELEASE);
   __atomic_add_fetch(&q->seq, 1, __ATOMIC_RELEASE);
-  if (rc == BEAST_OK) unlock(q);
+  if (rc == BEAST_OK)
+    unlock(q);
   beast_futex_wake(&q->seq, INT_MAX);
   return rc;
 }
 
 int beast_queue_size(void *mem, uint32_t *out) {
   struct beast_queue *q = checked(mem);
-  if (q == NULL || out == NULL) return BEAST_EINVAL;
+  if (q == NULL || out == NULL)
+    return BEAST_EINVAL;
   int rc = lock(q);
-  if (rc != BEAST_OK) return rc;
+  if (rc != BEAST_OK)
+    return rc;
   *out = (uint32_t)(q->tail - q->head);
   unlock(q);
   return BEAST_OK;
@@ -218,14 +243,16 @@ int beast_queue_size(void *mem, uint32_t *out) {
 
 int beast_queue_capacity(void *mem, uint32_t *out) {
   struct beast_queue *q = checked(mem);
-  if (q == NULL || out == NULL) return BEAST_EINVAL;
+  if (q == NULL || out == NULL)
+    return BEAST_EINVAL;
   *out = q->capacity;
   return BEAST_OK;
 }
 
 int beast_queue_owner_deaths(void *mem, uint32_t *out) {
   struct beast_queue *q = checked(mem);
-  if (q == NULL || out == NULL) return BEAST_EINVAL;
+  if (q == NULL || out == NULL)
+    return BEAST_EINVAL;
   *out = __atomic_load_n(&q->owner_deaths, __ATOMIC_ACQUIRE);
   return BEAST_OK;
 }

@@ -64,11 +64,11 @@ extern "C" {
 /* Return codes. Every int-returning call returns one of these. */
 enum beast_status {
   BEAST_OK = 0,
-  BEAST_ETIMEDOUT = 1,       /* get: no value before the timeout */
-  BEAST_ECLOSED = 2,         /* put/get: the queue has been closed */
-  BEAST_EFULL = 3,           /* put: capacity values already queued */
-  BEAST_EINVAL = 4,          /* bad pointer, size, alignment or capacity */
-  BEAST_EINTR = 5,           /* get: a signal arrived; retry with the time left */
+  BEAST_ETIMEDOUT = 1, /* get: no value before the timeout */
+  BEAST_ECLOSED = 2,   /* put/get: the queue has been closed */
+  BEAST_EFULL = 3,     /* put: capacity values already queued */
+  BEAST_EINVAL = 4,    /* bad pointer, size, alignment or capacity */
+  BEAST_EINTR = 5,     /* get: a signal arrived; retry with the time left */
   BEAST_ENOTRECOVERABLE = 6, /* the lock is permanently unusable */
   BEAST_ESYS = 7,            /* an unexpected pthread or futex failure */
 };
@@ -124,7 +124,7 @@ static inline int beast_futex_wait(uint32_t *word, uint32_t expected,
   return rc == 0 ? 0 : errno;
 }
 
-/* Wake up to n sleepers on word (INT_MAX: all). Returns how many woke, or -1. */
+/* Wake up to n sleepers on word (INT_MAX: all); returns the count or -1. */
 static inline int beast_futex_wake(uint32_t *word, int n) {
   return (int)syscall(SYS_futex, word, FUTEX_WAKE, n, NULL, NULL, 0);
 }
@@ -135,7 +135,8 @@ static inline struct timespec beast_deadline_after(int64_t timeout_ns) {
   clock_gettime(CLOCK_MONOTONIC, &now);
   /* Clamp so that tv_sec cannot overflow: ~292 years is "forever" enough. */
   const int64_t max_ns = INT64_MAX / 2;
-  if (timeout_ns > max_ns) timeout_ns = max_ns;
+  if (timeout_ns > max_ns)
+    timeout_ns = max_ns;
   int64_t ns = (int64_t)now.tv_nsec + timeout_ns % 1000000000;
   struct timespec deadline;
   deadline.tv_sec = now.tv_sec + (time_t)(timeout_ns / 1000000000) +
