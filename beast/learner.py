@@ -155,6 +155,8 @@ class Learner:
                     self.finished.set()
                     return
                 stats = self._update(batch)
+                if self.progress.step >= self.total_steps:
+                    self.finished.set()
             self.on_update(stats)
 
     def _update(self, batch: dict[str, torch.Tensor]) -> UpdateStats:

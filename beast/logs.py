@@ -5,8 +5,9 @@ library module.)
 
 `SAVEDIR/XPID/meta.json` holds the flags, the git commit (and whether the
 tree was dirty), library versions and the start time; `logs.csv` gets one
-row per learner update; the console gets one progress line every
-`log_interval` seconds.
+row per learner update; `episodes.csv` one row per finished episode (the
+learner step at which it was consumed, its return and length); the console
+gets one progress line every `log_interval` seconds.
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ class RunLog:
         self._lock = threading.Lock()
         self._csv_file = open(os.path.join(run_dir, "logs.csv"), "a", newline="")
         self._csv: csv.DictWriter | None = None
+        episodes_path = os.path.join(run_dir, "episodes.csv")
+        new_episodes_file = not os.path.exists(episodes_path)
+        self._episodes_file = open(episodes_path, "a", newline="")
+        self._episodes = csv.writer(self._episodes_file)
+        if new_episodes_file:
+            self._episodes.writerow(["step", "return", "length"])
         self._returns: collections.deque[float] = collections.deque(maxlen=RETURN_WINDOW)
         self.num_episodes = 0
         self.step = 0
@@ -108,6 +115,9 @@ class RunLog:
                     self._csv.writeheader()
             self._csv.writerow(row)
             self._csv_file.flush()
+            for ret, length in zip(stats.episode_returns, stats.episode_steps, strict=True):
+                self._episodes.writerow([stats.step, ret, length])
+            self._episodes_file.flush()
 
     def mean_return(self) -> float:
         with self._lock:
@@ -141,3 +151,4 @@ class RunLog:
     def close(self) -> None:
         with self._lock:
             self._csv_file.close()
+            self._episodes_file.close()
