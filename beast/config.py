@@ -70,7 +70,9 @@ class Config:
         choices=("auto", "atari", "resnet", "mlp"),
     )
     use_lstm: bool = _flag(False, "Add an LSTM core fed with the previous action and reward.")
-    hidden_size: int | None = _flag(None, "Hidden units of the MLP (default 64).")
+    hidden_size: int | None = _flag(
+        None, "Width of the MLP layers (default 64) and of the LSTM core (default: 64 for mlp, 256 else)."
+    )
 
     # Loss (IMPALA, Espeholt et al. 2018).
     entropy_cost: float = _flag(0.01, "Entropy regularisation weight.")

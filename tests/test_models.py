@@ -38,6 +38,16 @@ SMALL_CASES = [
 ]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def single_intra_op_thread():
+    """These models are small and the cores are shared: with another process busy, OpenMP
+    threads spin at barriers and a 2-thread forward ran 10-50x slower than a 1-thread one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def make_inputs(obs_shape, num_actions, T, B, *, generator, done=None):
     """Random inputs; uint8 obs for images (3-D), float32 for vectors."""
     if len(obs_shape) == 3:
@@ -66,7 +76,7 @@ def step(inputs, t):
 
 @pytest.mark.parametrize("T,B", [(1, 1), (1, 5), (4, 1), (4, 3)])
 @pytest.mark.parametrize("use_lstm", [False, True])
-@pytest.mark.parametrize("name,obs_shape,num_actions", MODEL_CASES)
+@pytest.mark.parametrize("name,obs_shape,num_actions", MODEL_CASES + SMALL_CASES)
 def test_output_shapes_and_dtypes(name, obs_shape, num_actions, use_lstm, T, B):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
