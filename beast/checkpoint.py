@@ -40,7 +40,9 @@ def save_checkpoint(path: str, payload: dict[str, Any]) -> None:
     except OSError as error:
         if os.path.exists(tmp_path):
             os.unlink(tmp_path)
-        raise CheckpointError(f"cannot write checkpoint {path}: {error.strerror or error}") from error
+        raise CheckpointError(
+            f"cannot write checkpoint {path}: {error.strerror or error}"
+        ) from error
 
 
 def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -36,15 +36,20 @@ class Config:
         "PongNoFrameskip-v4",
         "Gymnasium id (Atari ids get DeepMind preprocessing) or package.module:ClassName.",
     )
-    mode: str = _flag("train", "train a policy, or test a saved checkpoint.", choices=("train", "test"))
-    xpid: str | None = _flag(None, "Experiment id; the run lives in SAVEDIR/XPID. Default: a timestamp.")
+    mode: str = _flag(
+        "train", "train a policy, or test a saved checkpoint.", choices=("train", "test")
+    )
+    xpid: str | None = _flag(
+        None, "Experiment id; the run lives in SAVEDIR/XPID. Default: a timestamp."
+    )
     savedir: str = _flag("~/logs/beast", "Root directory for runs (logs, metadata, checkpoints).")
     seed: int = _flag(0, "Seed for environments and for torch.")
 
     # Acting.
     num_actors: int = _flag(2, "Actor processes.")
     num_envs_per_actor: int = _flag(
-        8, "Environments each actor steps in a for-loop; one batched forward pass serves all of them."
+        8,
+        "Environments each actor steps in a for-loop; one batched forward pass serves all of them.",
     )
     episodic_life: bool = _flag(False, "Atari: end the agent's episode at a life loss.")
 
@@ -59,19 +64,24 @@ class Config:
     )
 
     # Learner.
-    num_learner_threads: int = _flag(1, "Learner threads (the optimizer step is serialised by a lock).")
-    num_threads: int | None = _flag(None, "torch intra-op threads in the learner. Default: CPU count.")
+    num_learner_threads: int = _flag(
+        1, "Learner threads (the optimizer step is serialised by a lock)."
+    )
+    num_threads: int | None = _flag(
+        None, "torch intra-op threads in the learner. Default: CPU count."
+    )
     disable_cuda: bool = _flag(False, "Learn on the CPU even when a GPU is present.")
 
     # Model.
     model: str = _flag(
         "auto",
-        "Network: atari (IMPALA shallow), resnet (IMPALA deep), mlp; auto picks by observation shape.",
+        "Network: atari (IMPALA shallow), resnet (IMPALA deep), mlp; auto picks by obs shape.",
         choices=("auto", "atari", "resnet", "mlp"),
     )
     use_lstm: bool = _flag(False, "Add an LSTM core fed with the previous action and reward.")
     hidden_size: int | None = _flag(
-        None, "Width of the MLP layers (default 64) and of the LSTM core (default: 64 for mlp, 256 else)."
+        None,
+        "Width of the MLP layers (default 64) and of the LSTM (default 64 for mlp, else 256).",
     )
 
     # Loss (IMPALA, Espeholt et al. 2018).
@@ -87,7 +97,8 @@ class Config:
     optimizer: str = _flag("rmsprop", "Optimizer.", choices=("rmsprop", "adam"))
     learning_rate: float = _flag(0.0006, "Learning rate.")
     lr_schedule: str = _flag(
-        "linear", "Learning rate: linear decay to 0 at total_steps, or constant.",
+        "linear",
+        "Learning rate: linear decay to 0 at total_steps, or constant.",
         choices=("linear", "constant"),
     )
     alpha: float = _flag(0.99, "RMSProp smoothing constant.")
@@ -97,7 +108,9 @@ class Config:
 
     # Logging, checkpoints, evaluation.
     log_interval: float = _flag(5.0, "Seconds between console progress lines.")
-    checkpoint_interval: float = _flag(600.0, "Seconds between checkpoints (one is always written at the end).")
+    checkpoint_interval: float = _flag(
+        600.0, "Seconds between checkpoints (one is always written at the end)."
+    )
     num_test_episodes: int = _flag(10, "Episodes to run in --mode test.")
 
     @property
@@ -111,8 +124,15 @@ class Config:
 
     def validate(self) -> None:
         """All cross-field checks, in one place. Raises ConfigError."""
-        for name in ("num_actors", "num_envs_per_actor", "total_steps", "batch_size",
-                     "unroll_length", "num_learner_threads", "num_test_episodes"):
+        for name in (
+            "num_actors",
+            "num_envs_per_actor",
+            "total_steps",
+            "batch_size",
+            "unroll_length",
+            "num_learner_threads",
+            "num_test_episodes",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
         for name in ("num_buffers", "num_threads", "hidden_size"):
@@ -133,7 +153,8 @@ class Config:
             needed = self.slots_in_use_by_actors + self.batch_size
             if self.num_buffers < needed:
                 raise ConfigError(
-                    f"--num_buffers {self.num_buffers} is too small for --batch_size {self.batch_size}:"
+                    f"--num_buffers {self.num_buffers} is too small for"
+                    f" --batch_size {self.batch_size}:"
                     f" {self.num_actors} actors x {self.num_envs_per_actor} envs hold"
                     f" {self.slots_in_use_by_actors} slots while the learner gathers a batch, so"
                     f" use --num_buffers >= {needed} or a smaller --batch_size"
@@ -169,7 +190,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help_text = f.metadata["help"]
         if kind is bool:
             parser.add_argument(
-                f"--{f.name}", action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+                f"--{f.name}",
+                action=argparse.BooleanOptionalAction,
+                default=f.default,
+                help=help_text,
             )
             continue
         default_text = "" if f.default is None else f" (default: {f.default})"

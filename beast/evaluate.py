@@ -41,8 +41,11 @@ def test(config: Config) -> list[float]:
     model = build_run_model(trained, spec)
     model.load_state_dict(checkpoint["model_state_dict"])
     model.eval()
-    print(f"[beast] testing {trained.xpid} (step {checkpoint['step']:,}) on {trained.env}"
-          f" for {config.num_test_episodes} episodes", flush=True)
+    print(
+        f"[beast] testing {trained.xpid} (step {checkpoint['step']:,}) on {trained.env}"
+        f" for {config.num_test_episodes} episodes",
+        flush=True,
+    )
 
     returns: list[float] = []
     obs, _ = env.reset()
@@ -63,8 +66,11 @@ def test(config: Config) -> list[float]:
             inputs["done"] = torch.tensor([[terminated or truncated]])
             if "episode" in info:
                 returns.append(float(info["episode"]["r"]))
-                print(f"[beast] episode {len(returns)}/{config.num_test_episodes}: return"
-                      f" {returns[-1]:.2f}, {int(info['episode']['l'])} steps", flush=True)
+                print(
+                    f"[beast] episode {len(returns)}/{config.num_test_episodes}: return"
+                    f" {returns[-1]:.2f}, {int(info['episode']['l'])} steps",
+                    flush=True,
+                )
             if terminated or truncated:
                 obs, _ = env.reset()
     env.close()
@@ -76,6 +82,9 @@ def test(config: Config) -> list[float]:
     }
     with open(os.path.join(config.run_dir, "test.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    print(f"[beast] mean return {summary['mean_return']:.2f}, median"
-          f" {summary['median_return']:.2f} over {len(returns)} episodes", flush=True)
+    print(
+        f"[beast] mean return {summary['mean_return']:.2f}, median"
+        f" {summary['median_return']:.2f} over {len(returns)} episodes",
+        flush=True,
+    )
     return returns

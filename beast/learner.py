@@ -95,11 +95,15 @@ class Learner:
         # Prepared batches waiting for a learner thread; small, so that a slow
         # learner applies back-pressure to the batch thread and not to memory.
         self._batches: queue.Queue[dict[str, torch.Tensor]] = queue.Queue(maxsize=2)
-        self._threads = [threading.Thread(target=self._run, args=(self._batch_loop,),
-                                          name="batcher", daemon=True)]
+        self._threads = [
+            threading.Thread(
+                target=self._run, args=(self._batch_loop,), name="batcher", daemon=True
+            )
+        ]
         self._threads += [
-            threading.Thread(target=self._run, args=(self._learn_loop,), name=f"learner-{i}",
-                             daemon=True)
+            threading.Thread(
+                target=self._run, args=(self._learn_loop,), name=f"learner-{i}", daemon=True
+            )
             for i in range(num_learner_threads)
         ]
 
@@ -136,7 +140,9 @@ class Learner:
             for index in indices:
                 self.buffers.free_queue.put(index)
             if pin:
-                batch = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
+                batch = {
+                    k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()
+                }
             while not self._stop.is_set():
                 try:
                     self._batches.put(batch, timeout=_POLL_SECONDS)
@@ -192,6 +198,9 @@ class Learner:
     def publish_weights(self) -> None:
         """Copy the learner's weights into the actors' shared-memory model, in place."""
         with torch.no_grad():
-            for shared, own in zip(self.actor_model.state_dict().values(),
-                                   self.model.state_dict().values(), strict=True):
+            for shared, own in zip(
+                self.actor_model.state_dict().values(),
+                self.model.state_dict().values(),
+                strict=True,
+            ):
                 shared.copy_(own, non_blocking=False)

@@ -52,8 +52,9 @@ def format_duration(seconds: float) -> str:
 
 
 class RunLog:
-    def __init__(self, run_dir: str, config: dict[str, Any], total_steps: int,
-                 stream: TextIO = sys.stdout) -> None:
+    def __init__(
+        self, run_dir: str, config: dict[str, Any], total_steps: int, stream: TextIO = sys.stdout
+    ) -> None:
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.stream = stream
@@ -71,11 +72,11 @@ class RunLog:
         # Guards the CSV writer and the counters below: learner threads call
         # record() while the main thread calls progress_line().
         self._lock = threading.Lock()
-        self._csv_file = open(os.path.join(run_dir, "logs.csv"), "a", newline="")
+        self._csv_file = open(os.path.join(run_dir, "logs.csv"), "a", newline="")  # noqa: SIM115
         self._csv: csv.DictWriter | None = None
         episodes_path = os.path.join(run_dir, "episodes.csv")
         new_episodes_file = not os.path.exists(episodes_path)
-        self._episodes_file = open(episodes_path, "a", newline="")
+        self._episodes_file = open(episodes_path, "a", newline="")  # noqa: SIM115
         self._episodes = csv.writer(self._episodes_file)
         if new_episodes_file:
             self._episodes.writerow(["step", "return", "length"])
@@ -105,7 +106,8 @@ class RunLog:
                 **stats.losses,
                 "mean_episode_return": (
                     sum(stats.episode_returns) / len(stats.episode_returns)
-                    if stats.episode_returns else ""
+                    if stats.episode_returns
+                    else ""
                 ),
                 "num_episodes": len(stats.episode_returns),
             }
@@ -134,7 +136,8 @@ class RunLog:
             returns = (
                 f"return {sum(self._returns) / len(self._returns):.2f}"
                 f" (last {len(self._returns)} of {self.num_episodes} eps)"
-                if self._returns else "return - (no episode finished yet)"
+                if self._returns
+                else "return - (no episode finished yet)"
             )
             loss = self.last_losses.get("total_loss")
             loss_text = f"loss {loss:.4g}" if loss is not None else "loss -"

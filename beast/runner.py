@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+import traceback
 from typing import Any
 
 import torch
@@ -33,6 +34,8 @@ __all__ = ["train", "TrainingError", "build_run_model", "select_device"]
 
 # Seconds actors get to exit after the queues close before they are killed.
 _ACTOR_JOIN_SECONDS = 5.0
+# Seconds learner threads get to finish an update in flight.
+_LEARNER_STOP_SECONDS = 3.0
 
 
 class TrainingError(RuntimeError):
@@ -46,15 +49,25 @@ def select_device(config: Config) -> torch.device:
 
 
 def build_run_model(config: Config, spec: envs.EnvSpec) -> torch.nn.Module:
-    return build_model(config.model, spec.obs_shape, spec.num_actions,
-                       use_lstm=config.use_lstm, hidden_size=config.hidden_size)
+    return build_model(
+        config.model,
+        spec.obs_shape,
+        spec.num_actions,
+        use_lstm=config.use_lstm,
+        hidden_size=config.hidden_size,
+    )
 
 
 def _optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
     if config.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=config.learning_rate, eps=config.epsilon)
-    return torch.optim.RMSprop(model.parameters(), lr=config.learning_rate, alpha=config.alpha,
-                               momentum=config.momentum, eps=config.epsilon)
+    return torch.optim.RMSprop(
+        model.parameters(),
+        lr=config.learning_rate,
+        alpha=config.alpha,
+        momentum=config.momentum,
+        eps=config.epsilon,
+    )
 
 
 def _scheduler(config: Config, optimizer: torch.optim.Optimizer):
@@ -90,9 +103,13 @@ def train(config: Config) -> None:
 
     core_shapes = [s.shape[:1] + s.shape[2:] for s in actor_model.initial_state(1)]
     buffers = RolloutBuffers(
-        rollout_spec(unroll_length=config.unroll_length, obs_shape=spec.obs_shape,
-                     obs_dtype=spec.obs_dtype, num_actions=spec.num_actions,
-                     core_state_shapes=core_shapes),
+        rollout_spec(
+            unroll_length=config.unroll_length,
+            obs_shape=spec.obs_shape,
+            obs_dtype=spec.obs_dtype,
+            num_actions=spec.num_actions,
+            core_state_shapes=core_shapes,
+        ),
         config.num_buffers,
     )
     optimizer = _optimizer(config, model)
@@ -100,14 +117,26 @@ def train(config: Config) -> None:
     log = RunLog(config.run_dir, config.to_dict(), config.total_steps)
     progress = TrainingProgress()
     loss_fn = functools.partial(
-        impala_loss, discounting=config.discounting, reward_clipping=config.reward_clipping,
-        baseline_cost=config.baseline_cost, entropy_cost=config.entropy_cost,
+        impala_loss,
+        discounting=config.discounting,
+        reward_clipping=config.reward_clipping,
+        baseline_cost=config.baseline_cost,
+        entropy_cost=config.entropy_cost,
     )
     learner = Learner(
-        model=model, actor_model=actor_model, buffers=buffers, optimizer=optimizer,
-        scheduler=scheduler, loss_fn=loss_fn, device=device, batch_size=config.batch_size,
-        total_steps=config.total_steps, grad_norm_clipping=config.grad_norm_clipping,
-        num_learner_threads=config.num_learner_threads, on_update=log.record, progress=progress,
+        model=model,
+        actor_model=actor_model,
+        buffers=buffers,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loss_fn=loss_fn,
+        device=device,
+        batch_size=config.batch_size,
+        total_steps=config.total_steps,
+        grad_norm_clipping=config.grad_norm_clipping,
+        num_learner_threads=config.num_learner_threads,
+        on_update=log.record,
+        progress=progress,
     )
 
     def checkpoint() -> None:
@@ -130,14 +159,25 @@ def train(config: Config) -> None:
     )
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["beast.actor"])
-    settings = ActorSettings(env=config.env, seed=config.seed, num_envs=config.num_envs_per_actor,
-                             unroll_length=config.unroll_length, episodic_life=config.episodic_life)
+    settings = ActorSettings(
+        env=config.env,
+        seed=config.seed,
+        num_envs=config.num_envs_per_actor,
+        unroll_length=config.unroll_length,
+        episodic_life=config.episodic_life,
+    )
     actors = [
-        ctx.Process(target=run_actor, name=f"actor-{i}",
-                    args=(i, settings, buffers, actor_model, os.getpid()))
+        ctx.Process(
+            target=run_actor,
+            name=f"actor-{i}",
+            args=(i, settings, buffers, actor_model, os.getpid()),
+        )
         for i in range(config.num_actors)
     ]
-    previous_sigterm = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    previous_handlers = {
+        signal.SIGINT: signal.getsignal(signal.SIGINT),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_keyboard_interrupt),
+    }
     failure: str | None = None
     try:
         for actor in actors:
@@ -147,32 +187,43 @@ def train(config: Config) -> None:
     except KeyboardInterrupt:
         log.print("interrupted: stopping actors and learner, writing a final checkpoint")
     finally:
-        learner.stop()
-        buffers.close()
-        _join_actors(actors)
-        signal.signal(signal.SIGTERM, previous_sigterm)
-        checkpoint()
-        log.print(f"checkpoint at step {progress.step:,} in {config.run_dir}")
-        log.close()
+        # Shutdown is bounded; a second Ctrl-C or a group-wide SIGTERM must not
+        # cut it short and leave actors or a half-written checkpoint behind.
+        for signum in previous_handlers:
+            signal.signal(signum, signal.SIG_IGN)
+        try:
+            learner.stop(_LEARNER_STOP_SECONDS)
+            buffers.close()
+            _join_actors(actors)
+            checkpoint()
+            log.print(f"checkpoint at step {progress.step:,} in {config.run_dir}")
+        finally:
+            log.close()
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
     if failure:
         raise TrainingError(failure)
 
 
-def _monitor(config: Config, learner: Learner, actors: list[mp.Process], log: RunLog,
-             checkpoint) -> str | None:
+def _monitor(
+    config: Config, learner: Learner, actors: list[mp.Process], log: RunLog, checkpoint
+) -> str | None:
     """Main-thread loop: progress lines, periodic checkpoints, health checks."""
     last_checkpoint = time.monotonic()
     while not learner.finished.wait(config.log_interval):
         log.print(log.progress_line())
         for actor in actors:
             if not actor.is_alive():
-                return (f"{actor.name} exited with code {actor.exitcode} (its error is printed"
-                        " above); stopping the run")
+                return (
+                    f"{actor.name} exited with code {actor.exitcode} (its error is printed"
+                    " above); stopping the run"
+                )
         if time.monotonic() - last_checkpoint >= config.checkpoint_interval:
             checkpoint()
             last_checkpoint = time.monotonic()
     if learner.error is not None:
         error = learner.error
+        log.print("learner failed:\n" + "".join(traceback.format_exception(error)).rstrip())
         return f"learner failed: {type(error).__name__}: {error}"
     log.print(log.progress_line())
     log.print(f"reached total_steps {config.total_steps:,}")

@@ -10,8 +10,13 @@ from beast.buffers import RolloutBuffers, core_state_key, rollout_spec
 
 
 def make_buffers(num_buffers=6, unroll_length=3, core_state_shapes=((1, 5), (1, 5))):
-    spec = rollout_spec(unroll_length=unroll_length, obs_shape=(2, 3), obs_dtype=np.uint8,
-                        num_actions=4, core_state_shapes=core_state_shapes)
+    spec = rollout_spec(
+        unroll_length=unroll_length,
+        obs_shape=(2, 3),
+        obs_dtype=np.uint8,
+        num_actions=4,
+        core_state_shapes=core_state_shapes,
+    )
     return RolloutBuffers(spec, num_buffers)
 
 

@@ -9,13 +9,26 @@ def test_defaults_are_valid_and_finalized():
     config = parse_args([])
     assert config.env == "PongNoFrameskip-v4"
     assert config.xpid  # filled in once
-    assert config.num_buffers == config.num_actors * config.num_envs_per_actor + 2 * config.batch_size
+    assert (
+        config.num_buffers == config.num_actors * config.num_envs_per_actor + 2 * config.batch_size
+    )
 
 
 def test_flags_parse_with_types():
     config = parse_args(
-        ["--env", "CartPole-v1", "--num_actors", "3", "--learning_rate", "1e-3", "--use_lstm",
-         "--xpid", "x", "--num_buffers", "40"]
+        [
+            "--env",
+            "CartPole-v1",
+            "--num_actors",
+            "3",
+            "--learning_rate",
+            "1e-3",
+            "--use_lstm",
+            "--xpid",
+            "x",
+            "--num_buffers",
+            "40",
+        ]
     )
     assert (config.num_actors, config.learning_rate, config.use_lstm) == (3, 1e-3, True)
     assert config.xpid == "x" and config.num_buffers == 40

@@ -17,10 +17,28 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # linearly decayed rate, a shorter horizon (0.98) and a smaller baseline
 # weight, so the shared MLP torso is not dominated by the value loss.
 CARTPOLE_FLAGS = [
-    "--env", "CartPole-v1", "--num_actors", "2", "--num_envs_per_actor", "4",
-    "--unroll_length", "20", "--batch_size", "8", "--optimizer", "adam",
-    "--learning_rate", "0.002", "--discounting", "0.98", "--baseline_cost", "0.25",
-    "--num_threads", "1", "--log_interval", "10",
+    "--env",
+    "CartPole-v1",
+    "--num_actors",
+    "2",
+    "--num_envs_per_actor",
+    "4",
+    "--unroll_length",
+    "20",
+    "--batch_size",
+    "8",
+    "--optimizer",
+    "adam",
+    "--learning_rate",
+    "0.002",
+    "--discounting",
+    "0.98",
+    "--baseline_cost",
+    "0.25",
+    "--num_threads",
+    "1",
+    "--log_interval",
+    "10",
 ]
 
 
@@ -39,10 +57,23 @@ def best_mean_of_100(run_dir) -> float:
 
 def train_cartpole(tmp_path, total_steps: int, seed: int = 1) -> float:
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "monobeast.py"), *CARTPOLE_FLAGS,
-         "--total_steps", str(total_steps), "--seed", str(seed), "--savedir", str(tmp_path),
-         "--xpid", "cartpole"],
-        capture_output=True, text=True, timeout=900, cwd=ROOT,
+        [
+            sys.executable,
+            os.path.join(ROOT, "monobeast.py"),
+            *CARTPOLE_FLAGS,
+            "--total_steps",
+            str(total_steps),
+            "--seed",
+            str(seed),
+            "--savedir",
+            str(tmp_path),
+            "--xpid",
+            "cartpole",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
     return best_mean_of_100(tmp_path / "cartpole")

@@ -20,8 +20,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MONOBEAST = os.path.join(ROOT, "monobeast.py")
 
 CARTPOLE_SMALL = [
-    "--env", "CartPole-v1", "--num_actors", "1", "--num_envs_per_actor", "2",
-    "--unroll_length", "10", "--batch_size", "2", "--log_interval", "0.5", "--num_threads", "1",
+    "--env",
+    "CartPole-v1",
+    "--num_actors",
+    "1",
+    "--num_envs_per_actor",
+    "2",
+    "--unroll_length",
+    "10",
+    "--batch_size",
+    "2",
+    "--log_interval",
+    "0.5",
+    "--num_threads",
+    "1",
 ]
 
 
@@ -52,8 +64,14 @@ def shm_entries() -> set[str]:
 
 def run(argv, timeout=120, marker=None):
     env = dict(os.environ, BEAST_TEST_MARKER=marker or uuid.uuid4().hex, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, MONOBEAST, *argv], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, MONOBEAST, *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def read_csv(path):
@@ -64,8 +82,10 @@ def read_csv(path):
 def test_train_then_test_on_cartpole(tmp_path):
     marker = uuid.uuid4().hex
     before = shm_entries()
-    result = run([*CARTPOLE_SMALL, "--total_steps", "4000", "--savedir", str(tmp_path),
-                  "--xpid", "smoke"], marker=marker)
+    result = run(
+        [*CARTPOLE_SMALL, "--total_steps", "4000", "--savedir", str(tmp_path), "--xpid", "smoke"],
+        marker=marker,
+    )
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "smoke"
     rows = read_csv(run_dir / "logs.csv")
@@ -78,8 +98,18 @@ def test_train_then_test_on_cartpole(tmp_path):
     assert wait_until_gone(marker) == []
     assert shm_entries() - before == set()
 
-    tested = run(["--mode", "test", "--savedir", str(tmp_path), "--xpid", "smoke",
-                  "--num_test_episodes", "3"])
+    tested = run(
+        [
+            "--mode",
+            "test",
+            "--savedir",
+            str(tmp_path),
+            "--xpid",
+            "smoke",
+            "--num_test_episodes",
+            "3",
+        ]
+    )
     assert tested.returncode == 0, tested.stderr
     summary = json.loads((run_dir / "test.json").read_text())
     assert summary["episodes"] == 3 and summary["mean_return"] > 0
@@ -91,8 +121,10 @@ def test_train_then_test_on_cartpole(tmp_path):
         (["--env", "NoSuchEnv-v0"], "NoSuchEnv-v0"),
         (["--env", "CartPole-v1", "--num_actors", "0"], "--num_actors must be positive"),
         (["--env", "CartPole-v1", "--unroll_length", "-3"], "--unroll_length must be positive"),
-        (["--env", "CartPole-v1", "--batch_size", "64", "--num_buffers", "32"],
-         "--num_buffers 32 is too small"),
+        (
+            ["--env", "CartPole-v1", "--batch_size", "64", "--num_buffers", "32"],
+            "--num_buffers 32 is too small",
+        ),
         (["--mode", "test", "--xpid", "never-trained"], "no checkpoint at"),
     ],
 )
@@ -110,12 +142,27 @@ def test_ctrl_c_stops_everything_within_10s(tmp_path):
     marker = uuid.uuid4().hex
     before = shm_entries()
     env = dict(os.environ, BEAST_TEST_MARKER=marker, PYTHONUNBUFFERED="1")
-    argv = [*CARTPOLE_SMALL, "--num_actors", "2", "--total_steps", "100000000",
-            "--savedir", str(tmp_path), "--xpid", "ctrlc"]
+    argv = [
+        *CARTPOLE_SMALL,
+        "--num_actors",
+        "2",
+        "--total_steps",
+        "100000000",
+        "--savedir",
+        str(tmp_path),
+        "--xpid",
+        "ctrlc",
+    ]
     # A new session stands in for the terminal: Ctrl-C signals the whole group.
-    proc = subprocess.Popen([sys.executable, MONOBEAST, *argv], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, MONOBEAST, *argv],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         log = tmp_path / "ctrlc" / "logs.csv"
         deadline = time.monotonic() + 60
