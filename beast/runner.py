@@ -174,9 +174,11 @@ def train(config: Config) -> None:
         )
         for i in range(config.num_actors)
     ]
+    # Installed explicitly: a shell starts background jobs with SIGINT ignored,
+    # and `kill -INT` must still stop the run cleanly.
     previous_handlers = {
-        signal.SIGINT: signal.getsignal(signal.SIGINT),
-        signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_keyboard_interrupt),
+        signum: signal.signal(signum, _raise_keyboard_interrupt)
+        for signum in (signal.SIGINT, signal.SIGTERM)
     }
     failure: str | None = None
     try:
