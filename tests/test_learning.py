@@ -9,8 +9,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Tuned for CartPole on 2 cores (see benchmarks/RESULTS.md): Adam with a
@@ -79,11 +77,7 @@ def train_cartpole(tmp_path, total_steps: int, seed: int = 1) -> float:
     return best_mean_of_100(tmp_path / "cartpole")
 
 
-def test_cartpole_improves_within_100k_steps(tmp_path):
-    # A random policy averages ~22; 100k steps take ~20 s on 2 cores.
-    assert train_cartpole(tmp_path, 100_000) >= 100
-
-
-@pytest.mark.slow
 def test_cartpole_reaches_450_within_500k_steps(tmp_path):
+    # IMPALA's bar from the MonoBeast issue. About 45 s on 2 cores, so it runs by
+    # default; seeds 1-3 reached best means of 500, 486 and 496 when tuned.
     assert train_cartpole(tmp_path, 500_000) >= 450
