@@ -109,7 +109,7 @@ class Config:
     # Logging, checkpoints, evaluation.
     log_interval: float = _flag(5.0, "Seconds between console progress lines.")
     checkpoint_interval: float = _flag(
-        600.0, "Seconds between checkpoints (one is always written at the end)."
+        300.0, "Seconds between checkpoints (one is always written at the end)."
     )
     num_test_episodes: int = _flag(10, "Episodes to run in --mode test.")
 

@@ -1,6 +1,6 @@
 """The learner: batch threads, learner threads, weight publishing.
 
-Batch threads take `batch_size` full slots, copy them out into one
+Batch threads (one per learner thread) take `batch_size` full slots, copy them out into one
 time-major batch (moved to the learning device) and free the slots at once,
 so actors never wait on a learner step. Learner threads run the loss and
 the optimizer step. The whole update (forward, backward, step) holds one
@@ -95,10 +95,13 @@ class Learner:
         # Prepared batches waiting for a learner thread; small, so that a slow
         # learner applies back-pressure to the batch thread and not to memory.
         self._batches: queue.Queue[dict[str, torch.Tensor]] = queue.Queue(maxsize=2)
+        # One batch-preparation thread per learner thread, so that gathering the
+        # next batch never waits on an update in flight.
         self._threads = [
             threading.Thread(
-                target=self._run, args=(self._batch_loop,), name="batcher", daemon=True
+                target=self._run, args=(self._batch_loop,), name=f"batcher-{i}", daemon=True
             )
+            for i in range(num_learner_threads)
         ]
         self._threads += [
             threading.Thread(

@@ -14,6 +14,8 @@ import sys
 import time
 import uuid
 
+import gymnasium
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,6 +37,24 @@ CARTPOLE_SMALL = [
     "--num_threads",
     "1",
 ]
+
+
+class CrashingEnv(gymnasium.Env):
+    """Raises from step() after a few steps: an env bug inside an actor."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t > 30:
+            raise RuntimeError("boom: the environment broke")
+        return np.zeros(3, np.float32), 0.0, False, False, {}
 
 
 def processes_with_marker(marker: str) -> list[int]:
@@ -181,3 +201,52 @@ def test_ctrl_c_stops_everything_within_10s(tmp_path):
     assert (tmp_path / "ctrlc" / "model.tar").is_file()
     assert wait_until_gone(marker) == []
     assert shm_entries() - before == set()
+
+
+def test_old_gym_api_env_learns_through_the_adapter(tmp_path):
+    # OldStyleEnv (tests/test_envs.py): old gym API, reward = action, 5 steps.
+    # Always choosing action 1 scores 5; a uniform policy scores 2.5.
+    result = run(
+        [
+            *CARTPOLE_SMALL,
+            "--env",
+            "tests.test_envs:OldStyleEnv",
+            "--total_steps",
+            "20000",
+            "--learning_rate",
+            "0.01",
+            "--savedir",
+            str(tmp_path),
+            "--xpid",
+            "old",
+        ]
+    )
+    assert result.returncode == 0, result.stderr
+    tested = run(
+        ["--mode", "test", "--savedir", str(tmp_path), "--xpid", "old", "--num_test_episodes", "20"]
+    )
+    assert tested.returncode == 0, tested.stderr
+    assert json.loads((tmp_path / "old" / "test.json").read_text())["mean_return"] >= 4.5
+
+
+def test_env_error_in_an_actor_stops_the_run_with_one_report(tmp_path):
+    marker = uuid.uuid4().hex
+    result = run(
+        [
+            *CARTPOLE_SMALL,
+            "--env",
+            "tests.test_monobeast:CrashingEnv",
+            "--total_steps",
+            "100000",
+            "--savedir",
+            str(tmp_path),
+            "--xpid",
+            "crash",
+        ],
+        marker=marker,
+    )
+    assert result.returncode == 1
+    assert result.stderr.count("boom: the environment broke") == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("monobeast.py: error: actor-0 exited with code 1"), last
+    assert wait_until_gone(marker) == []
