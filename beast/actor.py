@@ -12,6 +12,10 @@ Actors ignore SIGINT: Ctrl-C reaches the whole process group, and shutdown
 is the learner's job (it closes the queues, which wakes and stops actors).
 If the learner dies without closing them, actors notice within a second
 that its pid is gone and exit.
+
+An actor that fails writes its traceback to its row of the shared error
+board and exits 1; the supervisor (beast/supervisor.py) reports it once and
+decides whether to replace the actor.
 """
 
 from __future__ import annotations
@@ -31,10 +35,14 @@ from beast import envs
 from beast.buffers import RolloutBuffers, core_state_key
 from beast.native import QueueClosed
 
-__all__ = ["ActorSettings", "run_actor", "sample_actions"]
+__all__ = ["ActorSettings", "ERROR_BOARD_BYTES", "run_actor", "sample_actions"]
 
 # How often a blocked actor checks that the learner still exists.
 _PARENT_CHECK_SECONDS = 1.0
+# Bytes per actor for its error report (a traceback; longer ones keep their end).
+ERROR_BOARD_BYTES = 8192
+# Seeds of a replacement actor's envs are offset by this per incarnation.
+_INCARNATION_SEED_STRIDE = 100_003
 
 
 @dataclass(frozen=True)
@@ -65,12 +73,16 @@ def _learner_alive(pid: int) -> bool:
     return True
 
 
-def _take_free_slots(buffers: RolloutBuffers, count: int, learner_pid: int) -> list[int] | None:
-    """K free slot indices, or None when the run is shutting down."""
+def _take_free_slots(
+    buffers: RolloutBuffers, count: int, owner: int, learner_pid: int
+) -> list[int] | None:
+    """K free slot indices, now owned by `owner`; None when the run is shutting down."""
     slots = []
     while len(slots) < count:
         try:
-            slots.append(buffers.free_queue.get(timeout=_PARENT_CHECK_SECONDS))
+            index = buffers.free_queue.get(timeout=_PARENT_CHECK_SECONDS)
+            buffers.slot_owner[index] = owner
+            slots.append(index)
         except queue.Empty:
             if not _learner_alive(learner_pid):
                 return None
@@ -82,14 +94,16 @@ def _take_free_slots(buffers: RolloutBuffers, count: int, learner_pid: int) -> l
 class _EnvBatch:
     """K environments and their latest outputs as batched numpy arrays."""
 
-    def __init__(self, settings: ActorSettings, actor_index: int) -> None:
+    def __init__(self, settings: ActorSettings, actor_index: int, incarnation: int) -> None:
         k = settings.num_envs
-        first_seed = settings.seed + actor_index * k
+        first_seed = settings.seed + actor_index * k + incarnation * _INCARNATION_SEED_STRIDE
+        self.env_name = settings.env
         self.envs = [
             envs.make(settings.env, seed=first_seed + i, episodic_life=settings.episodic_life)
             for i in range(k)
         ]
-        self.obs = np.stack([env.reset()[0] for env in self.envs])
+        self.obs_shape = envs.env_spec(self.envs[0]).obs_shape
+        self.obs = np.stack([self._checked(env.reset()[0], "reset") for env in self.envs])
         self.reward = np.zeros(k, dtype=np.float32)
         self.done = np.ones(k, dtype=bool)  # the first observation starts an episode
         self.episode_end = np.zeros(k, dtype=bool)
@@ -107,9 +121,18 @@ class _EnvBatch:
                 self.episode_step[i] = info["episode"]["l"]
             if done:
                 obs, _ = env.reset()
-            self.obs[i] = obs
+            self.obs[i] = self._checked(obs, "step")
             self.reward[i] = reward
             self.done[i] = done
+
+    def _checked(self, obs: np.ndarray, call: str) -> np.ndarray:
+        shape = np.shape(obs)
+        if shape != self.obs_shape:
+            raise ValueError(
+                f"env {self.env_name} returned an observation of shape {shape} from {call}(),"
+                f" but its observation_space has shape {self.obs_shape}"
+            )
+        return obs
 
     def close(self) -> None:
         for env in self.envs:
@@ -118,35 +141,39 @@ class _EnvBatch:
 
 def run_actor(
     actor_index: int,
+    incarnation: int,
     settings: ActorSettings,
     buffers: RolloutBuffers,
     model: torch.nn.Module,
     learner_pid: int,
+    error_board: torch.Tensor,
 ) -> None:
-    """Process entry point. Exits 0 on shutdown, 1 after reporting an error once."""
+    """Process entry point. Exits 0 on shutdown, 1 after posting its error."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
-    torch.manual_seed(settings.seed * 7919 + actor_index)
+    torch.manual_seed(settings.seed * 7919 + actor_index + incarnation * _INCARNATION_SEED_STRIDE)
     try:
-        _act(actor_index, settings, buffers, model, learner_pid)
+        _act(actor_index, incarnation, settings, buffers, model, learner_pid)
     except Exception:
-        print(
-            f"beast: actor {actor_index} (env {settings.env}) failed:\n{traceback.format_exc()}",
-            file=sys.stderr,
-            flush=True,
-        )
+        report = traceback.format_exc().encode("utf-8")[-(ERROR_BOARD_BYTES - 1) :]
+        row = error_board[actor_index]
+        row.zero_()
+        row[: len(report)] = torch.frombuffer(bytearray(report), dtype=torch.uint8)
         sys.exit(1)
 
 
 def _act(
     actor_index: int,
+    incarnation: int,
     settings: ActorSettings,
     buffers: RolloutBuffers,
     model: torch.nn.Module,
     learner_pid: int,
 ) -> None:
     k, unroll_length = settings.num_envs, settings.unroll_length
-    env_batch = _EnvBatch(settings, actor_index)
+    env_batch = _EnvBatch(settings, actor_index, incarnation)
+    # Rollout ids: this process's pid in the high bits, a counter in the low ones.
+    rollout_ids = torch.arange(k, dtype=torch.int64) + (os.getpid() << 32)
     fields = buffers.tensors
     # Tensor views of the env batch's numpy arrays: no copies when building inputs.
     inputs = {
@@ -174,10 +201,11 @@ def _act(
         fields["action"][slots, t] = action[0]
         fields["policy_logits"][slots, t] = output.policy_logits[0]
         fields["baseline"][slots, t] = output.baseline[0]
+        fields["rollout_id"][slots, t] = rollout_ids
 
     try:
         while True:
-            slot_list = _take_free_slots(buffers, k, learner_pid)
+            slot_list = _take_free_slots(buffers, k, actor_index, learner_pid)
             if slot_list is None:
                 return
             slots = torch.tensor(slot_list, dtype=torch.int64)
@@ -195,7 +223,9 @@ def _act(
                 action = sample_actions(output.policy_logits)
                 write_step(slots, t)
             for slot in slot_list:
+                buffers.slot_owner[slot] = -1
                 buffers.full_queue.put(slot)
+            rollout_ids += k
             if not _learner_alive(learner_pid):
                 return
     except QueueClosed:

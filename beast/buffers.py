@@ -7,9 +7,17 @@ thousands of small shared tensors exhaust file descriptors.
 
 Protocol: every slot index is in exactly one place at a time, the free
 queue, an actor, the full queue, or the learner's batch gatherer. An actor
-takes a free index, writes a whole rollout, and puts the index on the full
-queue; the learner gathers a batch from full slots (copying it out) and puts
-the indices back on the free queue. Only indices cross processes.
+takes a free index, records itself in `slot_owner`, writes a whole rollout,
+clears `slot_owner` and puts the index on the full queue; the learner
+gathers a batch from full slots (copying it out) and puts the indices back
+on the free queue. Only indices cross processes. When an actor dies, the
+slots it still owns are reclaimed onto the free queue. The ownership mark is
+set after taking a slot and cleared before handing it on, so a death between
+the two statements can lose a slot (a few microseconds per rollout) but can
+never put one index in two places.
+
+Every step of a rollout carries the rollout's id (`rollout_id`); a slot
+whose steps disagree is torn (written by two rollouts) and is never used.
 
 Alignment (index t of a slot): `obs` is the observation at step t; `reward`
 was received on arriving there; `done` says the transition into it ended an
@@ -74,6 +82,8 @@ def rollout_spec(
         "episode_end": Field((steps,), torch.bool),
         "episode_return": Field((steps,), torch.float32),
         "episode_step": Field((steps,), torch.int32),
+        # Unique per rollout, written with every step: see is_torn().
+        "rollout_id": Field((steps,), torch.int64),
     }
     for i, shape in enumerate(core_state_shapes):
         spec[core_state_key(i)] = Field(tuple(shape), torch.float32)
@@ -95,6 +105,8 @@ class RolloutBuffers:
             for key, f in self.spec.items()
         }
         self.num_core_state = sum(key.startswith("core_state_") for key in self.spec)
+        # Index of the actor writing each slot, -1 when no actor holds it.
+        self.slot_owner = torch.full((num_buffers,), -1, dtype=torch.int32).share_memory_()
         self.free_queue = IndexQueue(num_buffers)
         self.full_queue = IndexQueue(num_buffers)
         for index in range(num_buffers):
@@ -115,6 +127,20 @@ class RolloutBuffers:
             slots = [tensor[i] for i in indices]
             batch[key] = torch.stack(slots, dim=1)
         return batch
+
+    def is_torn(self, index: int) -> bool:
+        """True when slot `index` holds steps of more than one rollout."""
+        ids = self.tensors["rollout_id"][index]
+        return not bool(torch.all(ids == ids[0]))
+
+    def reclaim(self, owner: int) -> int:
+        """Return the slots that actor `owner` holds to the free queue; the actor
+        must be dead. Returns how many."""
+        indices = torch.nonzero(self.slot_owner == owner).flatten().tolist()
+        for index in indices:
+            self.slot_owner[index] = -1
+            self.free_queue.put(index)
+        return len(indices)
 
     def core_state(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         return tuple(batch[core_state_key(i)] for i in range(self.num_core_state))

@@ -5,12 +5,21 @@ The command-line parser is generated from the fields, so a flag cannot be
 documented in one place and defined in another. Derived values (the run's
 xpid, the number of rollout buffers) are filled in once by `finalize()`;
 nothing mutates a config after that.
+
+Values come from three places, later ones winning: the field defaults here,
+a YAML file of field values (`--config FILE`, or when none is given the
+tuned `configs/impala/<family>.yaml` that `--env` picks: Atari ids get
+atari.yaml, classic control gets classic.yaml), then the command-line flags.
+A file's unknown keys and mistyped values are ConfigErrors naming the key
+and the file. `--print_config` prints the merged config as YAML and exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import difflib
 import os
 import sys
 import time
@@ -18,7 +27,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Config", "ConfigError", "parse_args", "build_parser"]
+import yaml
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "build_parser",
+    "check_value",
+    "config_to_yaml",
+    "family_config_path",
+    "load_config_file",
+    "parse_args",
+]
+
+# configs/ at the root of the beast checkout (an editable install, as the README says).
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+# The algorithm whose tuned family configs `--env` picks (configs/<ALGO>/<family>.yaml).
+ALGO = "impala"
 
 
 class ConfigError(ValueError):
@@ -35,6 +60,11 @@ class Config:
     env: str = _flag(
         "PongNoFrameskip-v4",
         "Gymnasium id (Atari ids get DeepMind preprocessing) or package.module:ClassName.",
+    )
+    config: str | None = _flag(
+        None,
+        "YAML file of flag values (defaults < file < flags). Default: the tuned"
+        " configs/impala/<family>.yaml for --env (atari, classic), if any; 'none' for no file.",
     )
     mode: str = _flag(
         "train", "train a policy, or test a saved checkpoint.", choices=("train", "test")
@@ -113,6 +143,18 @@ class Config:
     )
     num_test_episodes: int = _flag(10, "Episodes to run in --mode test.")
 
+    # Reliability.
+    resume: bool = _flag(
+        False,
+        "Continue SAVEDIR/XPID from its checkpoint (re-running an xpid that has one does too).",
+    )
+    max_actor_restarts: int = _flag(
+        10, "Dead actors replaced within 60 s before the run stops instead (0: never replace)."
+    )
+    max_nonfinite_updates: int = _flag(
+        10, "Consecutive updates with a non-finite loss or gradient skipped before the run stops."
+    )
+
     @property
     def run_dir(self) -> str:
         """SAVEDIR/XPID with ~ expanded; valid after finalize()."""
@@ -132,6 +174,7 @@ class Config:
             "unroll_length",
             "num_learner_threads",
             "num_test_episodes",
+            "max_nonfinite_updates",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
@@ -142,6 +185,8 @@ class Config:
         for name in ("learning_rate", "log_interval", "checkpoint_interval"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
+        if self.max_actor_restarts < 0:
+            raise ConfigError(f"--max_actor_restarts must be >= 0, got {self.max_actor_restarts}")
         for name in ("entropy_cost", "baseline_cost", "grad_norm_clipping", "momentum", "epsilon"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
@@ -184,7 +229,12 @@ def _arg_type(annotation: str) -> type:
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog, description="beast: IMPALA on one machine (MonoBeast).")
+    parser = _Parser(
+        prog=prog,
+        description="beast: IMPALA on one machine (MonoBeast). Defaults shown are the"
+        " built-in ones; the --config file (by default the tuned one for --env's family)"
+        " replaces them, and flags replace both. --print_config shows the result.",
+    )
     for f in dataclasses.fields(Config):
         kind = _arg_type(f.type)
         help_text = f.metadata["help"]
@@ -205,11 +255,151 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
             help=help_text + default_text,
             metavar=f.name.upper() if "choices" not in f.metadata else None,
         )
+    # Not a Config field: it asks for output, it does not configure the run.
+    parser.add_argument(
+        "--print_config",
+        action="store_true",
+        help="Print the merged config (defaults < config file < flags) as YAML and exit.",
+    )
     return parser
 
 
+def family_config_path(env: str) -> str | None:
+    """The tuned config file for `env`'s family, or None (custom envs, unknown ids).
+
+    This is what makes `python monobeast.py --env PongNoFrameskip-v4` start from
+    settings that learn Pong rather than from whatever the field defaults are.
+    """
+    from beast.envs import env_family  # imports gymnasium and ale_py; only needed here
+
+    family = env_family(env)
+    if family is None:
+        return None
+    path = os.path.join(CONFIGS_DIR, ALGO, f"{family}.yaml")
+    return path if os.path.isfile(path) else None
+
+
+def _resolve_config_path(path: str) -> str:
+    """`path` as given, or inside the checkout when it is a relative path found only there.
+
+    So `--config configs/impala/atari.yaml` works from any working directory.
+    """
+    expanded = os.path.expanduser(path)
+    if os.path.isabs(expanded) or os.path.exists(expanded):
+        return expanded
+    in_checkout = os.path.join(os.path.dirname(CONFIGS_DIR), expanded)
+    return in_checkout if os.path.exists(in_checkout) else expanded
+
+
+# Keys a config file may not set: a file naming another file would hide where values
+# come from.
+_NOT_IN_FILES = frozenset({"config"})
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def check_value(key: str, value: Any, source: str) -> Any:
+    """`value` for the Config field `key`, in the field's type, or a one-line ConfigError.
+
+    Used for config files and sweep files, whose values arrive typed by YAML rather
+    than parsed by argparse. `source` (a file name) starts every message. Ints are
+    accepted for float fields; strings that parse as floats too, because YAML 1.1
+    reads `6e-4` (no dot) as a string.
+    """
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    if key not in fields or key in _NOT_IN_FILES:
+        names = [name for name in fields if name not in _NOT_IN_FILES]
+        close = difflib.get_close_matches(str(key), names, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"{source}: unknown key '{key}'{hint}")
+    f = fields[key]
+    kind = _arg_type(f.type)
+    if value is None and "None" in f.type:
+        return None
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and not ok and not isinstance(value, bool):
+        if isinstance(value, int):
+            value, ok = float(value), True
+        elif isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                value, ok = float(value), True
+    if not ok:
+        raise ConfigError(
+            f"{source}: key '{key}' must be {_TYPE_NAMES[kind]}, got {value!r}"
+            f" ({type(value).__name__})"
+        )
+    choices = f.metadata.get("choices")
+    if choices is not None and value not in choices:
+        raise ConfigError(
+            f"{source}: key '{key}' must be one of {', '.join(choices)}, got {value!r}"
+        )
+    return value
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """Read a YAML mapping of Config field names to values, each checked by check_value.
+
+    Raises ConfigError (one line naming the file, and the key where there is one) for
+    a missing file, invalid YAML, a key that is not a field, or a mistyped value.
+    """
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {' '.join(str(error).split())}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: expected a mapping of flag names to values, got {type(data).__name__}"
+        )
+    return {key: check_value(key, value, path) for key, value in data.items()}
+
+
+def config_to_yaml(config: Config) -> str:
+    """The config as a YAML file that `--config` reads back to the same values."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
 def parse_args(argv: Sequence[str] | None = None, prog: str | None = None) -> Config:
-    """Parse flags into a finalized Config. Raises ConfigError on bad combinations."""
+    """Parse flags (over a config file, over defaults) into a finalized Config.
+
+    Raises ConfigError on a bad config file or bad combinations; argparse exits with
+    status 2 on malformed flags, and `--print_config` prints the merged config and
+    exits with status 0, as `--help` does.
+    """
     parser = build_parser(prog or os.path.basename(sys.argv[0]))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # A first pass finds --config and --env (and reports malformed flags before any
+    # file is read); the second lets the file's values replace the defaults while the
+    # flags given still win.
     namespace = parser.parse_args(argv)
-    return Config(**vars(namespace)).finalize()
+    if namespace.config is not None and namespace.config.lower() == "none":
+        path = None
+    elif namespace.config is not None:
+        path = _resolve_config_path(namespace.config)
+    else:
+        path = family_config_path(namespace.env)
+    if path is not None:
+        file_values = load_config_file(path)
+        parser.set_defaults(**file_values)
+        namespace = parser.parse_args(argv)
+    values = vars(namespace)
+    print_config = values.pop("print_config")
+    values["config"] = path
+    config = Config(**values)
+    try:
+        config.validate()
+    except ConfigError as error:
+        # Name the file when the value at fault came from it rather than from a flag.
+        bad = str(error).split()[0].removeprefix("--")
+        if path is not None and bad in file_values and f"--{bad}" not in argv:
+            raise ConfigError(f"{error} (set in {path})") from None
+        raise
+    if print_config:
+        # Before finalize(): derived values stay unset, so the output works as a
+        # --config file for new runs (no timestamp xpid pinned into it).
+        sys.stdout.write(config_to_yaml(config))
+        raise SystemExit(0)
+    return config.finalize()

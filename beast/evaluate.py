@@ -15,7 +15,12 @@ import torch
 
 from beast import envs
 from beast.actor import sample_actions
-from beast.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint
+from beast.checkpoint import (
+    CHECKPOINT_NAME,
+    CheckpointError,
+    has_checkpoint,
+    load_latest_checkpoint,
+)
 from beast.config import Config, ConfigError
 
 __all__ = ["test"]
@@ -25,16 +30,16 @@ def test(config: Config) -> list[float]:
     """Returns the episode returns; prints each one and a summary."""
     from beast.runner import build_run_model
 
-    path = os.path.join(config.run_dir, CHECKPOINT_NAME)
-    if not os.path.isfile(path):
+    if not has_checkpoint(config.run_dir):
         raise ConfigError(
-            f"no checkpoint at {path}: train first, or pass the --savedir and --xpid of a run"
+            f"no checkpoint at {os.path.join(config.run_dir, CHECKPOINT_NAME)}: train first,"
+            " or pass the --savedir and --xpid of a run"
         )
     try:
-        checkpoint = load_checkpoint(path)
+        checkpoint, path, _ = load_latest_checkpoint(config.run_dir)
         trained = Config(**checkpoint["config"])
     except (CheckpointError, KeyError, TypeError) as error:
-        raise ConfigError(f"{path} is not a beast checkpoint: {error}") from error
+        raise ConfigError(f"cannot test {config.run_dir}: {error}") from error
 
     env = envs.make(trained.env, seed=config.seed, episodic_life=False)
     spec = envs.env_spec(env)

@@ -11,6 +11,11 @@ as in TorchBeast; torch's intra-op threads parallelise the step itself.
 
 The learner does not know which algorithm runs: it calls `loss_fn(outputs,
 batch) -> LossOutput` and reads `total_loss` and `stats`.
+
+Two guards: a torn slot (steps from two rollouts, see beast/buffers.py) is
+counted and freed, never batched; an update whose loss or gradient norm is
+not finite is skipped and counted, and `max_nonfinite_updates` of them in a
+row stop the run, so a diverged model is never stepped or published.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from torch import nn
 from beast.buffers import RolloutBuffers
 from beast.native import QueueClosed
 
-__all__ = ["Learner", "TrainingProgress", "UpdateStats"]
+__all__ = ["Learner", "NonFiniteError", "TrainingProgress", "UpdateStats"]
 
 # How often blocked threads look at the stop flag.
 _POLL_SECONDS = 0.2
@@ -40,6 +45,12 @@ class TrainingProgress:
 
     step: int = 0  # agent steps consumed by the learner
     num_updates: int = 0
+    skipped_updates: int = 0  # non-finite loss or gradient
+    torn_rollouts: int = 0  # slots whose steps came from different rollouts
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive non-finite updates."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,7 @@ class Learner:
         total_steps: int,
         grad_norm_clipping: float,
         num_learner_threads: int,
+        max_nonfinite_updates: int,
         on_update: Callable[[UpdateStats], None],
         progress: TrainingProgress | None = None,
     ) -> None:
@@ -84,8 +96,13 @@ class Learner:
         self.batch_size = batch_size
         self.total_steps = total_steps
         self.grad_norm_clipping = grad_norm_clipping
+        self.max_nonfinite_updates = max_nonfinite_updates
         self.on_update = on_update
         self.progress = progress or TrainingProgress()
+        self._consecutive_nonfinite = 0
+        # Guards progress.torn_rollouts, which batch threads bump without the
+        # update lock (they must not wait for an update in flight).
+        self._torn_lock = threading.Lock()
         # Guards the model, optimizer, scheduler, progress and the published
         # actor weights: everything an update or a checkpoint touches.
         self.lock = threading.Lock()
@@ -135,10 +152,17 @@ class Learner:
             indices: list[int] = []
             while len(indices) < self.batch_size:
                 try:
-                    indices.append(self.buffers.full_queue.get(timeout=_POLL_SECONDS))
+                    index = self.buffers.full_queue.get(timeout=_POLL_SECONDS)
                 except queue.Empty:
                     if self._stop.is_set():
                         return
+                    continue
+                if self.buffers.is_torn(index):
+                    with self._torn_lock:
+                        self.progress.torn_rollouts += 1
+                    self.buffers.free_queue.put(index)
+                    continue
+                indices.append(index)
             batch = self.buffers.gather(indices)
             for index in indices:
                 self.buffers.free_queue.put(index)
@@ -178,18 +202,35 @@ class Learner:
         # clip_grad_norm_ with an infinite bound just measures the norm.
         max_norm = self.grad_norm_clipping if self.grad_norm_clipping > 0 else float("inf")
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.publish_weights()
+        finite = bool(torch.isfinite(loss.total_loss)) and bool(torch.isfinite(grad_norm))
+        if finite:
+            self._consecutive_nonfinite = 0
+            self.optimizer.step()
+            self.scheduler.step()
+            self.publish_weights()
+            self.progress.num_updates += 1
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.progress.skipped_updates += 1
+            self._consecutive_nonfinite += 1
+            if self._consecutive_nonfinite >= self.max_nonfinite_updates:
+                raise NonFiniteError(
+                    f"{self._consecutive_nonfinite} consecutive updates had a non-finite loss or"
+                    f" gradient (loss {float(loss.total_loss)}, gradient norm {float(grad_norm)});"
+                    " lower --learning_rate, check the env's rewards and observations, or raise"
+                    " --max_nonfinite_updates"
+                )
 
         unroll_length = batch["reward"].shape[0] - 1
+        # The batch's steps count as consumed even when its update was skipped.
         self.progress.step += unroll_length * self.batch_size
-        self.progress.num_updates += 1
         # Step 0 repeats the previous rollout's last step: count episodes from t=1.
         ended = batch["episode_end"][1:]
         losses = {key: float(value) for key, value in loss.stats.items()}
         losses["grad_norm"] = float(grad_norm)
         losses["learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        losses["skipped_updates"] = self.progress.skipped_updates
+        losses["torn_rollouts"] = self.progress.torn_rollouts
         return UpdateStats(
             step=self.progress.step,
             num_updates=self.progress.num_updates,

@@ -1,19 +1,28 @@
-"""The run directory's records: metadata, per-update CSV, console progress.
+"""The run directory's records: metadata, per-update CSV, TensorBoard, console progress.
 
 (Named `logs` rather than `logging` so it never shadows the standard
 library module.)
 
-`SAVEDIR/XPID/meta.json` holds the flags, the git commit (and whether the
-tree was dirty), library versions and the start time; `logs.csv` gets one
-row per learner update; `episodes.csv` one row per finished episode (the
-learner step at which it was consumed, its return and length); the console
-gets one progress line every `log_interval` seconds.
+SAVEDIR/XPID holds, besides the checkpoint:
+    meta.json         flags, git commit and dirty flag, library versions, start time
+    config.yaml       the merged config; `--config config.yaml` reruns it
+    git_diff.patch    `git diff HEAD` of the beast checkout when it was dirty
+    requirements.txt  the installed distributions, in `pip freeze` format
+    logs.csv          one row per learner update (step, time, losses, returns)
+    episodes.csv      one row per finished episode (the learner step at which it was
+                      consumed, its return and length)
+    events.out.tfevents.*  TensorBoard: the logs.csv columns against step, plus SPS
+
+On a terminal the console shows a live progress bar (rich) and the messages
+scroll above it; anywhere else (a log file, a pipe, a cluster's stdout) it
+gets plain lines only, so logs hold no redraw escape codes.
 """
 
 from __future__ import annotations
 
 import collections
 import csv
+import importlib.metadata
 import json
 import math
 import os
@@ -24,10 +33,22 @@ import time
 from typing import Any, TextIO
 
 import torch
+import yaml
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
 
 from beast.learner import UpdateStats
 
-__all__ = ["RunLog", "git_info", "format_duration"]
+__all__ = ["RunLog", "git_info", "git_diff", "pip_freeze", "format_duration"]
 
 # Episodes the console's "mean return" averages over.
 RETURN_WINDOW = 100
@@ -44,6 +65,50 @@ def git_info() -> dict[str, Any]:
         return {"commit": None, "reason": f"{type(error).__name__}: {error}".splitlines()[0]}
 
 
+def git_diff() -> str | None:
+    """`git diff HEAD` of the beast checkout (tracked files), or None when unknown.
+
+    With the commit, this is what reproduces a run made from a dirty tree.
+    """
+    try:
+        import git
+
+        repo = git.Repo(os.path.dirname(os.path.abspath(__file__)), search_parent_directories=True)
+        return repo.git.diff("HEAD")
+    except Exception:  # not a checkout, no commits, git missing: git_info says why
+        return None
+
+
+def pip_freeze() -> str:
+    """Installed distributions as `name==version` lines, the format of `pip freeze`.
+
+    Read from the interpreter's metadata rather than by running pip: no subprocess at
+    start-up, and it works where pip is absent (uv, conda environments).
+    """
+    seen: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and name.lower() not in seen:
+            seen[name.lower()] = f"{name}=={dist.version}"
+    return "".join(line + "\n" for _, line in sorted(seen.items()))
+
+
+def _tensorboard_writer(run_dir: str) -> Any:
+    """A SummaryWriter on run_dir; imported here because the import costs ~2 s."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    # flush_secs: events reach the disk (and a running TensorBoard) within 30 s.
+    return SummaryWriter(log_dir=run_dir, flush_secs=30)
+
+
+class _StepsPerSecondColumn(ProgressColumn):
+    """rich's own speed estimate (its recent samples of `completed`) as SPS."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.0f} SPS" if speed else "- SPS")
+
+
 def format_duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
@@ -52,13 +117,32 @@ def format_duration(seconds: float) -> str:
 
 
 class RunLog:
+    """Everything a run records: its directory's files, TensorBoard and the console.
+
+    Args:
+        run_dir: SAVEDIR/XPID; created if missing.
+        config: the merged config as a dict (Config.to_dict()).
+        total_steps: for the progress percentage and ETA.
+        stream: where console output goes.
+        live: show a live progress bar; default: whether `stream` is a terminal.
+        tensorboard: write TensorBoard event files into run_dir.
+    """
+
     def __init__(
-        self, run_dir: str, config: dict[str, Any], total_steps: int, stream: TextIO = sys.stdout
+        self,
+        run_dir: str,
+        config: dict[str, Any],
+        total_steps: int,
+        stream: TextIO = sys.stdout,
+        *,
+        live: bool | None = None,
+        tensorboard: bool = True,
     ) -> None:
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.stream = stream
         os.makedirs(run_dir, exist_ok=True)
+        self._write_run_files(config)
         meta = {
             "config": config,
             "git": git_info(),
@@ -86,6 +170,42 @@ class RunLog:
         self.last_losses: dict[str, float] = {}
         self._start = time.monotonic()
         self._last_line = (self._start, 0)
+        self._writer = _tensorboard_writer(run_dir) if tensorboard else None
+        if live is None:
+            live = bool(getattr(stream, "isatty", lambda: False)())
+        self._progress: Progress | None = None
+        if live:
+            self._progress = Progress(
+                TextColumn("[bold]beast[/]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                _StepsPerSecondColumn(),
+                TextColumn("return {task.fields[mean_return]}"),
+                TextColumn("loss {task.fields[loss]}"),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(file=stream),
+                # rich's speed estimate (SPS, ETA) averages over this many seconds.
+                speed_estimate_period=30.0,
+            )
+            self._task = self._progress.add_task(
+                "train", total=total_steps, mean_return="-", loss="-"
+            )
+            self._progress.start()
+
+    def _write_run_files(self, config: dict[str, Any]) -> None:
+        """config.yaml, git_diff.patch and requirements.txt: what reproduces the run."""
+        with open(os.path.join(self.run_dir, "config.yaml"), "w") as f:
+            yaml.safe_dump(config, f, sort_keys=False)
+        diff = git_diff()
+        diff_path = os.path.join(self.run_dir, "git_diff.patch")
+        if diff:
+            with open(diff_path, "w") as f:
+                f.write(diff + "\n")
+        elif os.path.exists(diff_path):
+            os.remove(diff_path)  # a resumed run from a clean tree: the old diff is stale
+        with open(os.path.join(self.run_dir, "requirements.txt"), "w") as f:
+            f.write(pip_freeze())
 
     def start_from(self, step: int) -> None:
         """Count SPS from `step` (a resumed run does not count old steps)."""

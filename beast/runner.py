@@ -1,18 +1,23 @@
 """MonoBeast training: build the components, run them, shut them down.
 
 One shutdown protocol for every way a run ends (total_steps reached, Ctrl-C,
-SIGTERM, a failed actor or learner thread): stop the learner threads, close
-both slot queues (which wakes and stops every actor), join the actors with a
-timeout, kill what is left, then write the final checkpoint. Rollout memory
-is shared through file descriptors that torch unlinks at creation, so no
-/dev/shm segment outlives the processes.
+SIGTERM, too many actor deaths, a failed learner): stop the learner threads,
+close both slot queues (which wakes and stops every actor), join the actors
+with a timeout, kill what is left, then write the final checkpoint (unless
+the model is not finite: a good checkpoint is never overwritten by a
+diverged one). Rollout memory is shared through file descriptors that torch
+unlinks at creation, so no /dev/shm segment outlives the processes.
+
+A run whose directory already holds a checkpoint resumes from it: model,
+optimizer, scheduler, step counters and RNG state; flags that define the
+model must match.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import multiprocessing as mp
-import os
 import signal
 import time
 import traceback
@@ -21,19 +26,32 @@ from typing import Any
 import torch
 
 from beast import envs
-from beast.actor import ActorSettings, run_actor
+from beast.actor import ActorSettings
 from beast.algos.impala import impala_loss
 from beast.buffers import RolloutBuffers, rollout_spec
-from beast.checkpoint import CHECKPOINT_NAME, save_checkpoint
-from beast.config import Config
-from beast.learner import Learner, TrainingProgress
+from beast.checkpoint import (
+    CheckpointError,
+    has_checkpoint,
+    load_latest_checkpoint,
+    save_checkpoint,
+)
+from beast.config import Config, ConfigError
+from beast.learner import Learner, NonFiniteError, TrainingProgress
 from beast.logs import RunLog
 from beast.models import build_model
+from beast.supervisor import ActorPool
 
 __all__ = ["train", "TrainingError", "build_run_model", "select_device"]
 
 # Seconds actors get to exit after the queues close before they are killed.
 _ACTOR_JOIN_SECONDS = 5.0
+# How often the main thread checks on actors and the learner.
+_MONITOR_SECONDS = 0.5
+# Flags a resumed run must share with its checkpoint: they define the model,
+# its inputs or the optimizer state's layout.
+_RESUME_MUST_MATCH = ("env", "model", "use_lstm", "hidden_size", "optimizer")
+# Flags that may differ on resume without comment.
+_RESUME_IGNORED = ("xpid", "savedir", "resume", "mode")
 # Seconds learner threads get to finish an update in flight.
 _LEARNER_STOP_SECONDS = 3.0
 
@@ -85,6 +103,35 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _check_resumable(saved: dict[str, Any], config: Config, path: str) -> list[str]:
+    """Raise ConfigError on an incompatible checkpoint; return the other changed flags."""
+    mismatched = [
+        f"--{key} {saved.get(key)!r} in the checkpoint, {getattr(config, key)!r} now"
+        for key in _RESUME_MUST_MATCH
+        if saved.get(key) != getattr(config, key)
+    ]
+    if mismatched:
+        raise ConfigError(
+            f"cannot resume from {path}: {'; '.join(mismatched)} (use a new --xpid to start over)"
+        )
+    current = config.to_dict()
+    return [
+        f"{key} {saved[key]!r} -> {current[key]!r}"
+        for key in current
+        if key in saved and key not in _RESUME_IGNORED and saved[key] != current[key]
+    ]
+
+
+def _open_run_log(config: Config) -> RunLog:
+    try:
+        return RunLog(config.run_dir, config.to_dict(), config.total_steps)
+    except OSError as error:
+        raise ConfigError(
+            f"cannot write the run directory {config.run_dir}: {error.strerror or error}"
+            " (choose a writable --savedir)"
+        ) from error
+
+
 def train(config: Config) -> None:
     """Train until total_steps; returns normally after a clean shutdown."""
     torch.manual_seed(config.seed)
@@ -96,6 +143,29 @@ def train(config: Config) -> None:
 
     device = select_device(config)
     model = build_run_model(config, spec).to(device)
+    optimizer = _optimizer(config, model)
+    scheduler = _scheduler(config, optimizer)
+    progress = TrainingProgress()
+    resumed_from = None
+    if config.resume and not has_checkpoint(config.run_dir):
+        raise ConfigError(f"--resume: no checkpoint in {config.run_dir}")
+    if has_checkpoint(config.run_dir):
+        try:
+            payload, path, skipped = load_latest_checkpoint(config.run_dir, device)
+        except CheckpointError as error:
+            raise ConfigError(f"{error} (use a new --xpid to start over)") from error
+        changed = _check_resumable(payload["config"], config, path)
+        try:
+            model.load_state_dict(payload["model_state_dict"])
+            optimizer.load_state_dict(payload["optimizer_state_dict"])
+            scheduler.load_state_dict(payload["scheduler_state_dict"])
+        except (RuntimeError, ValueError, KeyError) as error:
+            reason = str(error).strip().splitlines()[0]
+            raise ConfigError(f"cannot resume from {path}: it does not fit: {reason}") from error
+        progress = TrainingProgress(**payload["progress"])
+        torch.set_rng_state(payload["torch_rng_state"])
+        resumed_from = (path, skipped, changed)
+
     actor_model = build_run_model(config, spec)
     actor_model.load_state_dict(model.state_dict())
     actor_model.share_memory()
@@ -112,10 +182,17 @@ def train(config: Config) -> None:
         ),
         config.num_buffers,
     )
-    optimizer = _optimizer(config, model)
-    scheduler = _scheduler(config, optimizer)
-    log = RunLog(config.run_dir, config.to_dict(), config.total_steps)
-    progress = TrainingProgress()
+    log = _open_run_log(config)
+    log.start_from(progress.step)
+    if resumed_from is not None:
+        path, skipped, changed = resumed_from
+        if skipped:
+            log.print(f"the newest checkpoint is unusable ({skipped}); using the previous one")
+        log.print(
+            f"resuming {config.xpid} from {path} at step {progress.step:,}"
+            f" ({progress.num_updates:,} updates)"
+            + (f"; changed flags: {', '.join(changed)}" if changed else "")
+        )
     loss_fn = functools.partial(
         impala_loss,
         discounting=config.discounting,
@@ -135,21 +212,29 @@ def train(config: Config) -> None:
         total_steps=config.total_steps,
         grad_norm_clipping=config.grad_norm_clipping,
         num_learner_threads=config.num_learner_threads,
+        max_nonfinite_updates=config.max_nonfinite_updates,
         on_update=log.record,
         progress=progress,
     )
 
     def checkpoint() -> None:
         with learner.lock:
-            payload = {
-                "model_state_dict": model.state_dict(),
-                "optimizer_state_dict": optimizer.state_dict(),
-                "scheduler_state_dict": scheduler.state_dict(),
-                "config": config.to_dict(),
-                "step": progress.step,
-                "num_updates": progress.num_updates,
-            }
-            save_checkpoint(os.path.join(config.run_dir, CHECKPOINT_NAME), payload)
+            if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+                log.print("the model has non-finite weights: keeping the previous checkpoint")
+                return
+            save_checkpoint(
+                config.run_dir,
+                {
+                    "model_state_dict": model.state_dict(),
+                    "optimizer_state_dict": optimizer.state_dict(),
+                    "scheduler_state_dict": scheduler.state_dict(),
+                    "config": config.to_dict(),
+                    "progress": dataclasses.asdict(progress),
+                    "torch_rng_state": torch.get_rng_state(),
+                    # Kept at the top level for tools that only want the step.
+                    "step": progress.step,
+                },
+            )
 
     log.print(
         f"run {config.xpid} in {config.run_dir}: env {config.env} (obs {spec.obs_shape}"
@@ -157,23 +242,27 @@ def train(config: Config) -> None:
         f" {config.num_envs_per_actor} envs, {config.num_buffers} rollout slots"
         f" ({buffers.nbytes() / 2**20:.0f} MiB), learner on {device}"
     )
+    if progress.step >= config.total_steps:
+        log.print(f"already at total_steps {config.total_steps:,}; raise --total_steps to go on")
+        log.close()
+        return
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["beast.actor"])
-    settings = ActorSettings(
-        env=config.env,
-        seed=config.seed,
-        num_envs=config.num_envs_per_actor,
-        unroll_length=config.unroll_length,
-        episodic_life=config.episodic_life,
+    actors = ActorPool(
+        ctx=ctx,
+        settings=ActorSettings(
+            env=config.env,
+            seed=config.seed,
+            num_envs=config.num_envs_per_actor,
+            unroll_length=config.unroll_length,
+            episodic_life=config.episodic_life,
+        ),
+        buffers=buffers,
+        model=actor_model,
+        num_actors=config.num_actors,
+        max_restarts=config.max_actor_restarts,
+        log=log.print,
     )
-    actors = [
-        ctx.Process(
-            target=run_actor,
-            name=f"actor-{i}",
-            args=(i, settings, buffers, actor_model, os.getpid()),
-        )
-        for i in range(config.num_actors)
-    ]
     # Installed explicitly: a shell starts background jobs with SIGINT ignored,
     # and `kill -INT` must still stop the run cleanly.
     previous_handlers = {
@@ -182,12 +271,13 @@ def train(config: Config) -> None:
     }
     failure: str | None = None
     try:
-        for actor in actors:
-            actor.start()
+        actors.start()
         learner.start()
         failure = _monitor(config, learner, actors, log, checkpoint)
     except KeyboardInterrupt:
         log.print("interrupted: stopping actors and learner, writing a final checkpoint")
+    except CheckpointError as error:
+        failure = str(error)
     finally:
         # Shutdown is bounded; a second Ctrl-C or a group-wide SIGTERM must not
         # cut it short and leave actors or a half-written checkpoint behind.
@@ -196,9 +286,11 @@ def train(config: Config) -> None:
         try:
             learner.stop(_LEARNER_STOP_SECONDS)
             buffers.close()
-            _join_actors(actors)
+            actors.stop(_ACTOR_JOIN_SECONDS)
             checkpoint()
             log.print(f"checkpoint at step {progress.step:,} in {config.run_dir}")
+        except CheckpointError as error:
+            failure = failure or str(error)
         finally:
             log.close()
             for signum, handler in previous_handlers.items():
@@ -208,37 +300,27 @@ def train(config: Config) -> None:
 
 
 def _monitor(
-    config: Config, learner: Learner, actors: list[mp.Process], log: RunLog, checkpoint
+    config: Config, learner: Learner, actors: ActorPool, log: RunLog, checkpoint
 ) -> str | None:
-    """Main-thread loop: progress lines, periodic checkpoints, health checks."""
-    last_checkpoint = time.monotonic()
-    while not learner.finished.wait(config.log_interval):
-        log.print(log.progress_line())
-        for actor in actors:
-            if not actor.is_alive():
-                return (
-                    f"{actor.name} exited with code {actor.exitcode} (its error is printed"
-                    " above); stopping the run"
-                )
-        if time.monotonic() - last_checkpoint >= config.checkpoint_interval:
+    """Main-thread loop: actor supervision, progress lines, periodic checkpoints."""
+    last_line = last_checkpoint = time.monotonic()
+    while not learner.finished.wait(_MONITOR_SECONDS):
+        failure = actors.check()
+        if failure:
+            return failure
+        now = time.monotonic()
+        if now - last_line >= config.log_interval:
+            log.print(log.progress_line())
+            last_line = now
+        if now - last_checkpoint >= config.checkpoint_interval:
             checkpoint()
-            last_checkpoint = time.monotonic()
+            last_checkpoint = now
     if learner.error is not None:
         error = learner.error
+        if isinstance(error, NonFiniteError):
+            return str(error)
         log.print("learner failed:\n" + "".join(traceback.format_exception(error)).rstrip())
         return f"learner failed: {type(error).__name__}: {error}"
     log.print(log.progress_line())
     log.print(f"reached total_steps {config.total_steps:,}")
     return None
-
-
-def _join_actors(actors: list[mp.Process]) -> None:
-    deadline = time.monotonic() + _ACTOR_JOIN_SECONDS
-    for actor in actors:
-        if actor.pid is None:
-            continue
-        actor.join(max(0.0, deadline - time.monotonic()))
-    for actor in actors:
-        if actor.pid is not None and actor.is_alive():
-            actor.kill()
-            actor.join(1.0)

@@ -7,7 +7,7 @@ See `beast.envs.factory` for the names `make` accepts and the wrapper order.
 """
 
 from beast.envs.adapters import OldGymAdapter
-from beast.envs.factory import make
+from beast.envs.factory import env_family, make
 from beast.envs.spec import EnvError, EnvSpec, env_spec
 
-__all__ = ["EnvError", "EnvSpec", "OldGymAdapter", "env_spec", "make"]
+__all__ = ["EnvError", "EnvSpec", "OldGymAdapter", "env_family", "env_spec", "make"]

@@ -50,7 +50,7 @@ from beast.envs.atari import (
 from beast.envs.spec import EnvError
 from beast.envs.wrappers import EpisodeStatistics, Float32Observation, SeedFirstReset
 
-__all__ = ["make"]
+__all__ = ["env_family", "make"]
 
 # Importing ale_py registers the ALE ids; this call documents that dependency.
 gymnasium.register_envs(ale_py)
@@ -96,6 +96,31 @@ def make(name: str, *, seed: int | None = None, episodic_life: bool = False) -> 
             )
         env = _wrap_generic(env)
     return SeedFirstReset(env, seed)
+
+
+def env_family(name: str) -> str | None:
+    """The config family of an env name: "atari", "classic" or None, without creating it.
+
+    `configs/<algo>/<family>.yaml` holds the hyperparameters tuned for a family, so
+    this decides which defaults a run starts from. "atari" is a Gymnasium id whose entry
+    point is ale_py's `AtariEnv` with pixel observations (the ids `make` preprocesses);
+    "classic" is Gymnasium's classic control. Anything else, custom `module:Class` envs
+    and unknown ids included, has no tuned family: None.
+    """
+    if ":" in name:
+        return None
+    try:
+        spec = gymnasium.spec(name)
+    except gymnasium.error.Error:
+        return None
+    entry_point = spec.entry_point
+    if isinstance(entry_point, str) and entry_point.startswith("gymnasium.envs.classic_control."):
+        return "classic"
+    try:
+        atari = _is_atari_entry_point(entry_point)
+    except Exception:  # an entry point that fails to import is make()'s error to report
+        return None
+    return "atari" if atari and spec.kwargs.get("obs_type") != "ram" else None
 
 
 def _make_registered(name: str) -> tuple[gymnasium.Env, int | None]:
