@@ -20,6 +20,7 @@ decides whether to replace the actor.
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import signal
@@ -114,6 +115,8 @@ class _EnvBatch:
         self.episode_end[:] = False
         for i, env in enumerate(self.envs):
             obs, reward, terminated, truncated, info = env.step(int(actions[i]))
+            if not math.isfinite(reward):
+                raise ValueError(f"env {self.env_name} returned a non-finite reward {reward}")
             done = terminated or truncated
             if "episode" in info:
                 self.episode_end[i] = True

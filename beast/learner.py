@@ -202,10 +202,15 @@ class Learner:
         # clip_grad_norm_ with an infinite bound just measures the norm.
         max_norm = self.grad_norm_clipping if self.grad_norm_clipping > 0 else float("inf")
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        finite = bool(torch.isfinite(loss.total_loss)) and bool(torch.isfinite(grad_norm))
+        finite = bool(torch.isfinite(loss.total_loss.detach())) and bool(torch.isfinite(grad_norm))
         if finite:
             self._consecutive_nonfinite = 0
             self.optimizer.step()
+            if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+                raise NonFiniteError(
+                    "an optimizer step made the weights non-finite; lower --learning_rate"
+                    " (the last checkpoint is kept as it is)"
+                )
             self.scheduler.step()
             self.publish_weights()
             self.progress.num_updates += 1
@@ -216,7 +221,7 @@ class Learner:
             if self._consecutive_nonfinite >= self.max_nonfinite_updates:
                 raise NonFiniteError(
                     f"{self._consecutive_nonfinite} consecutive updates had a non-finite loss or"
-                    f" gradient (loss {float(loss.total_loss)}, gradient norm {float(grad_norm)});"
+                    f" gradient (loss {float(loss.total_loss.detach())}, gradient norm {float(grad_norm)});"
                     " lower --learning_rate, check the env's rewards and observations, or raise"
                     " --max_nonfinite_updates"
                 )
