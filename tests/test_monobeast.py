@@ -150,12 +150,14 @@ def test_train_then_test_on_cartpole(tmp_path):
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
     marker = uuid.uuid4().hex
+    before = shm_entries()
     result = run([*argv, "--savedir", str(tmp_path)], timeout=60, marker=marker)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], result.stderr
     assert lines[0].startswith("monobeast.py: error:")
     assert wait_until_gone(marker) == []
+    assert shm_entries() - before == set()
 
 
 def test_ctrl_c_stops_everything_within_10s(tmp_path):
@@ -231,6 +233,7 @@ def test_old_gym_api_env_learns_through_the_adapter(tmp_path):
 
 def test_env_error_in_an_actor_stops_the_run_with_one_report(tmp_path):
     marker = uuid.uuid4().hex
+    before = shm_entries()
     result = run(
         [
             *CARTPOLE_SMALL,
@@ -257,3 +260,4 @@ def test_env_error_in_an_actor_stops_the_run_with_one_report(tmp_path):
         "monobeast.py: error: actor-0 raised RuntimeError: boom: the environment broke; 2 actors"
     ), lines[0]
     assert wait_until_gone(marker) == []
+    assert shm_entries() - before == set()
