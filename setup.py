@@ -23,9 +23,16 @@ setup(
         "opencv-python-headless>=4.8",
         "gitpython>=3.1",
         "cffi>=1.15",
+        "pyyaml>=6.0",  # configs/*.yaml, sweep files, the run's config.yaml
+        "tensorboard>=2.14",  # event files through torch.utils.tensorboard
+        "rich>=13",  # the live progress bar on a terminal
+        "matplotlib>=3.7",  # beast.plot, sweep plots
     ],
     extras_require={
         "test": ["pytest>=7", "ruff>=0.5"],
+        # --record_video: imageio-ffmpeg ships its own ffmpeg binary (no system ffmpeg),
+        # but its wheel is ~70 MB, so it is opt-in.
+        "video": ["imageio>=2.30", "imageio-ffmpeg>=0.4.9"],
     },
     zip_safe=False,
 )

@@ -65,13 +65,13 @@ def sample_actions(policy_logits: torch.Tensor) -> torch.Tensor:
 
 
 def _learner_alive(pid: int) -> bool:
+    """False once the learner has exited, including as a zombie not yet reaped."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
         return False
-    except PermissionError:
-        return True
-    return True
+    return state not in (b"Z", b"X")
 
 
 def _take_free_slots(

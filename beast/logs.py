@@ -212,6 +212,9 @@ class RunLog:
         with self._lock:
             self.step = step
             self._last_line = (time.monotonic(), step)
+            if self._progress is not None:
+                # reset() drops rich's speed samples: old steps must not count as SPS.
+                self._progress.reset(self._task, completed=step)
 
     def record(self, stats: UpdateStats) -> None:
         with self._lock:
@@ -240,6 +243,23 @@ class RunLog:
             for ret, length in zip(stats.episode_returns, stats.episode_steps, strict=True):
                 self._episodes.writerow([stats.step, ret, length])
             self._episodes_file.flush()
+            if self._writer is not None:
+                # The same stats as logs.csv, one tag per column, against the step.
+                for key, value in row.items():
+                    if key != "step" and value != "":
+                        self._writer.add_scalar(key, value, stats.step)
+                for ret in stats.episode_returns:
+                    self._writer.add_scalar("episode_return", ret, stats.step)
+            if self._progress is not None:
+                loss = stats.losses.get("total_loss")
+                self._progress.update(
+                    self._task,
+                    completed=stats.step,
+                    mean_return=(
+                        f"{sum(self._returns) / len(self._returns):.2f}" if self._returns else "-"
+                    ),
+                    loss=f"{loss:.4g}" if loss is not None else "-",
+                )
 
     def mean_return(self) -> float:
         with self._lock:
@@ -261,6 +281,8 @@ class RunLog:
             )
             loss = self.last_losses.get("total_loss")
             loss_text = f"loss {loss:.4g}" if loss is not None else "loss -"
+            if self._writer is not None:
+                self._writer.add_scalar("sps", sps, self.step)
         pct = 100.0 * self.step / self.total_steps
         return (
             f"step {self.step:,}/{self.total_steps:,} ({pct:.1f}%) | SPS {sps:,.0f} | {returns}"
@@ -268,10 +290,26 @@ class RunLog:
             f" ETA {format_duration(remaining)}"
         )
 
+    def report_progress(self) -> None:
+        """The periodic progress report: a plain line, unless the live bar shows it."""
+        line = self.progress_line()
+        if self._progress is None:
+            self.print(line)
+
     def print(self, message: str) -> None:
-        print(f"[beast] {message}", file=self.stream, flush=True)
+        """A message; on a terminal it scrolls above the live progress bar."""
+        if self._progress is not None:
+            self._progress.console.print(
+                f"[beast] {message}", markup=False, highlight=False, soft_wrap=True
+            )
+        else:
+            print(f"[beast] {message}", file=self.stream, flush=True)
 
     def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
         with self._lock:
             self._csv_file.close()
             self._episodes_file.close()
+            if self._writer is not None:
+                self._writer.close()

@@ -310,7 +310,7 @@ def _monitor(
             return failure
         now = time.monotonic()
         if now - last_line >= config.log_interval:
-            log.print(log.progress_line())
+            log.report_progress()
             last_line = now
         if now - last_checkpoint >= config.checkpoint_interval:
             checkpoint()
@@ -321,6 +321,6 @@ def _monitor(
             return str(error)
         log.print("learner failed:\n" + "".join(traceback.format_exception(error)).rstrip())
         return f"learner failed: {type(error).__name__}: {error}"
-    log.print(log.progress_line())
+    log.report_progress()
     log.print(f"reached total_steps {config.total_steps:,}")
     return None

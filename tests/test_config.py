@@ -1,8 +1,18 @@
-"""Config: flags parse to typed fields, bad values are one-line ConfigErrors."""
+"""Config: flags and YAML files parse to typed fields, bad values are one-line ConfigErrors."""
+
+import os
 
 import pytest
+import yaml
 
-from beast.config import Config, ConfigError, parse_args
+from beast.config import (
+    CONFIGS_DIR,
+    Config,
+    ConfigError,
+    config_to_yaml,
+    load_config_file,
+    parse_args,
+)
 
 
 def test_defaults_are_valid_and_finalized():
@@ -64,3 +74,132 @@ def test_run_dir_expands_user(monkeypatch):
     monkeypatch.setenv("HOME", "/home/someone")
     config = Config(savedir="~/runs", xpid="a").finalize()
     assert config.run_dir == "/home/someone/runs/a"
+
+
+# --- Config files: defaults < file < flags; the env picks the family's tuned file. ---
+
+
+def write(tmp_path, text, name="c.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_env_picks_the_family_config():
+    atari = parse_args(["--env", "PongNoFrameskip-v4"])
+    assert atari.config == os.path.join(CONFIGS_DIR, "impala", "atari.yaml")
+    assert (atari.optimizer, atari.learning_rate, atari.total_steps) == (
+        "rmsprop",
+        6e-4,
+        20_000_000,
+    )
+    classic = parse_args(["--env", "CartPole-v1"])
+    assert classic.config == os.path.join(CONFIGS_DIR, "impala", "classic.yaml")
+    assert (classic.optimizer, classic.learning_rate, classic.discounting) == ("adam", 0.002, 0.98)
+    assert (classic.unroll_length, classic.baseline_cost) == (20, 0.25)
+
+
+@pytest.mark.parametrize("env", ["tests.test_envs:OldStyleEnv", "NoSuchEnv-v0"])
+def test_custom_and_unknown_envs_get_no_family_config(env):
+    config = parse_args(["--env", env])
+    assert config.config is None
+    assert config.learning_rate == Config.learning_rate  # the field default
+
+
+def test_precedence_defaults_then_file_then_flags(tmp_path):
+    path = write(tmp_path, "learning_rate: 0.01\nbatch_size: 4\nuse_lstm: true\n")
+    config = parse_args(["--config", path, "--env", "CartPole-v1", "--batch_size", "2"])
+    assert config.config == path
+    assert config.learning_rate == 0.01  # file over default (and over the family file)
+    assert config.batch_size == 2  # flag over file
+    assert config.use_lstm is True
+    assert config.optimizer == Config.optimizer  # classic.yaml is not read under --config
+    assert parse_args(["--config", path, "--no-use_lstm"]).use_lstm is False
+
+
+def test_config_none_uses_the_field_defaults():
+    config = parse_args(["--env", "CartPole-v1", "--config", "none"])
+    assert config.config is None and config.optimizer == Config.optimizer
+
+
+def test_relative_config_path_resolves_inside_the_checkout(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = parse_args(["--config", "configs/impala/classic.yaml"])
+    assert config.config == os.path.join(CONFIGS_DIR, "impala", "classic.yaml")
+    assert config.optimizer == "adam"
+
+
+def test_yaml_floats_without_a_dot_and_ints_for_floats(tmp_path):
+    # YAML 1.1 reads 6e-4 as a string; an int for a float field is a float.
+    values = load_config_file(write(tmp_path, "learning_rate: 6e-4\ngrad_norm_clipping: 40\n"))
+    assert values == {"learning_rate": 6e-4, "grad_norm_clipping": 40.0}
+    assert isinstance(values["grad_norm_clipping"], float)
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("lerning_rate: 0.1\n", "unknown key 'lerning_rate' (did you mean 'learning_rate'?)"),
+        ("config: other.yaml\n", "unknown key 'config'"),
+        ("num_actors: two\n", "key 'num_actors' must be an integer, got 'two' (str)"),
+        ("num_actors: 2.5\n", "key 'num_actors' must be an integer"),
+        ("use_lstm: 1\n", "key 'use_lstm' must be true or false"),
+        ("batch_size: true\n", "key 'batch_size' must be an integer"),
+        ("learning_rate: fast\n", "key 'learning_rate' must be a number"),
+        ("optimizer: sgd\n", "key 'optimizer' must be one of rmsprop, adam, got 'sgd'"),
+        ("env: null\n", "key 'env' must be a string"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("a: [\n", "is not valid YAML"),
+    ],
+)
+def test_bad_config_files_name_the_key_and_file(tmp_path, text, fragment):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        parse_args(["--config", path])
+    message = str(info.value)
+    assert fragment in message and path in message
+    assert "\n" not in message
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="cannot read config file /no/such.yaml"):
+        parse_args(["--config", "/no/such.yaml"])
+
+
+def test_cross_field_error_from_a_file_names_the_file(tmp_path):
+    path = write(tmp_path, "num_actors: 0\n")
+    with pytest.raises(ConfigError, match=r"--num_actors must be positive, got 0 \(set in "):
+        parse_args(["--config", path])
+    # The same mistake made by a flag does not blame the file.
+    with pytest.raises(ConfigError) as info:
+        parse_args(["--config", path, "--num_actors", "-1"])
+    assert "set in" not in str(info.value)
+
+
+def test_print_config_prints_the_merged_yaml_and_exits_0(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--env", "CartPole-v1", "--seed", "7", "--print_config"])
+    assert info.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["seed"] == 7 and printed["optimizer"] == "adam"
+    assert printed["xpid"] is None  # not finalized: reusable as a config file
+    # The printed YAML (less the file pointer) reads back to the same config.
+    del printed["config"]
+    path = write(tmp_path, yaml.safe_dump(printed))
+    again = parse_args(["--config", path, "--xpid", "x"])
+    assert again.seed == 7 and again.learning_rate == 0.002 and again.discounting == 0.98
+
+
+def test_shipped_configs_load_and_validate():
+    for algo in os.listdir(CONFIGS_DIR):
+        folder = os.path.join(CONFIGS_DIR, algo)
+        if algo == "sweeps" or not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            values = load_config_file(os.path.join(folder, name))
+            Config(**values).validate()
+
+
+def test_config_to_yaml_round_trips():
+    config = parse_args(["--env", "CartPole-v1", "--xpid", "r"])
+    assert yaml.safe_load(config_to_yaml(config)) == config.to_dict()

@@ -471,3 +471,21 @@ def test_episodic_life_needs_atari():
     with pytest.raises(EnvError) as err:
         make("CartPole-v1", episodic_life=True)
     assert "only applies to Atari" in assert_one_line(err)
+
+
+@pytest.mark.parametrize(
+    "name, family",
+    [
+        ("PongNoFrameskip-v4", "atari"),
+        ("ALE/Breakout-v5", "atari"),
+        ("CartPole-v1", "classic"),
+        ("Acrobot-v1", "classic"),
+        ("LunarLander-v3", None),  # not tuned: no family config
+        ("tests.test_envs:OldStyleEnv", None),
+        ("NoSuchEnv-v0", None),
+    ],
+)
+def test_env_family_picks_the_tuned_config_family(name, family):
+    from beast.envs import env_family
+
+    assert env_family(name) == family

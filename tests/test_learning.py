@@ -11,33 +11,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Tuned for CartPole on 2 cores (see benchmarks/RESULTS.md): Adam with a
-# linearly decayed rate, a shorter horizon (0.98) and a smaller baseline
-# weight, so the shared MLP torso is not dominated by the value loss.
-CARTPOLE_FLAGS = [
-    "--env",
-    "CartPole-v1",
-    "--num_actors",
-    "2",
-    "--num_envs_per_actor",
-    "4",
-    "--unroll_length",
-    "20",
-    "--batch_size",
-    "8",
-    "--optimizer",
-    "adam",
-    "--learning_rate",
-    "0.002",
-    "--discounting",
-    "0.98",
-    "--baseline_cost",
-    "0.25",
-    "--num_threads",
-    "1",
-    "--log_interval",
-    "10",
-]
+# The tuned flags live in configs/impala/classic.yaml, which --env CartPole-v1
+# picks: this checks that the shipped config learns, as a user runs it.
+CARTPOLE_FLAGS = ["--env", "CartPole-v1", "--num_threads", "1", "--log_interval", "10"]
 
 
 def best_mean_of_100(run_dir) -> float:

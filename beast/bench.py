@@ -1,0 +1,1114 @@
+"""Throughput of each stage of a run, measured alone and together, in one sitting.
+
+    python -m beast.bench throughput --env PongNoFrameskip-v4 --repeats 3 --write_results
+
+One run measures, repeat after repeat, one after the other on the same machine:
+
+- env only: random actions, the same preprocessing, one env per process and as many
+  processes as actors (`benchmarks.env_throughput`);
+- acting only: the real actor processes (`beast.actor.run_actor`, started as
+  `beast.runner` starts them) with the real model and no learning: a consumer thread
+  hands every full rollout slot straight back to the free queue;
+- learner only: one update exactly as `beast.learner.Learner._update` makes it
+  (forward, IMPALA loss, backward, gradient clipping, RMSProp, scheduler, weight
+  publishing) on synthetic batches shaped like real ones, no actors, for each variant
+  (fp32, bf16 autocast, channels-last, torch.compile) at each torch thread count;
+- end to end: `monobeast.py` itself (`benchmarks.monobeast_sps`).
+
+It prints the medians and the ratios end-to-end / min(acting, learner) and
+acting / env-only, and checks how far bf16 autocast moves the loss and the gradient
+on a real batch captured from the actors. `--write_results` appends the figures to
+`benchmarks/RESULTS.md`.
+
+Steps are agent steps (4 emulator frames each on Atari). Learner steps/s is
+T * B / (seconds per update).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import datetime
+import functools
+import math
+import multiprocessing as mp
+import os
+import platform
+import queue
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from beast import envs
+from beast.actor import ActorSettings
+from beast.algos.impala import impala_loss
+from beast.buffers import Field, RolloutBuffers, rollout_spec
+from beast.models import build_model
+from beast.native import QueueClosed
+from beast.supervisor import ActorPool
+
+__all__ = [
+    "ActingResult",
+    "DEFAULT_LEARNER_VARIANTS",
+    "LEARNER_VARIANTS",
+    "LearnerStep",
+    "LearnerTiming",
+    "LearnerVariant",
+    "PrecisionCheck",
+    "compare_precision",
+    "machine_summary",
+    "measure_acting",
+    "measure_learner",
+    "synthetic_batch",
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Hyperparameters of the learner step: monobeast's defaults (beast.config), so that the
+# optimizer and clipping cost what they cost in a run.
+_LEARNING_RATE = 6e-4
+_RMSPROP_ALPHA = 0.99
+_RMSPROP_EPSILON = 0.01
+_GRAD_NORM_CLIPPING = 40.0
+_LOSS_KWARGS = {
+    "discounting": 0.99,
+    "reward_clipping": "abs_one",
+    "baseline_cost": 0.5,
+    "entropy_cost": 0.01,
+}
+# Synthetic batch content, roughly Pong's: a point every ~20 steps, rare episode ends.
+_REWARD_PROBABILITY = 0.05
+_DONE_PROBABILITY = 0.01
+# How often the acting benchmark's main thread checks that the actors are alive.
+_ACTING_POLL_SECONDS = 0.1
+# Longest wait for the actors' first rollout (process start, env creation, first forward).
+_ACTING_START_TIMEOUT = 120.0
+# Seconds actors get to exit after the queues close before they are killed (as the runner).
+_ACTOR_JOIN_SECONDS = 5.0
+
+
+# ---------------------------------------------------------------------------------------
+# Learner only.
+
+
+@dataclass(frozen=True)
+class LearnerVariant:
+    """One way to run the learner's update.
+
+    bf16: forward pass under `torch.autocast(dtype=torch.bfloat16)`; the loss and the
+        optimizer stay float32 (logits and baseline are cast back before the loss).
+    channels_last: model weights and the torso's input in channels-last memory format.
+    compile: `torch.compile` of the model (default mode). On CPU the generated code reads
+        the torch thread count at run time (inductor `cpp.dynamic_threads`), so one
+        compiled model serves every thread count measured.
+    """
+
+    name: str
+    bf16: bool = False
+    channels_last: bool = False
+    compile: bool = False
+
+
+LEARNER_VARIANTS: dict[str, LearnerVariant] = {
+    v.name: v
+    for v in (
+        LearnerVariant("fp32"),
+        LearnerVariant("bf16", bf16=True),
+        LearnerVariant("channels_last", channels_last=True),
+        LearnerVariant("bf16_channels_last", bf16=True, channels_last=True),
+        LearnerVariant("compile", compile=True),
+        LearnerVariant("compile_bf16", bf16=True, compile=True),
+    )
+}
+DEFAULT_LEARNER_VARIANTS = ("fp32", "bf16", "channels_last", "bf16_channels_last", "compile")
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value}")
+
+
+def _variant(name: str) -> LearnerVariant:
+    try:
+        return LEARNER_VARIANTS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown learner variant {name!r}; expected one of {tuple(LEARNER_VARIANTS)}"
+        ) from None
+
+
+def _to_channels_last(module: nn.Module, args: tuple) -> tuple:
+    """Forward pre-hook: the torso's [N, C, H, W] input in channels-last layout."""
+    return (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
+
+
+@contextlib.contextmanager
+def torch_threads(num_threads: int) -> Iterator[None]:
+    """Run the body with `torch.set_num_threads(num_threads)`, then restore the old count."""
+    _check_positive(num_threads=num_threads)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def synthetic_batch(
+    spec: Mapping[str, Field], batch_size: int, *, seed: int = 0
+) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+    """A learner batch of `batch_size` random rollouts laid out as the learner gets it.
+
+    The slots are filled in real `RolloutBuffers` and copied out with `gather`, so the
+    batch has the real layout: rollout fields `[T+1, B, ...]`, core state `[d0, B, ...]`.
+    Content is random but plausible: uniform pixels (or normal vectors), sparse +-1
+    rewards, rare episode ends, `last_action[t] == action[t-1]`, normal logits.
+
+    Returns:
+        (batch, core_state), as `Learner._update` passes them to the model.
+    """
+    _check_positive(batch_size=batch_size)
+    generator = torch.Generator().manual_seed(seed)
+    buffers = RolloutBuffers(spec, batch_size)
+    num_actions = spec["policy_logits"].shape[-1]
+    for tensor in buffers.tensors.values():
+        shape, dtype = tensor.shape, tensor.dtype
+        if dtype == torch.uint8:
+            tensor.copy_(torch.randint(0, 256, shape, dtype=dtype, generator=generator))
+        elif dtype == torch.bool:
+            tensor.copy_(torch.rand(shape, generator=generator) < _DONE_PROBABILITY)
+        elif dtype.is_floating_point:
+            tensor.copy_(torch.randn(shape, generator=generator))
+        else:
+            tensor.copy_(torch.randint(0, num_actions, shape, dtype=dtype, generator=generator))
+    tensors = buffers.tensors
+    point = torch.rand(tensors["reward"].shape, generator=generator) < _REWARD_PROBABILITY
+    tensors["reward"].copy_(point * torch.randn(point.shape, generator=generator).sign())
+    tensors["last_action"][:, 1:] = tensors["action"][:, :-1]
+    tensors["baseline"].mul_(0.1)
+    batch = buffers.gather(range(batch_size))
+    core_state = buffers.core_state(batch)
+    buffers.close()
+    return batch, core_state
+
+
+def _batch_to(
+    batch: Mapping[str, torch.Tensor], core_state: Sequence[torch.Tensor], device: torch.device
+) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+    return {k: v.to(device) for k, v in batch.items()}, tuple(s.to(device) for s in core_state)
+
+
+class LearnerStep:
+    """One learner update as `beast.learner.Learner._update` makes it, in a given variant.
+
+    Forward over [T+1, B], IMPALA loss in float32, zero_grad, backward, global gradient
+    norm clipping, RMSProp step, scheduler step, weights copied in place into a separate
+    actor model, and the loss statistics read out as Python floats (each a host sync, as
+    in the learner). Only the batch hand-off is left out: synthetic batches are ready.
+
+    Args:
+        obs_shape, num_actions: the environment's.
+        model: a `beast.models.MODEL_NAMES` name.
+        variant: a `LEARNER_VARIANTS` name.
+        device: where the learner runs ("cpu" or "cuda").
+        seed: seeds the model's initialisation.
+        initial_state: optional state_dict to start from (the same weights as the actors').
+    """
+
+    def __init__(
+        self,
+        *,
+        obs_shape: Sequence[int],
+        num_actions: int,
+        model: str = "auto",
+        use_lstm: bool = False,
+        variant: str = "fp32",
+        device: str = "cpu",
+        seed: int = 0,
+        initial_state: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        self.variant = _variant(variant)
+        self.device = torch.device(device)
+        torch.manual_seed(seed)
+        self.model = build_model(model, obs_shape, num_actions, use_lstm=use_lstm)
+        if initial_state is not None:
+            self.model.load_state_dict(initial_state)
+        self.actor_model = copy.deepcopy(self.model)
+        self.actor_model.share_memory()
+        self.model.to(self.device)
+        if self.variant.channels_last:
+            if len(tuple(obs_shape)) != 3:
+                raise ValueError(
+                    f"variant {variant!r} needs image observations [C, H, W], got obs_shape "
+                    f"{tuple(obs_shape)}"
+                )
+            self.model.to(memory_format=torch.channels_last)
+            self.model.torso.register_forward_pre_hook(_to_channels_last)
+        self.forward = torch.compile(self.model) if self.variant.compile else self.model
+        self.optimizer = torch.optim.RMSprop(
+            self.model.parameters(),
+            lr=_LEARNING_RATE,
+            alpha=_RMSPROP_ALPHA,
+            eps=_RMSPROP_EPSILON,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
+        self.loss_fn = functools.partial(impala_loss, **_LOSS_KWARGS)
+
+    def _compile_settings(self) -> contextlib.AbstractContextManager:
+        if not self.variant.compile:
+            return contextlib.nullcontext()
+        import torch._inductor.config as inductor_config
+
+        # Generated CPU kernels otherwise hard-code the thread count seen at compile time.
+        return inductor_config.patch({"cpp.dynamic_threads": True})
+
+    def loss_and_grad_norm(
+        self,
+        batch: Mapping[str, torch.Tensor],
+        core_state: Sequence[torch.Tensor],
+        max_norm: float = _GRAD_NORM_CLIPPING,
+    ) -> tuple[dict[str, float], float]:
+        """The forward and backward half of the update, without the optimizer step.
+
+        Leaves the gradients, clipped to `max_norm`, in the parameters' `.grad`;
+        returns the loss statistics and the gradient norm before clipping.
+        """
+        self.model.train()
+        with (
+            self._compile_settings(),
+            torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.variant.bf16),
+        ):
+            outputs, _ = self.forward(batch, tuple(core_state))
+        # The loss in float32 whatever the forward ran in: V-trace's exponentiated
+        # log-ratios and discounted sums over 80 steps would lose too much in bf16.
+        loss = self.loss_fn({k: v.float() for k, v in outputs._asdict().items()}, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._compile_settings():
+            loss.total_loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        losses = {key: float(value) for key, value in loss.stats.items()}
+        return losses, float(grad_norm)
+
+    def __call__(
+        self, batch: Mapping[str, torch.Tensor], core_state: Sequence[torch.Tensor]
+    ) -> dict[str, float]:
+        """One whole update; returns the loss statistics and the gradient norm."""
+        losses, grad_norm = self.loss_and_grad_norm(batch, core_state)
+        losses["grad_norm"] = grad_norm
+        # The learner's guard: a non-finite update is neither stepped nor published.
+        if not (math.isfinite(losses["total_loss"]) and math.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            return losses
+        self.optimizer.step()
+        self.scheduler.step()
+        with torch.no_grad():
+            for shared, own in zip(
+                self.actor_model.state_dict().values(),
+                self.model.state_dict().values(),
+                strict=True,
+            ):
+                shared.copy_(own)
+        return losses
+
+    def timed(
+        self, batch: Mapping[str, torch.Tensor], core_state: Sequence[torch.Tensor], steps: int
+    ) -> list[float]:
+        """Seconds taken by each of `steps` updates."""
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            self(batch, core_state)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            times.append(time.perf_counter() - start)
+        return times
+
+
+@dataclass
+class LearnerTiming:
+    """Seconds per update of one variant at one thread count.
+
+    step_seconds: every timed update; first_step_seconds: the untimed first one
+    (compilation for `compile` variants); error: why the variant could not run.
+    """
+
+    variant: str
+    num_threads: int
+    samples_per_step: int  # T * B
+    step_seconds: list[float] = field(default_factory=list)
+    first_step_seconds: float | None = None
+    error: str | None = None
+
+    @property
+    def ms_per_step(self) -> float:
+        return 1000.0 * statistics.median(self.step_seconds) if self.step_seconds else math.nan
+
+    @property
+    def steps_per_second(self) -> float:
+        if not self.step_seconds:
+            return math.nan
+        return self.samples_per_step / statistics.median(self.step_seconds)
+
+
+def _error_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def measure_learner(
+    *,
+    obs_shape: Sequence[int],
+    obs_dtype: np.dtype | torch.dtype,
+    num_actions: int,
+    unroll_length: int,
+    batch_size: int,
+    variant: str = "fp32",
+    num_threads: int = 1,
+    steps: int = 3,
+    model: str = "auto",
+    use_lstm: bool = False,
+    device: str = "cpu",
+    seed: int = 0,
+) -> LearnerTiming:
+    """Time `steps` learner updates of one variant on a synthetic batch, after one untimed.
+
+    A variant that fails to run (a `torch.compile` without a working compiler, say) is
+    reported in `error` rather than raised: the benchmark goes on without it.
+
+    Raises:
+        ValueError: a non-positive size, an unknown variant or model, channels-last
+            with vector observations.
+    """
+    _check_positive(
+        unroll_length=unroll_length, batch_size=batch_size, num_threads=num_threads, steps=steps
+    )
+    _variant(variant)
+    with torch_threads(num_threads):
+        step = LearnerStep(
+            obs_shape=obs_shape,
+            num_actions=num_actions,
+            model=model,
+            use_lstm=use_lstm,
+            variant=variant,
+            device=device,
+            seed=seed,
+        )
+        core_shapes = [s.shape[:1] + s.shape[2:] for s in step.model.initial_state(1)]
+        spec = rollout_spec(
+            unroll_length=unroll_length,
+            obs_shape=obs_shape,
+            obs_dtype=obs_dtype,
+            num_actions=num_actions,
+            core_state_shapes=core_shapes,
+        )
+        batch, core_state = _batch_to(*synthetic_batch(spec, batch_size, seed=seed), step.device)
+        timing = LearnerTiming(variant, num_threads, unroll_length * batch_size)
+        try:
+            (timing.first_step_seconds,) = step.timed(batch, core_state, 1)
+        except Exception as error:
+            timing.error = _error_line(error)
+            return timing
+        timing.step_seconds = step.timed(batch, core_state, steps)
+    return timing
+
+
+# ---------------------------------------------------------------------------------------
+# Acting only.
+
+
+@dataclass
+class ActingResult:
+    """Agent steps/s of the actors alone, and optionally some rollouts they wrote.
+
+    rollouts: the first `capture` full slots, gathered into one learner batch
+    ([T+1, capture, ...], with `core_state`), or None when none was asked for.
+    """
+
+    steps_per_second: float
+    rollouts: dict[str, torch.Tensor] | None = None
+    core_state: tuple[torch.Tensor, ...] = ()
+
+
+def measure_acting(
+    *,
+    env: str,
+    num_actors: int,
+    num_envs_per_actor: int,
+    unroll_length: int,
+    seconds: float,
+    warmup_seconds: float = 3.0,
+    model: str = "auto",
+    use_lstm: bool = False,
+    actor_model: nn.Module | None = None,
+    num_buffers: int | None = None,
+    seed: int = 0,
+    capture: int = 0,
+) -> ActingResult:
+    """Agent steps/s of real actor processes with the real model and no learning.
+
+    Actors start as `beast.runner.train` starts them (forkserver, the supervisor's
+    `ActorPool` running `run_actor`, shared `RolloutBuffers`, a shared-memory model).
+    A consumer thread here takes each full slot and puts it straight back on the free
+    queue, so actors never wait on a learner.
+    The clock starts at the first rollout plus `warmup_seconds` (process start, env
+    creation, first forward pass are excluded); the figure is rollouts completed in the
+    next `seconds`, times `unroll_length`, over the time between.
+
+    Args:
+        actor_model: the model to act with (shared memory is set up here); default a
+            fresh `build_model(model, ...)` seeded with `seed`.
+        num_buffers: rollout slots; default twice the slots the actors hold at a time.
+        capture: gather this many full slots into `ActingResult.rollouts`.
+
+    Raises:
+        ValueError: non-positive sizes or times.
+        EnvError: `env` cannot be made.
+        RuntimeError: an actor exited, or no rollout arrived in time.
+    """
+    _check_positive(
+        num_actors=num_actors,
+        num_envs_per_actor=num_envs_per_actor,
+        unroll_length=unroll_length,
+        seconds=seconds,
+    )
+    if warmup_seconds < 0 or capture < 0:
+        raise ValueError("warmup_seconds and capture must be >= 0")
+    probe = envs.make(env, seed=seed)
+    spec = envs.env_spec(probe)
+    probe.close()
+    if actor_model is None:
+        torch.manual_seed(seed)
+        actor_model = build_model(model, spec.obs_shape, spec.num_actions, use_lstm=use_lstm)
+    actor_model.share_memory()
+    actor_model.eval()
+    slots_held = num_actors * num_envs_per_actor
+    num_buffers = num_buffers or 2 * slots_held
+    if num_buffers < slots_held:
+        raise ValueError(f"num_buffers must be >= num_actors * num_envs_per_actor ({slots_held})")
+    core_shapes = [s.shape[:1] + s.shape[2:] for s in actor_model.initial_state(1)]
+    buffers = RolloutBuffers(
+        rollout_spec(
+            unroll_length=unroll_length,
+            obs_shape=spec.obs_shape,
+            obs_dtype=spec.obs_dtype,
+            num_actions=spec.num_actions,
+            core_state_shapes=core_shapes,
+        ),
+        num_buffers,
+    )
+
+    arrivals: list[float] = []  # perf_counter time of every full slot; consumer appends
+    captured: list[dict[str, torch.Tensor]] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            try:
+                index = buffers.full_queue.get(timeout=_ACTING_POLL_SECONDS)
+            except queue.Empty:
+                continue
+            except QueueClosed:
+                return
+            if len(captured) < capture:
+                captured.append(buffers.gather([index]))
+            arrivals.append(time.perf_counter())
+            try:
+                buffers.free_queue.put(index)
+            except QueueClosed:
+                return
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["beast.actor"])
+    # The runner's actor pool, with no restarts: a failed actor fails the benchmark.
+    actors = ActorPool(
+        ctx=ctx,
+        settings=ActorSettings(
+            env=env,
+            seed=seed,
+            num_envs=num_envs_per_actor,
+            unroll_length=unroll_length,
+            episodic_life=False,
+        ),
+        buffers=buffers,
+        model=actor_model,
+        num_actors=num_actors,
+        max_restarts=0,
+        log=functools.partial(print, file=sys.stderr, flush=True),
+    )
+    consumer = threading.Thread(target=consume, name="bench-consumer", daemon=True)
+    try:
+        consumer.start()
+        actors.start()
+        deadline = time.perf_counter() + _ACTING_START_TIMEOUT
+        while not arrivals:
+            _check_actors(actors)
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"no rollout from the actors in {_ACTING_START_TIMEOUT:.0f} s")
+            time.sleep(_ACTING_POLL_SECONDS)
+        start = arrivals[0] + warmup_seconds
+        end = start + seconds
+        while time.perf_counter() < end or len(captured) < capture:
+            _check_actors(actors)
+            time.sleep(_ACTING_POLL_SECONDS)
+    finally:
+        stop.set()
+        buffers.close()
+        consumer.join(_ACTOR_JOIN_SECONDS)
+        actors.stop(_ACTOR_JOIN_SECONDS)
+    # A fixed window: a rollout that straddles either end is counted or not at random,
+    # so the estimate is unbiased; its noise is one rollout burst per end.
+    done = sum(1 for t in arrivals if start <= t < end)
+    result = ActingResult(steps_per_second=done * unroll_length / seconds)
+    if captured:
+        rollouts = {key: torch.cat([c[key] for c in captured], dim=1) for key in captured[0]}
+        result.rollouts = rollouts
+        result.core_state = buffers.core_state(rollouts)
+    return result
+
+
+def _check_actors(actors: ActorPool) -> None:
+    failure = actors.check()
+    if failure:
+        raise RuntimeError(failure)
+
+
+# ---------------------------------------------------------------------------------------
+# How much bf16 moves the loss and the gradient.
+
+
+@dataclass(frozen=True)
+class PrecisionCheck:
+    """A variant's loss and gradient against float32's, same weights, same batch.
+
+    loss_rel_diff: |L_variant - L_fp32| / |L_fp32| of the total loss.
+    grad_norm_rel_diff: the same for the global gradient norm (before clipping).
+    grad_rel_error: ||g_variant - g_fp32|| / ||g_fp32|| over all parameters.
+    grad_cosine: cosine between g_variant and g_fp32.
+    noise_cosine: for scale, the cosine between the float32 gradients of the batch's two
+        halves (disjoint rollouts): how much the gradient moves from sampling alone.
+    """
+
+    variant: str
+    loss_rel_diff: float
+    grad_norm_rel_diff: float
+    grad_rel_error: float
+    grad_cosine: float
+    noise_cosine: float
+
+
+def _flat_grad(
+    step: LearnerStep, batch: Mapping[str, torch.Tensor], core_state: Sequence[torch.Tensor]
+) -> tuple[float, torch.Tensor]:
+    # Unclipped (an infinite bound only measures the norm), so the gradients compare as computed.
+    losses, _ = step.loss_and_grad_norm(batch, core_state, max_norm=math.inf)
+    grads = [p.grad.detach().flatten().double() for p in step.model.parameters()]
+    return losses["total_loss"], torch.cat(grads)
+
+
+def _half_batch(
+    batch: Mapping[str, torch.Tensor], core_state: Sequence[torch.Tensor], part: slice
+) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+    # Rollout fields are [T+1, B, ...] and core state [d0, B, ...]: the batch is dim 1.
+    return {k: v[:, part] for k, v in batch.items()}, tuple(s[:, part] for s in core_state)
+
+
+def compare_precision(
+    reference: LearnerStep,
+    variant: str,
+    batch: Mapping[str, torch.Tensor],
+    core_state: Sequence[torch.Tensor] = (),
+) -> PrecisionCheck:
+    """Loss and gradient of `variant` against `reference` (an fp32 `LearnerStep`).
+
+    The variant gets a copy of the reference's current weights; neither takes a step.
+    """
+    if reference.variant.name != "fp32":
+        raise ValueError(f"reference must be the fp32 variant, got {reference.variant.name!r}")
+    batch_size = batch["reward"].shape[1]
+    if batch_size < 2:
+        raise ValueError("need a batch of at least 2 rollouts (the noise scale uses halves)")
+    model = reference.model
+    other = LearnerStep(
+        obs_shape=model.obs_shape,
+        num_actions=model.num_actions,
+        model=_model_name(model),
+        use_lstm=model.use_lstm,
+        variant=variant,
+        device=str(reference.device),
+        initial_state=model.state_dict(),
+    )
+    loss_ref, grad_ref = _flat_grad(reference, batch, core_state)
+    loss_var, grad_var = _flat_grad(other, batch, core_state)
+    half = batch_size // 2
+    _, grad_a = _flat_grad(reference, *_half_batch(batch, core_state, slice(0, half)))
+    _, grad_b = _flat_grad(reference, *_half_batch(batch, core_state, slice(half, None)))
+    cosine = torch.nn.functional.cosine_similarity
+    norm_ref = grad_ref.norm()
+    return PrecisionCheck(
+        variant=variant,
+        loss_rel_diff=abs(loss_var - loss_ref) / abs(loss_ref),
+        grad_norm_rel_diff=float((grad_var.norm() - norm_ref).abs() / norm_ref),
+        grad_rel_error=float((grad_var - grad_ref).norm() / norm_ref),
+        grad_cosine=float(cosine(grad_var, grad_ref, dim=0)),
+        noise_cosine=float(cosine(grad_a, grad_b, dim=0)),
+    )
+
+
+def _model_name(model: nn.Module) -> str:
+    from beast.models import AtariNet, MLPNet, ResNet
+
+    for name, cls in (("atari", AtariNet), ("resnet", ResNet), ("mlp", MLPNet)):
+        if type(model) is cls:
+            return name
+    raise ValueError(f"cannot rebuild a {type(model).__name__}")
+
+
+# ---------------------------------------------------------------------------------------
+# The machine.
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(line.split(":", 1)[1].split() for line in f if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return "unknown"
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+    return " ".join(flag for flag in wanted if flag in flags) or "none of AVX2/AVX-512/AMX"
+
+
+def _git_revision() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return f"{head or 'unknown'}{' (dirty)' if dirty else ''}"
+
+
+def machine_summary() -> str:
+    """CPU, cores, load, torch threads and versions: what every figure here depends on."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:
+        cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    versions = [f"python {platform.python_version()}", f"torch {torch.__version__}"]
+    for module in ("numpy", "gymnasium", "ale_py", "cv2"):
+        with contextlib.suppress(ImportError):
+            versions.append(f"{module} {__import__(module).__version__}")
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return (
+        f"{cpu} ({_cpu_flags()}); nproc {usable} (cpu_count {os.cpu_count()}); load average "
+        f"{load}; torch threads {torch.get_num_threads()} (interop "
+        f"{torch.get_num_interop_threads()}); GPU {gpu}; {', '.join(versions)}; "
+        f"beast {_git_revision()}"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The throughput command.
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def _runs(values: Sequence[float], fmt: str = "{:,.0f}") -> str:
+    return ", ".join(fmt.format(v) for v in values)
+
+
+@dataclass
+class _Figures:
+    """Everything one `throughput` run measured."""
+
+    env_only: list[float] = field(default_factory=list)
+    acting: list[float] = field(default_factory=list)
+    end_to_end: list[float] = field(default_factory=list)
+    learner: dict[tuple[str, int], LearnerTiming] = field(default_factory=dict)
+    gather_seconds: list[float] = field(default_factory=list)
+    precision: list[tuple[str, PrecisionCheck]] = field(default_factory=list)
+
+
+def _run_env_only(env: str, num_procs: int, seconds: float) -> float:
+    from benchmarks.env_throughput import measure_env_throughput
+
+    # measure_env_throughput sets OMP_NUM_THREADS=1 for its workers in this process's
+    # environment; it must not leak into the actors and monobeast started later.
+    saved = os.environ.get("OMP_NUM_THREADS")
+    try:
+        return measure_env_throughput(env, num_procs, seconds)
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+
+
+def _learner_line(timing: LearnerTiming) -> str:
+    if timing.error:
+        return f"{timing.variant:>18} @ {timing.num_threads} threads: failed: {timing.error}"
+    first = timing.first_step_seconds
+    note = f", first step {first:.1f} s" if first is not None else ""
+    return (
+        f"{timing.variant:>18} @ {timing.num_threads} threads: {timing.ms_per_step:7.0f} ms/step"
+        f" = {timing.steps_per_second:6,.0f} steps/s (runs {_runs(timing.step_seconds, '{:.3f}')}"
+        f"{note})"
+    )
+
+
+def throughput(args: argparse.Namespace) -> _Figures:
+    """Run every measurement `args.repeats` times, interleaved; print as it goes."""
+    variants = [_variant(name).name for name in args.variants]
+    print(f"machine: {machine_summary()}", flush=True)
+    print(
+        f"env {args.env}: {args.num_actors} actors x {args.num_envs_per_actor} envs, "
+        f"T={args.unroll_length}, B={args.batch_size}, model {args.model}; learner variants "
+        f"{', '.join(variants)} at torch threads {', '.join(map(str, args.threads))}; actors "
+        "and env-only workers run 1 torch/OpenMP thread each",
+        flush=True,
+    )
+    probe = envs.make(args.env, seed=args.seed)
+    spec = envs.env_spec(probe)
+    probe.close()
+
+    # One model for the actors and, through its weights, the learner: the captured
+    # rollouts' behaviour logits then come from the learner's own policy, as in a run.
+    torch.manual_seed(args.seed)
+    actor_model = build_model(args.model, spec.obs_shape, spec.num_actions)
+    initial_weights = copy.deepcopy(actor_model.state_dict())
+    steps = {}
+    for name in variants:
+        try:
+            steps[name] = LearnerStep(
+                obs_shape=spec.obs_shape,
+                num_actions=spec.num_actions,
+                model=args.model,
+                variant=name,
+                device=args.device,
+                initial_state=initial_weights,
+            )
+        except ValueError as error:
+            print(f"learner variant {name} skipped: {error}", flush=True)
+    rollout = rollout_spec(
+        unroll_length=args.unroll_length,
+        obs_shape=spec.obs_shape,
+        obs_dtype=spec.obs_dtype,
+        num_actions=spec.num_actions,
+    )
+    batch, core_state = _batch_to(
+        *synthetic_batch(rollout, args.batch_size, seed=args.seed), torch.device(args.device)
+    )
+    figures = _Figures()
+    for name in steps:
+        for threads in args.threads:
+            figures.learner[name, threads] = LearnerTiming(
+                name, threads, args.unroll_length * args.batch_size
+            )
+
+    for repeat in range(args.repeats):
+        tag = f"[{repeat + 1}/{args.repeats}]"
+        figures.env_only.append(_run_env_only(args.env, args.num_actors, args.seconds))
+        print(f"{tag} env only, {args.num_actors} procs: {figures.env_only[-1]:,.0f} steps/s")
+        acting = measure_acting(
+            env=args.env,
+            num_actors=args.num_actors,
+            num_envs_per_actor=args.num_envs_per_actor,
+            unroll_length=args.unroll_length,
+            seconds=args.seconds,
+            warmup_seconds=args.warmup,
+            actor_model=actor_model,
+            seed=args.seed,
+            capture=args.batch_size if repeat == 0 else 0,
+        )
+        figures.acting.append(acting.steps_per_second)
+        print(f"{tag} acting only: {acting.steps_per_second:,.0f} steps/s", flush=True)
+        if acting.rollouts is not None:
+            _precision(figures, steps, initial_weights, spec, args, acting)
+        for threads in args.threads:
+            with torch_threads(threads):
+                for name, step in steps.items():
+                    timing = figures.learner[name, threads]
+                    if timing.error:
+                        continue
+                    try:
+                        if timing.first_step_seconds is None:
+                            (timing.first_step_seconds,) = step.timed(batch, core_state, 1)
+                        timing.step_seconds += step.timed(batch, core_state, args.learner_steps)
+                    except Exception as error:  # e.g. torch.compile without a compiler
+                        timing.error = _error_line(error)
+                    print(f"{tag} learner {_learner_line(timing)}", flush=True)
+                if threads == max(args.threads):
+                    figures.gather_seconds.append(_time_gather(rollout, args.batch_size))
+        if args.end_to_end_seconds > 0:
+            from benchmarks.monobeast_sps import measure_monobeast_sps
+
+            flags = [
+                "--num_actors",
+                str(args.num_actors),
+                "--num_envs_per_actor",
+                str(args.num_envs_per_actor),
+                "--unroll_length",
+                str(args.unroll_length),
+                "--batch_size",
+                str(args.batch_size),
+                "--model",
+                args.model,
+                "--seed",
+                str(args.seed),
+            ]
+            figures.end_to_end.append(
+                measure_monobeast_sps(
+                    args.env, args.end_to_end_seconds, args.end_to_end_warmup, flags
+                )
+            )
+            print(f"{tag} end to end (monobeast.py): {figures.end_to_end[-1]:,.0f} steps/s")
+    return figures
+
+
+def _time_gather(spec: Mapping[str, Field], batch_size: int) -> float:
+    """Seconds for `RolloutBuffers.gather` of one batch: the batch thread's copy."""
+    buffers = RolloutBuffers(spec, batch_size)
+    try:
+        buffers.gather(range(batch_size))
+        start = time.perf_counter()
+        buffers.gather(range(batch_size))
+        return time.perf_counter() - start
+    finally:
+        buffers.close()
+
+
+# Float32 updates between the two precision checks, so the second one is not at the
+# initialisation (where the policy head's small gain makes the logits nearly zero).
+_PRECISION_UPDATES = 10
+
+
+def _precision(figures, steps, initial_weights, spec, args, acting: ActingResult) -> None:
+    bf16_like = [name for name in steps if name != "fp32" and not LEARNER_VARIANTS[name].compile]
+    reference = LearnerStep(
+        obs_shape=spec.obs_shape,
+        num_actions=spec.num_actions,
+        model=args.model,
+        device=args.device,
+        initial_state=initial_weights,
+    )
+    batch, core_state = _batch_to(acting.rollouts, acting.core_state, reference.device)
+    for when in ("at initialisation", f"after {_PRECISION_UPDATES} fp32 updates"):
+        if when != "at initialisation":
+            for _ in range(_PRECISION_UPDATES):
+                reference(batch, core_state)
+        for name in bf16_like:
+            check = compare_precision(reference, name, batch, core_state)
+            figures.precision.append((when, check))
+            print(
+                f"precision {name} vs fp32 on a captured batch, {when}: loss rel diff "
+                f"{check.loss_rel_diff:.2e}, grad norm rel diff {check.grad_norm_rel_diff:.2e}, "
+                f"grad rel error {check.grad_rel_error:.2e}, grad cosine {check.grad_cosine:.5f}"
+                f" (cosine between the two half-batches' fp32 gradients: "
+                f"{check.noise_cosine:.3f})",
+                flush=True,
+            )
+
+
+def _summary(args: argparse.Namespace, figures: _Figures) -> list[str]:
+    """Markdown lines: the figures table, the ratios and the precision table."""
+    n = args.repeats
+    lines = [
+        "| figure | median | runs |",
+        "|---|---|---|",
+        f"| env only, {args.num_actors} processes, random actions (steps/s) | "
+        f"{_median(figures.env_only):,.0f} | {_runs(figures.env_only)} |",
+        f"| acting only, {args.num_actors} actors x {args.num_envs_per_actor} envs, real model,"
+        f" no learning (steps/s) | {_median(figures.acting):,.0f} | {_runs(figures.acting)} |",
+    ]
+    for (name, threads), timing in figures.learner.items():
+        if timing.error:
+            lines.append(f"| learner {name}, {threads} threads | failed | {timing.error} |")
+            continue
+        first = (
+            f"; first step {timing.first_step_seconds:.1f} s (compile)"
+            if LEARNER_VARIANTS[name].compile and timing.first_step_seconds
+            else ""
+        )
+        lines.append(
+            f"| learner {name}, {threads} threads (ms/step; steps/s) | "
+            f"{timing.ms_per_step:,.0f}; {timing.steps_per_second:,.0f} | "
+            f"{_runs([1000 * s for s in timing.step_seconds])} ms{first} |"
+        )
+    lines.append(
+        f"| batch gather (B={args.batch_size}, ms) | {1000 * _median(figures.gather_seconds):.1f}"
+        f" | {_runs([1000 * s for s in figures.gather_seconds], '{:.1f}')} |"
+    )
+    if figures.end_to_end:
+        lines.append(
+            f"| end to end, monobeast.py (steps/s) | {_median(figures.end_to_end):,.0f} | "
+            f"{_runs(figures.end_to_end)} |"
+        )
+    lines.append("")
+    acting, env_only = _median(figures.acting), _median(figures.env_only)
+    # The learner monobeast runs by default: fp32 with every core's threads.
+    default_threads = max(args.threads)
+    fp32 = figures.learner.get(("fp32", default_threads))
+    learner = fp32.steps_per_second if fp32 and not fp32.error else math.nan
+    lines.append(f"- acting / env only: **{acting / env_only:.3f}**")
+    if figures.end_to_end:
+        end_to_end = _median(figures.end_to_end)
+        bound = min(acting, learner)
+        # Acting and learning share the same cores: if neither overlaps the other, a
+        # step costs 1/acting + 1/learner seconds of the whole machine.
+        shared = 1.0 / (1.0 / acting + 1.0 / learner)
+        lines.append(
+            f"- end to end / min(acting, learner fp32 @ {default_threads} threads): "
+            f"**{end_to_end / bound:.3f}** (min = {bound:,.0f} steps/s)"
+        )
+        lines.append(
+            f"- end to end / shared-cores bound 1/(1/acting + 1/learner): "
+            f"**{end_to_end / shared:.3f}** (bound = {shared:,.0f} steps/s)"
+        )
+    best = min(
+        (t for t in figures.learner.values() if not t.error and t.num_threads == default_threads),
+        key=lambda t: t.ms_per_step,
+        default=None,
+    )
+    if best is not None and fp32 and not fp32.error:
+        lines.append(
+            f"- fastest learner at {default_threads} threads: {best.variant}, "
+            f"{fp32.ms_per_step / best.ms_per_step:.2f}x fp32; shared-cores bound with it: "
+            f"{1.0 / (1.0 / acting + 1.0 / best.steps_per_second):,.0f} steps/s"
+        )
+    lines.append(f"- medians of {n} repeat(s), interleaved")
+    if figures.precision:
+        lines += [
+            "",
+            "bf16 / channels-last vs fp32, same weights, one batch of real rollouts from the "
+            "actors (noise = cosine between the fp32 gradients of the batch's two halves):",
+            "",
+            "| variant | when | loss rel diff | grad norm rel diff | grad rel error "
+            "| grad cosine | noise cosine |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for when, c in figures.precision:
+            lines.append(
+                f"| {c.variant} | {when} | {c.loss_rel_diff:.2e} | {c.grad_norm_rel_diff:.2e} | "
+                f"{c.grad_rel_error:.2e} | {c.grad_cosine:.5f} | {c.noise_cosine:.3f} |"
+            )
+    return lines
+
+
+def _write_results(path: Path, command: str, machine: str, loads: str, lines: list[str]) -> None:
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    new = not path.exists()
+    with open(path, "a") as f:
+        if new:
+            f.write(
+                "# Measured throughput\n\nAppended by `python -m beast.bench throughput "
+                "--write_results`; see `/work/shared/BENCHMARKS.md` for what each figure "
+                "means. Steps are agent steps (4 frames on Atari).\n"
+            )
+        f.write(f"\n## {now}: throughput\n\n")
+        f.write(f"Command: `{command}`\n\nMachine: {machine}\n\nLoad average {loads}\n\n")
+        f.write("\n".join(lines) + "\n")
+
+
+def _csv(kind: type) -> Callable[[str], list]:
+    def parse(text: str) -> list:
+        return [kind(item) for item in text.split(",") if item]
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m beast.bench", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("throughput", help="env, acting, learner and end-to-end steps/s")
+    p.add_argument("--env", default="PongNoFrameskip-v4")
+    p.add_argument("--model", default="auto", help="beast.models name")
+    p.add_argument("--num_actors", type=int, default=2)
+    p.add_argument("--num_envs_per_actor", type=int, default=8)
+    p.add_argument("--unroll_length", type=int, default=80)
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="learner-only device: cpu or cuda")
+    p.add_argument("--seconds", type=float, default=10.0, help="measured s: env only, acting")
+    p.add_argument("--warmup", type=float, default=3.0, help="acting warm-up after 1st rollout")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--learner_steps", type=int, default=3, help="timed updates per repeat")
+    p.add_argument(
+        "--threads",
+        type=_csv(int),
+        default=[1, os.cpu_count() or 1],
+        help="torch thread counts for the learner, comma-separated",
+    )
+    p.add_argument(
+        "--variants",
+        type=_csv(str),
+        default=list(DEFAULT_LEARNER_VARIANTS),
+        help=f"learner variants, comma-separated, of {', '.join(LEARNER_VARIANTS)}",
+    )
+    p.add_argument("--end_to_end_seconds", type=float, default=60.0, help="0 skips monobeast")
+    p.add_argument("--end_to_end_warmup", type=float, default=20.0)
+    p.add_argument("--write_results", action="store_true", help="append to RESULTS.md")
+    p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        _check_positive(
+            num_actors=args.num_actors,
+            num_envs_per_actor=args.num_envs_per_actor,
+            unroll_length=args.unroll_length,
+            batch_size=args.batch_size,
+            seconds=args.seconds,
+            repeats=args.repeats,
+            learner_steps=args.learner_steps,
+        )
+        for threads in args.threads:
+            _check_positive(threads=threads)
+        for name in args.variants:
+            _variant(name)
+        if not args.threads or not args.variants:
+            raise ValueError("--threads and --variants need at least one value")
+        if args.device not in ("cpu", "cuda"):
+            raise ValueError(f"--device must be cpu or cuda, got {args.device!r}")
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda, but torch sees no GPU")
+    except ValueError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    machine = machine_summary()
+    figures = throughput(args)
+    load_after = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines = _summary(args, figures)
+    print("\n" + "\n".join(lines))
+    print(f"\nload average before: {load_before}; after: {load_after}")
+    if args.write_results:
+        command = "python -m beast.bench " + " ".join(argv)
+        loads = f"before {load_before}, after {load_after} (1, 5, 15 min)"
+        _write_results(args.results, command, machine, loads, lines)
+        print(f"appended to {args.results}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""RunLog: the run directory's files, TensorBoard events and the console, TTY or not."""
+
+import csv
+import io
+import json
+
+import pytest
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from beast.learner import UpdateStats
+from beast.logs import RunLog, format_duration, pip_freeze
+
+
+def stats(step: int, returns=(), loss: float = 1.5) -> UpdateStats:
+    return UpdateStats(
+        step=step,
+        num_updates=step // 10,
+        losses={"total_loss": loss, "pg_loss": 0.5},
+        episode_returns=list(returns),
+        episode_steps=[10] * len(returns),
+    )
+
+
+@pytest.fixture
+def config():
+    return {"env": "CartPole-v1", "learning_rate": 0.002, "xpid": "r"}
+
+
+def test_run_directory_holds_what_reproduces_the_run(tmp_path, config):
+    log = RunLog(str(tmp_path), config, 100, stream=io.StringIO(), tensorboard=False)
+    log.close()
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == config
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["config"] == config and "commit" in meta["git"]
+    freeze = (tmp_path / "requirements.txt").read_text().splitlines()
+    assert any(line.startswith("torch==") for line in freeze)
+    if meta["git"].get("dirty"):
+        assert (tmp_path / "git_diff.patch").read_text().startswith("diff --git")
+    else:
+        assert not (tmp_path / "git_diff.patch").exists()
+
+
+def test_pip_freeze_format():
+    lines = pip_freeze().splitlines()
+    assert lines and all("==" in line for line in lines)
+
+
+def test_csv_and_tensorboard_hold_the_same_stats(tmp_path, config):
+    log = RunLog(str(tmp_path), config, 100, stream=io.StringIO())
+    log.record(stats(10, returns=[1.0, 3.0], loss=2.0))
+    log.record(stats(20, loss=1.0))
+    log.close()
+    with open(tmp_path / "logs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["step"] for row in rows] == ["10", "20"]
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"total_loss", "pg_loss", "time", "num_updates", "mean_episode_return"} <= tags
+    loss = events.Scalars("total_loss")
+    assert [(e.step, e.value) for e in loss] == [(10, 2.0), (20, 1.0)]
+    # An update without finished episodes has no mean return (an empty CSV cell).
+    assert [(e.step, e.value) for e in events.Scalars("mean_episode_return")] == [(10, 2.0)]
+    assert [e.value for e in events.Scalars("episode_return")] == [1.0, 3.0]
+
+
+def test_non_tty_console_gets_plain_lines_only(tmp_path, config):
+    stream = io.StringIO()  # not a terminal
+    log = RunLog(str(tmp_path), config, 100, stream=stream, tensorboard=False)
+    log.record(stats(50, returns=[7.0]))
+    log.report_progress()
+    log.print("hello")
+    log.close()
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("[beast] step 50/100 (50.0%) | SPS")
+    assert "return 7.00" in lines[0] and "loss 1.5" in lines[0] and "ETA" in lines[0]
+    assert lines[1] == "[beast] hello"
+    assert "\x1b" not in stream.getvalue() and "\r" not in stream.getvalue()
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_terminal_gets_a_live_bar_and_messages_above_it(tmp_path, config):
+    stream = FakeTerminal()
+    log = RunLog(str(tmp_path), config, 100, stream=stream, tensorboard=False)
+    log.record(stats(50, returns=[7.0]))
+    log.report_progress()  # the bar shows it: no extra line
+    log.print("a [bracketed] message")
+    log.close()
+    out = stream.getvalue()
+    assert "50/100" in out and "return 7.00" in out and "loss 1.5" in out and "SPS" in out
+    assert "[beast] a [bracketed] message" in out  # not read as rich markup
+    assert "[beast] step" not in out
+
+
+def test_format_duration():
+    assert format_duration(3725) == "1:02:05"
+    assert format_duration(float("inf")) == "?"
