@@ -221,7 +221,8 @@ class Learner:
             if self._consecutive_nonfinite >= self.max_nonfinite_updates:
                 raise NonFiniteError(
                     f"{self._consecutive_nonfinite} consecutive updates had a non-finite loss or"
-                    f" gradient (loss {float(loss.total_loss.detach())}, gradient norm {float(grad_norm)});"
+                    f" gradient (loss {float(loss.total_loss.detach())},"
+                    f" gradient norm {float(grad_norm)});"
                     " lower --learning_rate, check the env's rewards and observations, or raise"
                     " --max_nonfinite_updates"
                 )

@@ -69,8 +69,15 @@ class ActorPool:
         process = self.ctx.Process(
             target=run_actor,
             name=f"actor-{index}",
-            args=(index, self.incarnations[index], self.settings, self.buffers, self.model,
-                  os.getpid(), self.error_board),
+            args=(
+                index,
+                self.incarnations[index],
+                self.settings,
+                self.buffers,
+                self.model,
+                os.getpid(),
+                self.error_board,
+            ),
         )
         process.start()
         self.processes[index] = process
