@@ -142,6 +142,9 @@ class Config:
         300.0, "Seconds between checkpoints (one is always written at the end)."
     )
     num_test_episodes: int = _flag(10, "Episodes to run in --mode test.")
+    record_video: bool = _flag(
+        False, "--mode test: write the first episode to RUN_DIR/episode.mp4 (needs .[video])."
+    )
 
     # Reliability.
     resume: bool = _flag(

@@ -2,7 +2,10 @@
 
 The checkpoint's own flags decide the environment and the network, so
 `--mode test --xpid RUN` evaluates RUN as it was trained, whatever the
-other defaults are now.
+other defaults are now. `--record_video` writes the first episode as an
+mp4 with imageio-ffmpeg, which bundles its own ffmpeg (no system package):
+Atari frames come straight from the emulator's RGB screen, other envs need
+to render `rgb_array` frames.
 """
 
 from __future__ import annotations
@@ -23,7 +26,40 @@ from beast.checkpoint import (
 )
 from beast.config import Config, ConfigError
 
-__all__ = ["test"]
+__all__ = ["test", "VIDEO_NAME"]
+
+VIDEO_NAME = "episode.mp4"
+# An agent step is 4 emulator frames at 60 Hz for Atari: 15 agent steps a second.
+_VIDEO_FPS = 15
+
+
+class _VideoRecorder:
+    """Appends one RGB frame per agent step to an mp4 until closed."""
+
+    def __init__(self, env, path: str) -> None:
+        unwrapped = env.unwrapped
+        if hasattr(unwrapped, "ale"):
+            self._frame = unwrapped.ale.getScreenRGB
+        elif getattr(unwrapped, "render_mode", None) == "rgb_array":
+            self._frame = env.render
+        else:
+            raise ConfigError(
+                "--record_video needs an Atari env or one that renders rgb_array frames"
+            )
+        try:
+            import imageio.v2 as imageio
+        except ImportError as error:
+            raise ConfigError(
+                "--record_video needs imageio and imageio-ffmpeg: pip install -e '.[video]'"
+            ) from error
+        self.path = path
+        self._writer = imageio.get_writer(path, fps=_VIDEO_FPS, macro_block_size=1)
+
+    def capture(self) -> None:
+        self._writer.append_data(self._frame())
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 def test(config: Config) -> list[float]:
@@ -54,6 +90,13 @@ def test(config: Config) -> list[float]:
 
     returns: list[float] = []
     obs, _ = env.reset()
+    video = (
+        _VideoRecorder(env, os.path.join(config.run_dir, VIDEO_NAME))
+        if config.record_video
+        else None
+    )
+    if video is not None:
+        video.capture()
     state = model.initial_state(1)
     inputs = {
         "reward": torch.zeros((1, 1)),
@@ -69,8 +112,14 @@ def test(config: Config) -> list[float]:
             inputs["last_action"] = action
             inputs["reward"] = torch.tensor([[reward]], dtype=torch.float32)
             inputs["done"] = torch.tensor([[terminated or truncated]])
+            if video is not None:
+                video.capture()
             if "episode" in info:
                 returns.append(float(info["episode"]["r"]))
+                if video is not None:
+                    video.close()
+                    print(f"[beast] wrote {video.path}", flush=True)
+                    video = None
                 print(
                     f"[beast] episode {len(returns)}/{config.num_test_episodes}: return"
                     f" {returns[-1]:.2f}, {int(info['episode']['l'])} steps",
