@@ -17,7 +17,8 @@ def test_atari_episode_frames_are_written_as_mp4(tmp_path):
         env.step(env.action_space.sample())
         video.capture()
     video.close()
-    frames = list(imageio.get_reader(path))
+    # The reader reports an unknown (infinite) length, so list() would over-allocate.
+    frames = [frame for frame in imageio.get_reader(path)]
     assert len(frames) == 12
     assert frames[0].shape == (210, 160, 3)  # the emulator's RGB screen
 
