@@ -20,8 +20,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))
 _NATIVE = os.path.relpath(_HERE, _ROOT)  # "beast/native"
 
-# Declarations Python may use; kept in step with index_queue.h by hand (cffi's
-# parser cannot read the system headers that file includes).
+# Declarations Python may use; kept in step with index_queue.h and batcher.h by
+# hand (cffi's parser cannot read the system headers those files include).
 _CDEF = """
 enum beast_status {
     BEAST_OK = 0,
@@ -43,16 +43,41 @@ int beast_queue_close(void *mem);
 int beast_queue_size(void *mem, uint32_t *out);
 int beast_queue_capacity(void *mem, uint32_t *out);
 int beast_queue_owner_deaths(void *mem, uint32_t *out);
+
+#define BEAST_BATCHER_MAX_SLOTS ...
+struct beast_batcher_stats {
+    uint64_t posted;
+    uint64_t answered;
+    uint64_t dropped;
+    uint64_t stale;
+};
+
+size_t beast_batcher_nbytes(uint32_t num_groups, uint32_t group_size, uint32_t num_servers);
+int beast_batcher_init(void *mem, size_t nbytes, uint32_t num_groups, uint32_t group_size,
+                       uint32_t num_servers);
+int beast_batcher_sizes(void *mem, uint32_t *num_groups, uint32_t *group_size,
+                        uint32_t *num_servers);
+int beast_batcher_server_groups(void *mem, uint32_t server, uint32_t *lo, uint32_t *hi);
+int beast_batcher_post(void *mem, uint32_t group, uint32_t count);
+int beast_batcher_wait_answered(void *mem, uint32_t group, int64_t timeout_ns);
+int beast_batcher_collect(void *mem, uint32_t server, int64_t *out, uint32_t max_batch,
+                          uint32_t min_batch, int64_t timeout_ns, int64_t window_ns,
+                          uint32_t *n_out);
+int beast_batcher_answer(void *mem, const int64_t *indices, uint32_t n);
+int beast_batcher_reset_group(void *mem, uint32_t group);
+int beast_batcher_pending(void *mem, uint32_t group, uint32_t *out);
+int beast_batcher_close(void *mem);
+int beast_batcher_stats(void *mem, struct beast_batcher_stats *out);
 """
 
 ffibuilder = cffi.FFI()
 ffibuilder.cdef(_CDEF)
 ffibuilder.set_source(
     "beast.native._ext",
-    '#include "index_queue.h"',
-    sources=[os.path.join(_NATIVE, "index_queue.c")],
+    '#include "index_queue.h"\n#include "batcher.h"',
+    sources=[os.path.join(_NATIVE, name) for name in ("index_queue.c", "batcher.c")],
     include_dirs=[_NATIVE],
-    depends=[os.path.join(_NATIVE, "index_queue.h")],
+    depends=[os.path.join(_NATIVE, name) for name in ("index_queue.h", "batcher.h")],
     extra_compile_args=["-O2", "-Wall", "-Wextra"],
     libraries=["pthread"],
     # What setuptools picks anyway; the direct build then writes the same
