@@ -101,6 +101,12 @@ class Config:
         None, "torch intra-op threads in the learner. Default: CPU count."
     )
     disable_cuda: bool = _flag(False, "Learn on the CPU even when a GPU is present.")
+    precision: str = _flag(
+        "fp32",
+        "Learner forward pass: fp32, or bf16 autocast (about 2x cheaper conv learner steps on"
+        " CPUs with AVX512-BF16; the loss stays fp32).",
+        choices=("fp32", "bf16"),
+    )
 
     # Model.
     model: str = _flag(

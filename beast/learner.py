@@ -85,6 +85,7 @@ class Learner:
         max_nonfinite_updates: int,
         on_update: Callable[[UpdateStats], None],
         progress: TrainingProgress | None = None,
+        precision: str = "fp32",
     ) -> None:
         self.model = model
         self.actor_model = actor_model
@@ -97,6 +98,7 @@ class Learner:
         self.total_steps = total_steps
         self.grad_norm_clipping = grad_norm_clipping
         self.max_nonfinite_updates = max_nonfinite_updates
+        self.bf16 = precision == "bf16"
         self.on_update = on_update
         self.progress = progress or TrainingProgress()
         self._consecutive_nonfinite = 0
@@ -195,8 +197,10 @@ class Learner:
     def _update(self, batch: dict[str, torch.Tensor]) -> UpdateStats:
         """One optimizer step on one batch; caller holds the lock."""
         self.model.train()
-        outputs, _ = self.model(batch, self.buffers.core_state(batch))
-        loss = self.loss_fn(outputs._asdict(), batch)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            outputs, _ = self.model(batch, self.buffers.core_state(batch))
+        # V-trace and the losses run in float32 whatever the forward pass used.
+        loss = self.loss_fn({k: v.float() for k, v in outputs._asdict().items()}, batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.total_loss.backward()
         # clip_grad_norm_ with an infinite bound just measures the norm.

@@ -213,6 +213,7 @@ def train(config: Config) -> None:
         grad_norm_clipping=config.grad_norm_clipping,
         num_learner_threads=config.num_learner_threads,
         max_nonfinite_updates=config.max_nonfinite_updates,
+        precision=config.precision,
         on_update=log.record,
         progress=progress,
     )
