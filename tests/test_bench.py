@@ -173,3 +173,37 @@ def test_cli_rejects_bad_flags(argv, capsys):
         bench.main(argv)
     assert exit_info.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_cli_learner_part_appends_a_results_section(tmp_path, capsys):
+    results = tmp_path / "RESULTS.md"
+    argv = [
+        "throughput",
+        "--env",
+        "CartPole-v1",
+        "--parts",
+        "learner",
+        "--unroll_length",
+        "4",
+        "--batch_size",
+        "2",
+        "--repeats",
+        "2",
+        "--learner_steps",
+        "1",
+        "--threads",
+        "1",
+        "--variants",
+        "fp32,bf16",
+        "--write_results",
+        "--results",
+        str(results),
+    ]
+    bench.main(argv)
+    bench.main(argv)
+    text = results.read_text()
+    assert text.startswith("# Measured throughput") and text.count("# Measured") == 1
+    assert text.count(": throughput\n") == 2  # one dated section per run
+    assert "Command: `python -m beast.bench throughput --env CartPole-v1" in text
+    assert "| learner fp32, 1 thread(s)" in text and "| learner bf16, 1 thread(s)" in text
+    assert "machine: " in capsys.readouterr().out
