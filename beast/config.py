@@ -98,14 +98,17 @@ class Config:
         1, "Learner threads (the optimizer step is serialised by a lock)."
     )
     num_threads: int | None = _flag(
-        None, "torch intra-op threads in the learner. Default: CPU count."
+        None,
+        "torch intra-op threads in the learner. Default: CPU count, but 1 for a bf16 learner on"
+        " a CPU whose cores the actors fill (its kernels stall when a thread loses its core).",
     )
     disable_cuda: bool = _flag(False, "Learn on the CPU even when a GPU is present.")
     precision: str = _flag(
-        "fp32",
+        "auto",
         "Learner forward pass: fp32, or bf16 autocast (about 2x cheaper conv learner steps on"
-        " CPUs with AVX512-BF16; the loss stays fp32).",
-        choices=("fp32", "bf16"),
+        " CPUs with AVX512-BF16; the loss stays fp32); auto: bf16 for image models where bf16"
+        " is native (AVX512-BF16 or AMX CPU, bf16 GPU), else fp32.",
+        choices=("auto", "fp32", "bf16"),
     )
 
     # Model.

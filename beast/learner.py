@@ -137,7 +137,8 @@ class Learner:
         self._stop.set()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.ident is not None:  # started
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def _run(self, loop: Callable[[], None]) -> None:
         try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import multiprocessing as mp
+import os
 import signal
 import time
 import traceback
@@ -132,16 +133,54 @@ def _open_run_log(config: Config) -> RunLog:
         ) from error
 
 
+def select_precision(config: Config, device: torch.device, spec: envs.EnvSpec) -> str:
+    """The learner's precision, "fp32" or "bf16", with --precision auto resolved.
+
+    auto picks bf16 for image models where bf16 is native. Emulated bf16 (an older
+    CPU) is slower than fp32, and so is a few-millisecond MLP update, where the casts
+    cost more than the matmuls save. On a 2-core AVX512-BF16 EPYC, bf16 cut the
+    AtariNet update (T=80, B=8) from 909 to 413 ms at 1 thread, with gradients within
+    1.4% of fp32's (cosine 0.9999); see benchmarks/RESULTS.md.
+    """
+    if config.precision != "auto":
+        return config.precision
+    if len(spec.obs_shape) != 3:
+        return "fp32"
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return "bf16" if native else "fp32"
+
+
+def learner_threads(config: Config, device: torch.device, precision: str) -> int | None:
+    """torch intra-op threads for the learner; None keeps torch's default (CPU count).
+
+    A CPU bf16 learner gets 1 thread when the actors already fill the cores: its
+    oneDNN kernels stall each time one of their threads is preempted. On 2 cores with
+    2 actors, a 2-thread bf16 update went from 206 ms alone to 0.4-5.6 s beside the
+    actors, a 1-thread one from 334 to 447 ms; end to end, 1 thread gave 1,339-1,381
+    steps/s and 2 threads 1,118-1,231 (benchmarks/RESULTS.md).
+    """
+    if config.num_threads:
+        return config.num_threads
+    cores = len(os.sched_getaffinity(0))
+    if device.type == "cpu" and precision == "bf16" and config.num_actors >= cores:
+        return 1
+    return None
+
+
 def train(config: Config) -> None:
     """Train until total_steps; returns normally after a clean shutdown."""
     torch.manual_seed(config.seed)
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
     probe = envs.make(config.env, seed=config.seed, episodic_life=config.episodic_life)
     spec = envs.env_spec(probe)
     probe.close()
 
     device = select_device(config)
+    precision = select_precision(config, device, spec)
+    num_threads = learner_threads(config, device, precision)
+    if num_threads:
+        torch.set_num_threads(num_threads)
     model = build_run_model(config, spec).to(device)
     optimizer = _optimizer(config, model)
     scheduler = _scheduler(config, optimizer)
@@ -213,7 +252,7 @@ def train(config: Config) -> None:
         grad_norm_clipping=config.grad_norm_clipping,
         num_learner_threads=config.num_learner_threads,
         max_nonfinite_updates=config.max_nonfinite_updates,
-        precision=config.precision,
+        precision=precision,
         on_update=log.record,
         progress=progress,
     )
@@ -241,7 +280,8 @@ def train(config: Config) -> None:
         f"run {config.xpid} in {config.run_dir}: env {config.env} (obs {spec.obs_shape}"
         f" {spec.obs_dtype}, {spec.num_actions} actions), {config.num_actors} actors x"
         f" {config.num_envs_per_actor} envs, {config.num_buffers} rollout slots"
-        f" ({buffers.nbytes() / 2**20:.0f} MiB), learner on {device}"
+        f" ({buffers.nbytes() / 2**20:.0f} MiB), learner on {device} in {precision}"
+        f" with {torch.get_num_threads()} thread(s)"
     )
     if progress.step >= config.total_steps:
         log.print(f"already at total_steps {config.total_steps:,}; raise --total_steps to go on")
