@@ -32,7 +32,6 @@ import copy
 import datetime
 import functools
 import math
-import multiprocessing as mp
 import os
 import platform
 import queue
@@ -534,11 +533,8 @@ def measure_acting(
             except QueueClosed:
                 return
 
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["beast.actor"])
     # The runner's actor pool, with no restarts: a failed actor fails the benchmark.
     actors = ActorPool(
-        ctx=ctx,
         settings=ActorSettings(
             env=env,
             seed=seed,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -287,10 +286,7 @@ def train(config: Config) -> None:
         log.print(f"already at total_steps {config.total_steps:,}; raise --total_steps to go on")
         log.close()
         return
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["beast.actor"])
     actors = ActorPool(
-        ctx=ctx,
         settings=ActorSettings(
             env=config.env,
             seed=config.seed,

@@ -38,7 +38,6 @@ class ActorPool:
     def __init__(
         self,
         *,
-        ctx: mp.context.BaseContext,
         settings: ActorSettings,
         buffers: RolloutBuffers,
         model: torch.nn.Module,
@@ -46,7 +45,10 @@ class ActorPool:
         max_restarts: int,
         log: Callable[[str], None],
     ) -> None:
-        self.ctx = ctx
+        # Actors fork from a server process that imported beast.actor (and torch)
+        # once: fast restarts, and no fork of the multi-threaded learner process.
+        self.ctx = mp.get_context("forkserver")
+        self.ctx.set_forkserver_preload(["beast.actor"])
         self.settings = settings
         self.buffers = buffers
         self.model = model

@@ -24,54 +24,17 @@ import torch
 
 from beast.native import Batcher, BatcherStats, IndexQueue, PyBatcher, QueueClosed
 
+# Every test here blocks in native code: a hang must fail, not stall the suite.
+pytestmark = pytest.mark.usefixtures("watchdog")
+
 IMPLS = [Batcher, PyBatcher]
 # Seconds before the watchdog fails a test; a spawned child alone needs ~3 s
 # to import torch on a loaded 2-core machine.
-WATCHDOG_SECONDS = 30
 # Generous bound for "promptly": wakes take microseconds, but CI machines
 # deschedule processes for hundreds of milliseconds.
 PROMPT_SECONDS = 1.0
 # How long an actor that must NOT be woken is watched before we believe it.
 ASLEEP_SECONDS = 0.2
-
-
-@pytest.fixture(autouse=True)
-def watchdog():
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"test still running after {WATCHDOG_SECONDS} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(WATCHDOG_SECONDS)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
-
-@pytest.fixture
-def processes():
-    """Children started by a test; any still alive at teardown are killed."""
-    started = []
-    yield started
-    for process in started:
-        if process.is_alive():
-            process.kill()
-        process.join(5)
-
-
-@pytest.fixture(scope="module")
-def forkserver():
-    ctx = mp.get_context("forkserver")
-    # Children fork from a server that already imported torch: ~30 ms per
-    # child instead of ~2 s (only effective if the server is not yet running).
-    ctx.set_forkserver_preload(["torch", "beast.native"])
-    return ctx
-
-
-def _start(processes, ctx, target, *args, name):
-    process = ctx.Process(target=target, args=args, name=name, daemon=True)
-    process.start()
-    processes.append(process)
-    return process
 
 
 def _wait_until_asleep(pid=None, tid=None):
@@ -599,9 +562,7 @@ def test_actor_processes_and_two_server_threads(processes, forkserver):
     for thread in servers:
         thread.start()
     for g in range(num_actors):
-        _start(
-            processes, forkserver, _actor, b, g, obs, actions, rounds, g, done, name=f"actor-{g}"
-        )
+        processes.start(forkserver, _actor, b, g, obs, actions, rounds, g, done, name=f"actor-{g}")
     try:
         finished = sorted(done.get(timeout=20) for _ in range(num_actors))
     finally:
@@ -685,7 +646,7 @@ def test_actor_in_a_child_process_is_served(method, processes, forkserver):
     obs = torch.zeros(b.num_slots, dtype=torch.int64).share_memory_()
     actions = torch.zeros(b.num_slots, dtype=torch.int64).share_memory_()
     done = IndexQueue(1)
-    child = _start(processes, ctx, _actor, b, 1, obs, actions, 50, 0, done, name=f"actor-{method}")
+    child = processes.start(ctx, _actor, b, 1, obs, actions, 50, 0, done, name=f"actor-{method}")
     served = 0
     while done.qsize() == 0:
         indices = b.collect(0, 6, min_batch=1, timeout=0.05)
@@ -703,8 +664,8 @@ def test_actor_in_a_child_process_is_served(method, processes, forkserver):
 def test_close_wakes_an_actor_and_a_server_in_other_processes(processes, forkserver):
     b = Batcher(2, 1, num_servers=2)
     ready, woken = IndexQueue(2), IndexQueue(2)
-    actor = _start(processes, forkserver, _post_and_wait, b, 0, ready, woken, name="actor")
-    server = _start(processes, forkserver, _collect_until_closed, b, 1, ready, woken, name="srv")
+    actor = processes.start(forkserver, _post_and_wait, b, 0, ready, woken, name="actor")
+    server = processes.start(forkserver, _collect_until_closed, b, 1, ready, woken, name="srv")
     for _ in range(2):
         ready.get(timeout=20)
     _wait_until_asleep(pid=actor.pid)
@@ -724,7 +685,7 @@ def test_actor_killed_mid_request_neither_hangs_the_server_nor_misleads_its_succ
 
     # Killed with its requests READY: reset drops them; the server sleeps
     # on, undisturbed, and times out instead of waiting for the dead actor.
-    doomed = _start(processes, forkserver, _post_and_wait, b, 0, ready, woken, name="doomed-0")
+    doomed = processes.start(forkserver, _post_and_wait, b, 0, ready, woken, name="doomed-0")
     ready.get(timeout=20)
     _wait_until_asleep(pid=doomed.pid)
     doomed.kill()
@@ -734,7 +695,7 @@ def test_actor_killed_mid_request_neither_hangs_the_server_nor_misleads_its_succ
 
     # Killed with its requests TAKEN: the late answer is ignored, and the
     # successor is woken by its own answer only.
-    doomed = _start(processes, forkserver, _post_and_wait, b, 0, ready, woken, name="doomed-1")
+    doomed = processes.start(forkserver, _post_and_wait, b, 0, ready, woken, name="doomed-1")
     ready.get(timeout=20)
     old_batch = b.collect(0, 4, min_batch=1, timeout=5)
     assert old_batch.tolist() == [0, 1]
@@ -742,7 +703,7 @@ def test_actor_killed_mid_request_neither_hangs_the_server_nor_misleads_its_succ
     doomed.kill()
     doomed.join(5)
     b.reset_group(0)
-    successor = _start(processes, forkserver, _post_and_wait, b, 0, ready, woken, name="heir")
+    successor = processes.start(forkserver, _post_and_wait, b, 0, ready, woken, name="heir")
     ready.get(timeout=20)
     _wait_until_asleep(pid=successor.pid)
     b.answer(old_batch)

@@ -21,54 +21,17 @@ import pytest
 
 from beast.native import IndexQueue, PyIndexQueue, QueueClosed
 
+# Every test here blocks in native code: a hang must fail, not stall the suite.
+pytestmark = pytest.mark.usefixtures("watchdog")
+
 IMPLS = [IndexQueue, PyIndexQueue]
 # Seconds before the watchdog fails a test; a spawned child alone needs ~3 s
 # to import torch on a loaded 2-core machine.
-WATCHDOG_SECONDS = 30
 # Generous bound for "promptly": wakes take microseconds, but CI machines
 # deschedule processes for hundreds of milliseconds.
 PROMPT_SECONDS = 1.0
 # Marks the end of the work for a forwarding worker.
 SENTINEL = -1
-
-
-@pytest.fixture(autouse=True)
-def watchdog():
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"test still running after {WATCHDOG_SECONDS} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(WATCHDOG_SECONDS)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
-
-@pytest.fixture
-def processes():
-    """Children started by a test; any still alive at teardown are killed."""
-    started = []
-    yield started
-    for process in started:
-        if process.is_alive():
-            process.kill()
-        process.join(5)
-
-
-@pytest.fixture(scope="module")
-def forkserver():
-    ctx = mp.get_context("forkserver")
-    # Children fork from a server that already imported torch: ~30 ms per
-    # child instead of ~2 s (only effective if the server is not yet running).
-    ctx.set_forkserver_preload(["torch", "beast.native"])
-    return ctx
-
-
-def _start(processes, ctx, target, *args, name):
-    process = ctx.Process(target=target, args=args, name=name, daemon=True)
-    process.start()
-    processes.append(process)
-    return process
 
 
 def _state(stat_path):
@@ -367,7 +330,7 @@ def test_missing_extension_says_how_to_build(monkeypatch):
 def test_put_and_get_across_a_child_process(method, processes, forkserver):
     ctx = forkserver if method == "forkserver" else mp.get_context(method)
     to_child, from_child = IndexQueue(8), IndexQueue(8)
-    _start(processes, ctx, _forward, to_child, from_child, 20, name=f"forwarder-{method}")
+    processes.start(ctx, _forward, to_child, from_child, 20, name=f"forwarder-{method}")
     received = []
     for index in range(20):
         to_child.put(index)
@@ -379,7 +342,7 @@ def test_put_and_get_across_a_child_process(method, processes, forkserver):
 
 def test_close_wakes_a_getter_blocked_in_another_process(processes, forkserver):
     q, ready, woken = IndexQueue(1), IndexQueue(1), IndexQueue(1)
-    child = _start(processes, forkserver, _report_close, q, ready, woken, name="closed-getter")
+    child = processes.start(forkserver, _report_close, q, ready, woken, name="closed-getter")
     ready.get(timeout=20)
     _wait_until_asleep(pid=child.pid)
     q.close()
@@ -406,7 +369,7 @@ def test_many_producers_and_consumers_lose_and_duplicate_nothing(
             consumer.start()
     else:
         consumers = [
-            _start(processes, forkserver, _forward_until_sentinel, src, dst, name=f"consumer-{i}")
+            processes.start(forkserver, _forward_until_sentinel, src, dst, name=f"consumer-{i}")
             for i in range(2)
         ]
     # Two producers interleave their puts with the consumers' gets.
@@ -430,7 +393,7 @@ def test_many_producers_and_consumers_lose_and_duplicate_nothing(
 
 def test_child_killed_while_waiting_does_not_block_survivors(processes, forkserver):
     q, ready = IndexQueue(4), IndexQueue(1)
-    child = _start(processes, forkserver, _block_in_get, q, ready, name="doomed-getter")
+    child = processes.start(forkserver, _block_in_get, q, ready, name="doomed-getter")
     ready.get(timeout=20)
     _wait_until_asleep(pid=child.pid)
     child.kill()
@@ -464,7 +427,7 @@ def test_child_killed_holding_the_lock_is_recovered(processes, forkserver):
     q = IndexQueue(8)
     for index in range(8):
         q.put(index)
-    child = _start(processes, forkserver, _churn, q, name="churner")
+    child = processes.start(forkserver, _churn, q, name="churner")
     stat = f"/proc/{child.pid}/stat"
     deadline = time.monotonic() + 10
     while True:
