@@ -51,7 +51,7 @@ from torch import nn
 from beast import envs
 from beast.actor import ActorSettings
 from beast.algos.impala import impala_loss
-from beast.buffers import Field, RolloutBuffers, rollout_spec
+from beast.buffers import Field, RolloutBuffers, core_state_shapes, rollout_spec
 from beast.models import build_model
 from beast.native import QueueClosed
 from beast.supervisor import ActorPool
@@ -409,7 +409,7 @@ def measure_learner(
             device=device,
             seed=seed,
         )
-        core_shapes = [s.shape[:1] + s.shape[2:] for s in step.model.initial_state(1)]
+        core_shapes = core_state_shapes(step.model.initial_state(1))
         spec = rollout_spec(
             unroll_length=unroll_length,
             obs_shape=obs_shape,
@@ -501,7 +501,7 @@ def measure_acting(
     num_buffers = num_buffers or 2 * slots_held
     if num_buffers < slots_held:
         raise ValueError(f"num_buffers must be >= num_actors * num_envs_per_actor ({slots_held})")
-    core_shapes = [s.shape[:1] + s.shape[2:] for s in actor_model.initial_state(1)]
+    core_shapes = core_state_shapes(actor_model.initial_state(1))
     buffers = RolloutBuffers(
         rollout_spec(
             unroll_length=unroll_length,

@@ -37,7 +37,7 @@ import torch
 
 from beast.native import IndexQueue
 
-__all__ = ["Field", "rollout_spec", "RolloutBuffers", "core_state_key"]
+__all__ = ["Field", "rollout_spec", "RolloutBuffers", "core_state_key", "core_state_shapes"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,15 @@ class Field:
 
 def core_state_key(i: int) -> str:
     return f"core_state_{i}"
+
+
+def core_state_shapes(initial_state: Sequence[torch.Tensor]) -> list[tuple[int, ...]]:
+    """Per-env shapes of a model's recurrent state, for `rollout_spec`.
+
+    `initial_state` is the model's `initial_state(batch_size)`; each tensor has
+    its batch dim at index 1, which a slot (one env) does not store.
+    """
+    return [tuple(s.shape[:1] + s.shape[2:]) for s in initial_state]
 
 
 def rollout_spec(

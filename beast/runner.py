@@ -28,7 +28,7 @@ import torch
 from beast import envs
 from beast.actor import ActorSettings
 from beast.algos.impala import impala_loss
-from beast.buffers import RolloutBuffers, rollout_spec
+from beast.buffers import RolloutBuffers, core_state_shapes, rollout_spec
 from beast.checkpoint import (
     CheckpointError,
     has_checkpoint,
@@ -209,7 +209,7 @@ def train(config: Config) -> None:
     actor_model.share_memory()
     actor_model.eval()
 
-    core_shapes = [s.shape[:1] + s.shape[2:] for s in actor_model.initial_state(1)]
+    core_shapes = core_state_shapes(actor_model.initial_state(1))
     buffers = RolloutBuffers(
         rollout_spec(
             unroll_length=config.unroll_length,
