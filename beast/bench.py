@@ -52,6 +52,7 @@ from beast import envs
 from beast.actor import ActorSettings
 from beast.algos.impala import impala_loss
 from beast.buffers import Field, RolloutBuffers, core_state_shapes, rollout_spec
+from beast.learner import compute_gradients, copy_weights
 from beast.models import build_model
 from beast.native import QueueClosed
 from beast.supervisor import ActorPool
@@ -286,19 +287,18 @@ class LearnerStep:
         Leaves the gradients, clipped to `max_norm`, in the parameters' `.grad`;
         returns the loss statistics and the gradient norm before clipping.
         """
-        self.model.train()
-        with (
-            self._compile_settings(),
-            torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.variant.bf16),
-        ):
-            outputs, _ = self.forward(batch, tuple(core_state))
-        # The loss in float32 whatever the forward ran in: V-trace's exponentiated
-        # log-ratios and discounted sums over 80 steps would lose too much in bf16.
-        loss = self.loss_fn({k: v.float() for k, v in outputs._asdict().items()}, batch)
-        self.optimizer.zero_grad(set_to_none=True)
         with self._compile_settings():
-            loss.total_loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            loss, grad_norm = compute_gradients(
+                self.forward,
+                self.loss_fn,
+                self.model,
+                self.optimizer,
+                batch,
+                tuple(core_state),
+                grad_norm_clipping=max_norm,
+                bf16=self.variant.bf16,
+                device_type=self.device.type,
+            )
         losses = {key: float(value) for key, value in loss.stats.items()}
         return losses, float(grad_norm)
 
@@ -317,13 +317,7 @@ class LearnerStep:
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
             raise RuntimeError("an optimizer step made the weights non-finite")
         self.scheduler.step()
-        with torch.no_grad():
-            for shared, own in zip(
-                self.actor_model.state_dict().values(),
-                self.model.state_dict().values(),
-                strict=True,
-            ):
-                shared.copy_(own)
+        copy_weights(self.actor_model, self.model)
         return losses
 
     def timed(

@@ -33,7 +33,14 @@ from torch import nn
 from beast.buffers import RolloutBuffers
 from beast.native import QueueClosed
 
-__all__ = ["Learner", "NonFiniteError", "TrainingProgress", "UpdateStats"]
+__all__ = [
+    "Learner",
+    "NonFiniteError",
+    "TrainingProgress",
+    "UpdateStats",
+    "compute_gradients",
+    "copy_weights",
+]
 
 # How often blocked threads look at the stop flag.
 _POLL_SECONDS = 0.2
@@ -65,6 +72,45 @@ class UpdateStats:
 
 
 LossFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], Any]
+
+
+def compute_gradients(
+    forward: Callable[..., Any],
+    loss_fn: LossFn,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Mapping[str, torch.Tensor],
+    core_state: tuple[torch.Tensor, ...],
+    *,
+    grad_norm_clipping: float,
+    bf16: bool,
+    device_type: str,
+) -> tuple[Any, torch.Tensor]:
+    """The first half of an update: forward, loss, backward, gradient clipping.
+
+    `forward` is the model or a wrapper of it (the benchmark passes a compiled
+    one). The forward pass may run under bf16 autocast; V-trace and the losses
+    always run in float32. Leaves clipped gradients in `.grad`; returns the
+    LossOutput and the gradient norm before clipping (0 disables clipping).
+    """
+    model.train()
+    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+        outputs, _ = forward(batch, core_state)
+    loss = loss_fn({k: v.float() for k, v in outputs._asdict().items()}, batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss.total_loss.backward()
+    # clip_grad_norm_ with an infinite bound just measures the norm.
+    max_norm = grad_norm_clipping if grad_norm_clipping > 0 else float("inf")
+    return loss, nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+
+def copy_weights(destination: nn.Module, source: nn.Module) -> None:
+    """Copy `source`'s weights into `destination` in place (shared memory stays shared)."""
+    with torch.no_grad():
+        for shared, own in zip(
+            destination.state_dict().values(), source.state_dict().values(), strict=True
+        ):
+            shared.copy_(own)
 
 
 class Learner:
@@ -197,16 +243,17 @@ class Learner:
 
     def _update(self, batch: dict[str, torch.Tensor]) -> UpdateStats:
         """One optimizer step on one batch; caller holds the lock."""
-        self.model.train()
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            outputs, _ = self.model(batch, self.buffers.core_state(batch))
-        # V-trace and the losses run in float32 whatever the forward pass used.
-        loss = self.loss_fn({k: v.float() for k, v in outputs._asdict().items()}, batch)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.total_loss.backward()
-        # clip_grad_norm_ with an infinite bound just measures the norm.
-        max_norm = self.grad_norm_clipping if self.grad_norm_clipping > 0 else float("inf")
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        loss, grad_norm = compute_gradients(
+            self.model,
+            self.loss_fn,
+            self.model,
+            self.optimizer,
+            batch,
+            self.buffers.core_state(batch),
+            grad_norm_clipping=self.grad_norm_clipping,
+            bf16=self.bf16,
+            device_type=self.device.type,
+        )
         finite = bool(torch.isfinite(loss.total_loss.detach())) and bool(torch.isfinite(grad_norm))
         if finite:
             self._consecutive_nonfinite = 0
@@ -252,10 +299,4 @@ class Learner:
 
     def publish_weights(self) -> None:
         """Copy the learner's weights into the actors' shared-memory model, in place."""
-        with torch.no_grad():
-            for shared, own in zip(
-                self.actor_model.state_dict().values(),
-                self.model.state_dict().values(),
-                strict=True,
-            ):
-                shared.copy_(own, non_blocking=False)
+        copy_weights(self.actor_model, self.model)
