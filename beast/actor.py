@@ -1,12 +1,17 @@
 """Actor processes: K environments stepped in a for-loop, one batched policy call.
 
 Each actor owns K environments and K rollout slots at a time. Per step it
-runs ONE forward pass of its local CPU model over all K observations
-(batching is what makes a CPU forward pass cheap per sample), steps the K
-environments, and writes step t of env k into slot k. The model's weights
-live in shared memory and are overwritten in place by the learner after
-every update, so an actor always acts with recent weights without any
-message passing.
+asks its policy for K actions at once, steps the K environments, and
+writes step t of env k into slot k. Two policies (beast/inference.py):
+
+- local: ONE forward pass of the actor's own CPU model over all K
+  observations (batching is what makes a CPU forward pass cheap per
+  sample). The model's weights live in shared memory and are overwritten
+  in place by the learner after every update, so an actor always acts with
+  recent weights without any message passing.
+- central: the actor posts its K inputs to the shared request table and
+  sleeps until an inference thread of the learner process has answered
+  them, batched with other actors' requests.
 
 Actors ignore SIGINT: Ctrl-C reaches the whole process group, and shutdown
 is the learner's job (it closes the queues, which wakes and stops actors).
@@ -20,6 +25,7 @@ decides whether to replace the actor.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import queue
@@ -30,13 +36,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from torch import nn
 
 from beast import envs
 from beast.buffers import RolloutBuffers, core_state_key
+from beast.inference import CentralPolicy, InferenceTable, LocalPolicy
 from beast.native import QueueClosed
 
-__all__ = ["ActorSettings", "ERROR_BOARD_BYTES", "run_actor", "sample_actions"]
+__all__ = ["ActorSettings", "ERROR_BOARD_BYTES", "run_actor"]
 
 # How often a blocked actor checks that the learner still exists.
 _PARENT_CHECK_SECONDS = 1.0
@@ -55,13 +62,6 @@ class ActorSettings:
     num_envs: int
     unroll_length: int
     episodic_life: bool
-
-
-def sample_actions(policy_logits: torch.Tensor) -> torch.Tensor:
-    """Sample one action per row: logits [..., A] float -> actions [...] int64."""
-    flat = policy_logits.reshape(-1, policy_logits.shape[-1])
-    actions = torch.multinomial(F.softmax(flat, dim=-1), num_samples=1)
-    return actions.view(policy_logits.shape[:-1])
 
 
 def _learner_alive(pid: int) -> bool:
@@ -147,16 +147,20 @@ def run_actor(
     incarnation: int,
     settings: ActorSettings,
     buffers: RolloutBuffers,
-    model: torch.nn.Module,
+    policy_source: nn.Module | InferenceTable,
     learner_pid: int,
     error_board: torch.Tensor,
 ) -> None:
-    """Process entry point. Exits 0 on shutdown, 1 after posting its error."""
+    """Process entry point. Exits 0 on shutdown, 1 after posting its error.
+
+    policy_source: the shared-memory model (local policy) or the request
+    table of the learner's inference server (central policy).
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     torch.manual_seed(settings.seed * 7919 + actor_index + incarnation * _INCARNATION_SEED_STRIDE)
     try:
-        _act(actor_index, incarnation, settings, buffers, model, learner_pid)
+        _act(actor_index, incarnation, settings, buffers, policy_source, learner_pid)
     except Exception:
         report = traceback.format_exc().encode("utf-8")[-(ERROR_BOARD_BYTES - 1) :]
         row = error_board[actor_index]
@@ -170,20 +174,25 @@ def _act(
     incarnation: int,
     settings: ActorSettings,
     buffers: RolloutBuffers,
-    model: torch.nn.Module,
+    policy_source: nn.Module | InferenceTable,
     learner_pid: int,
 ) -> None:
     k, unroll_length = settings.num_envs, settings.unroll_length
     env_batch = _EnvBatch(settings, actor_index, incarnation)
+    if isinstance(policy_source, InferenceTable):
+        alive = functools.partial(_learner_alive, learner_pid)
+        policy = CentralPolicy(policy_source, actor_index, alive)
+    else:
+        policy = LocalPolicy(policy_source, k)
     # Rollout ids: this process's pid in the high bits, a counter in the low ones.
     rollout_ids = torch.arange(k, dtype=torch.int64) + (os.getpid() << 32)
     fields = buffers.tensors
     # Tensor views of the env batch's numpy arrays: no copies when building inputs.
     inputs = {
-        "obs": torch.from_numpy(env_batch.obs).unsqueeze(0),
-        "reward": torch.from_numpy(env_batch.reward).unsqueeze(0),
-        "done": torch.from_numpy(env_batch.done).unsqueeze(0),
-        "last_action": torch.zeros((1, k), dtype=torch.int64),
+        "obs": torch.from_numpy(env_batch.obs),
+        "reward": torch.from_numpy(env_batch.reward),
+        "done": torch.from_numpy(env_batch.done),
+        "last_action": torch.zeros(k, dtype=torch.int64),
     }
     env_outputs = {
         "episode_end": torch.from_numpy(env_batch.episode_end),
@@ -191,39 +200,32 @@ def _act(
         "episode_step": torch.from_numpy(env_batch.episode_step),
     }
 
-    state_in = model.initial_state(k)
-    with torch.no_grad():
-        output, state_out = model(inputs, state_in)
-    action = sample_actions(output.policy_logits)
-
     def write_step(slots: torch.Tensor, t: int) -> None:
         for key, value in inputs.items():
-            fields[key][slots, t] = value[0]
+            fields[key][slots, t] = value
         for key, value in env_outputs.items():
             fields[key][slots, t] = value
-        fields["action"][slots, t] = action[0]
-        fields["policy_logits"][slots, t] = output.policy_logits[0]
-        fields["baseline"][slots, t] = output.baseline[0]
+        fields["action"][slots, t] = step.action
+        fields["policy_logits"][slots, t] = step.policy_logits
+        fields["baseline"][slots, t] = step.baseline
         fields["rollout_id"][slots, t] = rollout_ids
 
     try:
+        step = policy.act(inputs)
         while True:
             slot_list = _take_free_slots(buffers, k, actor_index, learner_pid)
             if slot_list is None:
                 return
             slots = torch.tensor(slot_list, dtype=torch.int64)
             # The state that produced step 0's output: the learner replays
-            # step 0 from it. State tensors are [d0, K, ...]; slots store [d0, ...].
-            for i, tensor in enumerate(state_in):
-                fields[core_state_key(i)][slots] = tensor.transpose(0, 1)
+            # step 0 from it. Policies give it per env, [K, d0, ...], as slots store it.
+            for i, tensor in enumerate(policy.state):
+                fields[core_state_key(i)][slots] = tensor
             write_step(slots, 0)
             for t in range(1, unroll_length + 1):
-                inputs["last_action"].copy_(action)
-                env_batch.step(action[0].numpy())
-                state_in = state_out
-                with torch.no_grad():
-                    output, state_out = model(inputs, state_in)
-                action = sample_actions(output.policy_logits)
+                inputs["last_action"].copy_(step.action)
+                env_batch.step(step.action.numpy())
+                step = policy.act(inputs)
                 write_step(slots, t)
             for slot in slot_list:
                 buffers.slot_owner[slot] = -1

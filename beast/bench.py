@@ -1,6 +1,15 @@
 """Throughput of each stage of a run, measured alone and together, in one sitting.
 
     python -m beast.bench throughput --env PongNoFrameskip-v4 --repeats 3 --write_results
+    python -m beast.bench inference --env PongNoFrameskip-v4 --repeats 3 --write_results
+
+`inference` compares the two policy modes (beast/inference.py): env only; acting with
+central and with local inference, first with `TrivialPolicy` (a forward pass that costs
+nothing, so the ratio to env only is what the engine adds) and then with the real model;
+one request's round trip through CentralPolicy, the Batcher and an idle inference
+thread (p50, p99); and monobeast end to end with each `--policy`.
+
+`throughput`:
 
 One run measures, repeat after repeat, one after the other on the same machine:
 
@@ -52,8 +61,9 @@ from beast import envs
 from beast.actor import ActorSettings
 from beast.algos.impala import impala_loss
 from beast.buffers import Field, RolloutBuffers, core_state_shapes, rollout_spec
+from beast.inference import CentralPolicy, InferenceServer, InferenceTable
 from beast.learner import compute_gradients, copy_weights
-from beast.models import build_model
+from beast.models import AgentOutput, build_model
 from beast.native import QueueClosed
 from beast.supervisor import ActorPool
 
@@ -67,7 +77,9 @@ __all__ = [
     "PrecisionCheck",
     "compare_precision",
     "machine_summary",
+    "TrivialPolicy",
     "measure_acting",
+    "measure_inference_latency",
     "measure_learner",
     "synthetic_batch",
 ]
@@ -453,6 +465,8 @@ def measure_acting(
     num_buffers: int | None = None,
     seed: int = 0,
     capture: int = 0,
+    policy: str = "local",
+    inference_timeout_ms: float = 1.0,
 ) -> ActingResult:
     """Agent steps/s of real actor processes with the real model and no learning.
 
@@ -466,7 +480,11 @@ def measure_acting(
 
     Args:
         actor_model: the model to act with (shared memory is set up here); default a
-            fresh `build_model(model, ...)` seeded with `seed`.
+            fresh `build_model(model, ...)` seeded with `seed`. `TrivialPolicy` measures
+            what the engine costs around a forward pass that costs nothing.
+        policy: "local" (each actor runs the model) or "central" (an inference thread
+            here serves the actors, as in a run with --policy central; one server thread,
+            batches of up to all envs, `inference_timeout_ms` batch window).
         num_buffers: rollout slots; default twice the slots the actors hold at a time.
         capture: gather this many full slots into `ActingResult.rollouts`.
 
@@ -527,6 +545,26 @@ def measure_acting(
             except QueueClosed:
                 return
 
+    table = server = None
+    if policy == "central":
+        table = InferenceTable(
+            num_actors=num_actors,
+            num_envs=num_envs_per_actor,
+            obs_shape=spec.obs_shape,
+            obs_dtype=spec.obs_dtype,
+            num_actions=spec.num_actions,
+            initial_state=actor_model.initial_state(1),
+        )
+        server = InferenceServer(
+            table=table,
+            model=copy.deepcopy(actor_model),
+            source=actor_model,
+            device=torch.device("cpu"),
+            max_batch=slots_held,
+            batch_window=inference_timeout_ms / 1000.0,
+        )
+    elif policy != "local":
+        raise ValueError(f"policy must be local or central, got {policy!r}")
     # The runner's actor pool, with no restarts: a failed actor fails the benchmark.
     actors = ActorPool(
         settings=ActorSettings(
@@ -537,7 +575,7 @@ def measure_acting(
             episodic_life=False,
         ),
         buffers=buffers,
-        model=actor_model,
+        policy_source=table if table is not None else actor_model,
         num_actors=num_actors,
         max_restarts=0,
         log=functools.partial(print, file=sys.stderr, flush=True),
@@ -545,23 +583,29 @@ def measure_acting(
     consumer = threading.Thread(target=consume, name="bench-consumer", daemon=True)
     try:
         consumer.start()
+        if server is not None:
+            server.start()
         actors.start()
         deadline = time.perf_counter() + _ACTING_START_TIMEOUT
         while not arrivals:
-            _check_actors(actors)
+            _check_actors(actors, server)
             if time.perf_counter() > deadline:
                 raise RuntimeError(f"no rollout from the actors in {_ACTING_START_TIMEOUT:.0f} s")
             time.sleep(_ACTING_POLL_SECONDS)
         start = arrivals[0] + warmup_seconds
         end = start + seconds
         while time.perf_counter() < end or len(captured) < capture:
-            _check_actors(actors)
+            _check_actors(actors, server)
             time.sleep(_ACTING_POLL_SECONDS)
     finally:
         stop.set()
         buffers.close()
+        if table is not None:
+            table.close()
         consumer.join(_ACTOR_JOIN_SECONDS)
         actors.stop(_ACTOR_JOIN_SECONDS)
+        if server is not None:
+            server.stop(_ACTOR_JOIN_SECONDS)
     # A fixed window: a rollout that straddles either end is counted or not at random,
     # so the estimate is unbiased; its noise is one rollout burst per end.
     done = sum(1 for t in arrivals if start <= t < end)
@@ -573,10 +617,103 @@ def measure_acting(
     return result
 
 
-def _check_actors(actors: ActorPool) -> None:
+def _check_actors(actors: ActorPool, server: InferenceServer | None = None) -> None:
     failure = actors.check()
     if failure:
         raise RuntimeError(failure)
+    if server is not None and server.failed.is_set():
+        raise RuntimeError(f"inference failed: {server.error!r}")
+
+
+class TrivialPolicy(nn.Module):
+    """A policy whose forward pass costs next to nothing: uniform logits, zero baseline.
+
+    With it, acting throughput measures the engine around the model (env stepping,
+    slot writes, and for central inference the request round trips), not the model.
+    """
+
+    def __init__(self, num_actions: int) -> None:
+        super().__init__()
+        self.num_actions = num_actions
+
+    def initial_state(self, batch_size: int, device=None) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    def forward(self, inputs, core_state=()):
+        T, B = inputs["reward"].shape[:2]
+        logits = torch.zeros((T, B, self.num_actions), device=inputs["reward"].device)
+        return AgentOutput(policy_logits=logits, baseline=logits[..., 0]), ()
+
+
+# ---------------------------------------------------------------------------------------
+# Central inference: one request's round trip through the whole stack.
+
+# Unmeasured round trips first: process start-up, page faults, CPU frequency ramp.
+_LATENCY_WARMUP = 500
+
+
+def _latency_actor(table: InferenceTable, total: int, latencies_ns: torch.Tensor) -> None:
+    torch.set_num_threads(1)  # as beast.actor does
+    policy = CentralPolicy(table, 0, lambda: True)
+    k = table.num_envs
+    inputs = {
+        "obs": torch.zeros_like(table.obs[:k]),
+        "reward": torch.zeros(k),
+        "done": torch.zeros(k, dtype=torch.bool),
+        "last_action": torch.zeros(k, dtype=torch.int64),
+    }
+    for i in range(total):
+        start = time.perf_counter_ns()
+        policy.act(inputs)
+        latencies_ns[i] = time.perf_counter_ns() - start
+
+
+def measure_inference_latency(
+    env: str, round_trips: int = 5000, num_envs: int = 1, seed: int = 0
+) -> tuple[float, float]:
+    """p50 and p99 (microseconds) of `CentralPolicy.act` against an idle `InferenceServer`.
+
+    One actor process posts `num_envs` requests of `env`'s observation shape and waits;
+    an inference thread here collects, gathers with index_select, runs `TrivialPolicy`,
+    samples, scatters and answers, as in a run. Everything but the model's cost is in it.
+    """
+    probe = envs.make(env, seed=seed)
+    spec = envs.env_spec(probe)
+    probe.close()
+    model = TrivialPolicy(spec.num_actions)
+    table = InferenceTable(
+        num_actors=1,
+        num_envs=num_envs,
+        obs_shape=spec.obs_shape,
+        obs_dtype=spec.obs_dtype,
+        num_actions=spec.num_actions,
+    )
+    server = InferenceServer(
+        table=table,
+        model=model,
+        source=model,
+        device=torch.device("cpu"),
+        max_batch=num_envs,
+        batch_window=0.0,
+    )
+    total = _LATENCY_WARMUP + round_trips
+    latencies = torch.zeros(total, dtype=torch.int64).share_memory_()
+    ctx = torch.multiprocessing.get_context("forkserver")
+    actor = ctx.Process(target=_latency_actor, args=(table, total, latencies), daemon=True)
+    with torch_threads(1):
+        server.start()
+        try:
+            actor.start()
+            actor.join(_ACTING_START_TIMEOUT + round_trips * 0.01)
+            if actor.exitcode != 0:
+                raise RuntimeError(f"latency actor exited with {actor.exitcode}")
+        finally:
+            if actor.is_alive():
+                actor.kill()
+            table.close()
+            server.stop()
+    measured = latencies[_LATENCY_WARMUP:].double() / 1000.0
+    return float(measured.quantile(0.5)), float(measured.quantile(0.99))
 
 
 # ---------------------------------------------------------------------------------------
@@ -1082,7 +1219,101 @@ def _ratios(args: argparse.Namespace, figures: _Figures) -> list[str]:
     return lines
 
 
-def _write_results(path: Path, command: str, machine: str, loads: str, lines: list[str]) -> None:
+def inference(args: argparse.Namespace) -> list[str]:
+    """Issue 3's figures, interleaved repeats: env only, acting with a trivial policy
+    (central and local), the same with the real model, one request's round trip, and
+    end to end with each policy. Returns the markdown summary."""
+    print(f"machine: {machine_summary()}", flush=True)
+    probe = envs.make(args.env, seed=args.seed)
+    spec = envs.env_spec(probe)
+    probe.close()
+    torch.manual_seed(args.seed)
+    real_model = build_model("auto", spec.obs_shape, spec.num_actions)
+    trivial = TrivialPolicy(spec.num_actions)
+    acting_kinds = [
+        ("central", "trivial", trivial),
+        ("local", "trivial", trivial),
+        ("central", "real", real_model),
+        ("local", "real", real_model),
+    ]
+    env_only: list[float] = []
+    acting: dict[tuple[str, str], list[float]] = {kind[:2]: [] for kind in acting_kinds}
+    end_to_end: dict[str, list[float]] = {"central": [], "local": []}
+    for repeat in range(args.repeats):
+        tag = f"[{repeat + 1}/{args.repeats}]"
+        env_only.append(_run_env_only(args.env, args.num_actors, args.seconds))
+        print(f"{tag} (a) env only, {args.num_actors} procs: {env_only[-1]:,.0f} steps/s")
+        for policy, label, model in acting_kinds:
+            rate = measure_acting(
+                env=args.env,
+                num_actors=args.num_actors,
+                num_envs_per_actor=args.num_envs_per_actor,
+                unroll_length=args.unroll_length,
+                seconds=args.seconds,
+                warmup_seconds=args.warmup,
+                actor_model=model,
+                seed=args.seed,
+                policy=policy,
+                inference_timeout_ms=args.inference_timeout_ms,
+            ).steps_per_second
+            acting[policy, label].append(rate)
+            print(f"{tag} acting, {policy} inference, {label} policy: {rate:,.0f} steps/s")
+        if args.end_to_end_seconds > 0:
+            from benchmarks.monobeast_sps import measure_monobeast_sps
+
+            for policy in end_to_end:
+                flags = ["--num_actors", str(args.num_actors), "--policy", policy]
+                flags += ["--num_envs_per_actor", str(args.num_envs_per_actor)]
+                sps = measure_monobeast_sps(
+                    args.env, args.end_to_end_seconds, args.end_to_end_warmup, flags
+                )
+                end_to_end[policy].append(sps)
+                print(f"{tag} end to end, --policy {policy}: {sps:,.0f} steps/s", flush=True)
+    latency = {
+        k: measure_inference_latency(args.env, args.round_trips, num_envs=k, seed=args.seed)
+        for k in sorted({1, args.num_envs_per_actor})
+    }
+    for k, (p50, p99) in latency.items():
+        print(
+            f"round trip, {k} request(s) per post, idle trivial model: p50 {p50:.0f} us,"
+            f" p99 {p99:.0f} us",
+            flush=True,
+        )
+
+    lines = ["| figure | median | best | runs |", "|---|---|---|---|"]
+    lines.append(_rate_row(f"(a) env only, {args.num_actors} processes (steps/s)", env_only))
+    names = {"trivial": "trivial policy", "real": "real model"}
+    for (policy, label), rates in acting.items():
+        letter = {"central": "(b)", "local": "(c)"}[policy] if label == "trivial" else "   "
+        lines.append(
+            _rate_row(
+                f"{letter} acting, {args.num_actors} x {args.num_envs_per_actor} envs, {policy}"
+                f" inference, {names[label]} (steps/s)",
+                rates,
+            )
+        )
+    for policy, rates in end_to_end.items():
+        if rates:
+            lines.append(_rate_row(f"(e) end to end, monobeast --policy {policy}", rates))
+    for k, (p50, p99) in latency.items():
+        lines.append(
+            f"| (d) round trip, {k} request(s) per post (us) | p50 {p50:.0f} | | p99 {p99:.0f} |"
+        )
+    env_median = _median(env_only)
+    ratios = [
+        f"{policy} {label}: **{_median(rates) / env_median:.3f}**"
+        for (policy, label), rates in acting.items()
+    ]
+    lines += ["", "- acting / env only (medians): " + "; ".join(ratios)]
+    lines.append(
+        f"- {args.repeats} repeat(s), interleaved; batch window {args.inference_timeout_ms} ms"
+    )
+    return lines
+
+
+def _write_results(
+    path: Path, command: str, machine: str, loads: str, lines: list[str], title: str
+) -> None:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     new = not path.exists()
     with open(path, "a") as f:
@@ -1092,7 +1323,7 @@ def _write_results(path: Path, command: str, machine: str, loads: str, lines: li
                 "--write_results`; see the project's measuring guide (BENCHMARKS.md) for what "
                 "each figure means. Steps are agent steps (4 frames on Atari).\n"
             )
-        f.write(f"\n## {now}: throughput\n\n")
+        f.write(f"\n## {now}: {title}\n\n")
         f.write(f"Command: `{command}`\n\nMachine: {machine}\n\nLoad average {loads}\n\n")
         f.write("\n".join(lines) + "\n")
 
@@ -1142,7 +1373,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--end_to_end_warmup", type=float, default=20.0)
     p.add_argument("--write_results", action="store_true", help="append to RESULTS.md")
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
+
+    p = commands.add_parser(
+        "inference", help="central vs local inference: acting / env only, latency, end to end"
+    )
+    p.add_argument("--env", default="PongNoFrameskip-v4")
+    p.add_argument("--num_actors", type=int, default=2)
+    p.add_argument("--num_envs_per_actor", type=int, default=8)
+    p.add_argument("--unroll_length", type=int, default=80)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seconds", type=float, default=10.0, help="measured s: env only, acting")
+    p.add_argument("--warmup", type=float, default=3.0, help="acting warm-up after 1st rollout")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--inference_timeout_ms", type=float, default=1.0, help="batch window")
+    p.add_argument("--round_trips", type=int, default=5000, help="measured round trips")
+    p.add_argument("--end_to_end_seconds", type=float, default=60.0, help="0 skips monobeast")
+    p.add_argument("--end_to_end_warmup", type=float, default=20.0)
+    p.add_argument("--write_results", action="store_true", help="append to RESULTS.md")
+    p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     return parser
+
+
+def _check_throughput_args(args: argparse.Namespace) -> None:
+    _check_positive(
+        batch_size=args.batch_size,
+        learner_steps=args.learner_steps,
+    )
+    for threads in args.threads:
+        _check_positive(threads=threads)
+    for name in args.variants:
+        _variant(name)
+    unknown = set(args.parts) - set(PARTS)
+    if unknown or not args.parts:
+        raise ValueError(f"--parts takes some of {', '.join(PARTS)}, got {args.parts}")
+    if not args.threads or not args.variants:
+        raise ValueError("--threads and --variants need at least one value")
+    if args.device not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda, got {args.device!r}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but torch sees no GPU")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -1154,37 +1423,25 @@ def main(argv: Sequence[str] | None = None) -> None:
             num_actors=args.num_actors,
             num_envs_per_actor=args.num_envs_per_actor,
             unroll_length=args.unroll_length,
-            batch_size=args.batch_size,
             seconds=args.seconds,
             repeats=args.repeats,
-            learner_steps=args.learner_steps,
         )
-        for threads in args.threads:
-            _check_positive(threads=threads)
-        for name in args.variants:
-            _variant(name)
-        unknown = set(args.parts) - set(PARTS)
-        if unknown or not args.parts:
-            raise ValueError(f"--parts takes some of {', '.join(PARTS)}, got {args.parts}")
-        if not args.threads or not args.variants:
-            raise ValueError("--threads and --variants need at least one value")
-        if args.device not in ("cpu", "cuda"):
-            raise ValueError(f"--device must be cpu or cuda, got {args.device!r}")
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("--device cuda, but torch sees no GPU")
+        if args.command == "throughput":
+            _check_throughput_args(args)
+        elif args.round_trips < 1 or args.inference_timeout_ms < 0:
+            raise ValueError("--round_trips must be >= 1 and --inference_timeout_ms >= 0")
     except ValueError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     machine = machine_summary()
-    figures = throughput(args)
+    lines = _summary(args, throughput(args)) if args.command == "throughput" else inference(args)
     load_after = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    lines = _summary(args, figures)
     print("\n" + "\n".join(lines))
     print(f"\nload average before: {load_before}; after: {load_after}")
     if args.write_results:
         command = "python -m beast.bench " + " ".join(argv)
         loads = f"before {load_before}, after {load_after} (1, 5, 15 min)"
-        _write_results(args.results, command, machine, loads, lines)
+        _write_results(args.results, command, machine, loads, lines, args.command)
         print(f"appended to {args.results}")
 
 

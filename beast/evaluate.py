@@ -17,7 +17,6 @@ import statistics
 import torch
 
 from beast import envs
-from beast.actor import sample_actions
 from beast.checkpoint import (
     CHECKPOINT_NAME,
     CheckpointError,
@@ -25,6 +24,7 @@ from beast.checkpoint import (
     load_latest_checkpoint,
 )
 from beast.config import Config, ConfigError
+from beast.inference import sample_actions
 
 __all__ = ["test", "VIDEO_NAME"]
 

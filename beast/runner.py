@@ -21,13 +21,15 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from beast import envs
 from beast.actor import ActorSettings
-from beast.algos.impala import impala_loss
+from beast.algos.impala import LossOutput, impala_loss
+from beast.algos.laser import laser_loss
 from beast.buffers import RolloutBuffers, core_state_shapes, rollout_spec
 from beast.checkpoint import (
     CheckpointError,
@@ -36,12 +38,23 @@ from beast.checkpoint import (
     save_checkpoint,
 )
 from beast.config import Config, ConfigError
+from beast.inference import InferenceServer, InferenceTable
 from beast.learner import Learner, NonFiniteError, TrainingProgress
 from beast.logs import RunLog
 from beast.models import build_model
+from beast.rollout_replay import RolloutReplay
 from beast.supervisor import ActorPool
 
-__all__ = ["train", "TrainingError", "build_run_model", "select_device"]
+__all__ = [
+    "TrainingError",
+    "build_inference",
+    "build_loss",
+    "build_replay",
+    "build_run_model",
+    "select_device",
+    "select_policy",
+    "train",
+]
 
 # Seconds actors get to exit after the queues close before they are killed.
 _ACTOR_JOIN_SECONDS = 5.0
@@ -66,6 +79,53 @@ def select_device(config: Config) -> torch.device:
     return torch.device("cpu")
 
 
+def select_policy(config: Config, device: torch.device) -> str:
+    """--policy with auto resolved: central when the learner has a GPU, else local.
+
+    On a CPU-only machine the two spend the same core-time on the forward pass, but
+    central inference adds a round trip per step and runs the forward pass in the
+    learner process, beside the learner's update; local measured faster on 2 cores
+    (benchmarks/RESULTS.md). With a GPU, central moves that forward pass off the CPUs.
+    """
+    if config.policy != "auto":
+        return config.policy
+    return "central" if device.type == "cuda" else "local"
+
+
+def build_inference(
+    config: Config,
+    spec: envs.EnvSpec,
+    actor_model: torch.nn.Module,
+    device: torch.device,
+    num_updates=lambda: 0,
+) -> tuple[InferenceTable, InferenceServer]:
+    """The request table and the inference server for --policy central.
+
+    The server acts with its own copy of the model on --actor_device (default the
+    learner's device), refreshed from `actor_model`, the weights the learner publishes.
+    """
+    table = InferenceTable(
+        num_actors=config.num_actors,
+        num_envs=config.num_envs_per_actor,
+        obs_shape=spec.obs_shape,
+        obs_dtype=spec.obs_dtype,
+        num_actions=spec.num_actions,
+        initial_state=actor_model.initial_state(1),
+        num_servers=config.num_inference_threads,
+    )
+    server = InferenceServer(
+        table=table,
+        model=build_run_model(config, spec),
+        source=actor_model,
+        device=torch.device(config.actor_device) if config.actor_device else device,
+        max_batch=config.max_inference_batch or config.slots_in_use_by_actors,
+        batch_window=config.inference_timeout_ms / 1000.0,
+        sync_every=config.inference_sync_every,
+        num_updates=num_updates,
+    )
+    return table, server
+
+
 def build_run_model(config: Config, spec: envs.EnvSpec) -> torch.nn.Module:
     return build_model(
         config.model,
@@ -74,6 +134,29 @@ def build_run_model(config: Config, spec: envs.EnvSpec) -> torch.nn.Module:
         use_lstm=config.use_lstm,
         hidden_size=config.hidden_size,
     )
+
+
+def build_loss(config: Config) -> Callable[..., LossOutput]:
+    """The learner's `loss_fn(outputs, batch)`: LASER's loss for --algo laser, a replay or
+    a trust region, else IMPALA's (so plain IMPALA logs keep their columns)."""
+    costs: dict[str, Any] = {
+        "discounting": config.discounting,
+        "reward_clipping": config.reward_clipping,
+        "baseline_cost": config.baseline_cost,
+        "entropy_cost": config.entropy_cost,
+    }
+    if config.algo == "laser" or config.replay_ratio or config.trust_region_threshold:
+        return functools.partial(
+            laser_loss, trust_region_threshold=config.trust_region_threshold, **costs
+        )
+    return functools.partial(impala_loss, **costs)
+
+
+def build_replay(config: Config, buffers: RolloutBuffers) -> RolloutReplay | None:
+    """LASER's replay, in the rollout slots' layout; None when --replay_ratio is 0."""
+    if not config.replay_ratio:
+        return None
+    return RolloutReplay(buffers.spec, config.replay_size, seed=config.seed)
 
 
 def _optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -89,7 +172,8 @@ def _optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 def _scheduler(config: Config, optimizer: torch.optim.Optimizer):
-    steps_per_update = config.unroll_length * config.batch_size
+    # Agent steps are fresh steps: replayed rollouts were counted when they were fresh.
+    steps_per_update = config.unroll_length * (config.batch_size - config.num_replayed)
 
     def linear_decay(num_updates: int) -> float:
         if config.lr_schedule == "constant":
@@ -231,13 +315,8 @@ def train(config: Config) -> None:
             f" ({progress.num_updates:,} updates)"
             + (f"; changed flags: {', '.join(changed)}" if changed else "")
         )
-    loss_fn = functools.partial(
-        impala_loss,
-        discounting=config.discounting,
-        reward_clipping=config.reward_clipping,
-        baseline_cost=config.baseline_cost,
-        entropy_cost=config.entropy_cost,
-    )
+    loss_fn = build_loss(config)
+    replay = build_replay(config, buffers)
     learner = Learner(
         model=model,
         actor_model=actor_model,
@@ -254,6 +333,8 @@ def train(config: Config) -> None:
         precision=precision,
         on_update=log.record,
         progress=progress,
+        replay=replay,
+        num_replayed=config.num_replayed,
     )
 
     def checkpoint() -> None:
@@ -279,13 +360,31 @@ def train(config: Config) -> None:
         f"run {config.xpid} in {config.run_dir}: env {config.env} (obs {spec.obs_shape}"
         f" {spec.obs_dtype}, {spec.num_actions} actions), {config.num_actors} actors x"
         f" {config.num_envs_per_actor} envs, {config.num_buffers} rollout slots"
-        f" ({buffers.nbytes() / 2**20:.0f} MiB), learner on {device} in {precision}"
+        f" ({buffers.nbytes() / 2**20:.0f} MiB)"
+        + (
+            f", LASER replay of {config.replay_size} rollouts ({replay.nbytes() / 2**20:,.0f}"
+            f" MiB, {config.num_replayed} of each batch's {config.batch_size} rollouts)"
+            if replay is not None
+            else ""
+        )
+        + f", learner on {device} in {precision}"
         f" with {torch.get_num_threads()} thread(s)"
     )
     if progress.step >= config.total_steps:
         log.print(f"already at total_steps {config.total_steps:,}; raise --total_steps to go on")
         log.close()
         return
+    policy = select_policy(config, device)
+    table: InferenceTable | None = None
+    server: InferenceServer | None = None
+    if policy == "central":
+        table, server = build_inference(
+            config, spec, actor_model, device, lambda: learner.progress.num_updates
+        )
+        log.print(
+            f"central inference on {server.device}: {config.num_inference_threads} thread(s),"
+            f" batches of up to {server.max_batch} envs"
+        )
     actors = ActorPool(
         settings=ActorSettings(
             env=config.env,
@@ -295,7 +394,7 @@ def train(config: Config) -> None:
             episodic_life=config.episodic_life,
         ),
         buffers=buffers,
-        model=actor_model,
+        policy_source=table if table is not None else actor_model,
         num_actors=config.num_actors,
         max_restarts=config.max_actor_restarts,
         log=log.print,
@@ -308,9 +407,11 @@ def train(config: Config) -> None:
     }
     failure: str | None = None
     try:
+        if server is not None:
+            server.start()
         actors.start()
         learner.start()
-        failure = _monitor(config, learner, actors, log, checkpoint)
+        failure = _monitor(config, learner, actors, server, log, checkpoint)
     except KeyboardInterrupt:
         log.print("interrupted: stopping actors and learner, writing a final checkpoint")
     except CheckpointError as error:
@@ -323,7 +424,11 @@ def train(config: Config) -> None:
         try:
             learner.stop(_LEARNER_STOP_SECONDS)
             buffers.close()
+            if table is not None:
+                table.close()
             actors.stop(_ACTOR_JOIN_SECONDS)
+            if server is not None:
+                server.stop(_LEARNER_STOP_SECONDS)
             checkpoint()
             log.print(f"checkpoint at step {progress.step:,} in {config.run_dir}")
         except CheckpointError as error:
@@ -337,7 +442,12 @@ def train(config: Config) -> None:
 
 
 def _monitor(
-    config: Config, learner: Learner, actors: ActorPool, log: RunLog, checkpoint
+    config: Config,
+    learner: Learner,
+    actors: ActorPool,
+    server: InferenceServer | None,
+    log: RunLog,
+    checkpoint,
 ) -> str | None:
     """Main-thread loop: actor supervision, progress lines, periodic checkpoints."""
     last_line = last_checkpoint = time.monotonic()
@@ -345,6 +455,10 @@ def _monitor(
         failure = actors.check()
         if failure:
             return failure
+        if server is not None and server.failed.is_set():
+            error = server.error
+            log.print("inference failed:\n" + "".join(traceback.format_exception(error)).rstrip())
+            return f"inference failed: {type(error).__name__}: {error}"
         now = time.monotonic()
         if now - last_line >= config.log_interval:
             log.report_progress()

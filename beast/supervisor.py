@@ -6,6 +6,9 @@ reclaimed: every slot it had claimed (`buffers.slot_owner`) goes back to the
 free queue. A slot it had finished was already on the full queue and is no
 longer owned, so nothing half-written is ever handed to the learner, and
 the learner's rollout-id check (beast/learner.py) would drop it if it were.
+With central inference, the dead actor's group of the request table is
+reset too: requests it left are not served, and an answer in flight is not
+credited to its replacement.
 Then a replacement starts under the same index with fresh env seeds.
 
 Errors are reported once: an actor that fails writes its traceback to a
@@ -28,6 +31,7 @@ import torch
 
 from beast.actor import ERROR_BOARD_BYTES, ActorSettings, run_actor
 from beast.buffers import RolloutBuffers
+from beast.inference import InferenceTable
 
 __all__ = ["ActorPool", "RESTART_WINDOW_SECONDS"]
 
@@ -40,7 +44,7 @@ class ActorPool:
         *,
         settings: ActorSettings,
         buffers: RolloutBuffers,
-        model: torch.nn.Module,
+        policy_source: torch.nn.Module | InferenceTable,
         num_actors: int,
         max_restarts: int,
         log: Callable[[str], None],
@@ -51,7 +55,7 @@ class ActorPool:
         self.ctx.set_forkserver_preload(["beast.actor"])
         self.settings = settings
         self.buffers = buffers
-        self.model = model
+        self.policy_source = policy_source
         self.max_restarts = max_restarts
         self.log = log
         # One row per actor: a NUL-terminated UTF-8 traceback written by a failing actor.
@@ -76,7 +80,7 @@ class ActorPool:
                 self.incarnations[index],
                 self.settings,
                 self.buffers,
-                self.model,
+                self.policy_source,
                 os.getpid(),
                 self.error_board,
             ),
@@ -106,6 +110,10 @@ class ActorPool:
             process.join()
             reason = self._death_reason(index, process.exitcode)
             reclaimed = self.buffers.reclaim(owner=index)
+            if isinstance(self.policy_source, InferenceTable):
+                # Requests it left behind are not served; an answer already in
+                # flight is ignored rather than credited to its replacement.
+                self.policy_source.batcher.reset_group(index)
             now = time.monotonic()
             while self._recent_restarts and now - self._recent_restarts[0] > RESTART_WINDOW_SECONDS:
                 self._recent_restarts.popleft()

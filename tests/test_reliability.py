@@ -6,7 +6,6 @@ the environment so that leftover processes can be found afterwards.
 
 import csv
 import errno
-import json
 import os
 import random
 import signal
@@ -356,30 +355,3 @@ def test_unwritable_savedir_is_one_line_exit_2(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot write the run directory" in lines[0], result.stderr
     assert wait_until_gone(marker) == []
-
-
-def test_actors_exit_when_the_learner_dies_hard(tmp_path):
-    marker = uuid.uuid4().hex
-    proc = start(
-        [
-            *CARTPOLE_SMALL,
-            "--total_steps",
-            "100000000",
-            "--savedir",
-            str(tmp_path),
-            "--xpid",
-            "hard",
-        ],
-        marker,
-    )
-    try:
-        wait_for_rows(tmp_path / "hard" / "logs.csv", 2, proc)
-        assert actor_pids(proc.pid)
-        os.kill(proc.pid, signal.SIGKILL)  # the learner only; actors must notice
-        proc.communicate(timeout=10)
-        assert wait_until_gone(marker, timeout=10) == []
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    meta = json.loads((tmp_path / "hard" / "meta.json").read_text())
-    assert meta["config"]["xpid"] == "hard"

@@ -1,0 +1,338 @@
+"""Central (SEED-style) inference: actors post requests, the learner process answers.
+
+With `--policy central` actors run no model. Each actor owns one group of
+K rows in a request table in shared memory: it writes its K envs' inputs
+(observation, reward, done, last action) into its rows, posts them through
+the native `Batcher` (beast/native/batcher.c) and sleeps until they are
+answered. Inference threads in the learner process collect ready rows in
+batches, run one forward pass per batch on `--actor_device`, and write the
+sampled actions, logits, baselines and new recurrent states back into the
+same rows before answering, which wakes exactly the actors served.
+
+    InferenceTable   the shared tensors plus the Batcher; built by the runner,
+                     pickled to every actor.
+    CentralPolicy    the actor's side: act() = write, post, wait, read.
+    InferenceServer  the learner process's side: threads that collect,
+                     forward, scatter and answer.
+
+Recurrent state lives in the table, one row per env: the server reads the
+state of the rows it serves and writes their next state back, so an actor's
+envs keep their state whichever batch serves them. A new actor process
+resets its rows to the model's initial state.
+
+The server's model is its own copy on `--actor_device`, refreshed from the
+weights the learner publishes (the shared CPU model local actors use) once
+at least `--inference_sync_every` updates have happened since the last
+refresh. Failure: an actor that dies holding requests costs the server
+nothing (it never waits on a particular actor; the supervisor resets the
+dead actor's group); a server that dies leaves actors waiting with a
+timeout, after which they check that the learner process is alive and
+exit; closing the table (shutdown) wakes everyone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from beast.native import Batcher, QueueClosed
+
+__all__ = [
+    "ActionBatch",
+    "CentralPolicy",
+    "InferenceServer",
+    "InferenceStats",
+    "InferenceTable",
+    "LocalPolicy",
+    "sample_actions",
+]
+
+# How long a blocked server or actor sleeps before checking whether to stop.
+_POLL_SECONDS = 0.2
+
+
+def sample_actions(policy_logits: torch.Tensor) -> torch.Tensor:
+    """Sample one action per row: logits [..., A] float -> actions [...] int64."""
+    flat = policy_logits.reshape(-1, policy_logits.shape[-1])
+    actions = torch.multinomial(torch.softmax(flat.float(), dim=-1), num_samples=1)
+    return actions.view(policy_logits.shape[:-1])
+
+
+@dataclass(frozen=True)
+class ActionBatch:
+    """One policy step for an actor's K envs.
+
+    action [K] int64, policy_logits [K, A] float32, baseline [K] float32.
+    They may be views into shared memory that the next `act` overwrites:
+    read them before calling `act` again.
+    """
+
+    action: torch.Tensor
+    policy_logits: torch.Tensor
+    baseline: torch.Tensor
+
+
+class LocalPolicy:
+    """The actor runs its own CPU model copy (weights in shared memory).
+
+    `state` is the recurrent state, per env ([K, d0, ...] per tensor, the
+    layout a rollout slot stores), that produced the latest `act`'s output.
+    """
+
+    def __init__(self, model: nn.Module, num_envs: int) -> None:
+        self.model = model
+        self._state_next = model.initial_state(num_envs)  # tensors [d0, K, ...]
+        self.state: tuple[torch.Tensor, ...] = ()
+
+    def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
+        """inputs: obs [K, ...], reward [K], done [K], last_action [K]."""
+        state_in = self._state_next
+        with torch.no_grad():
+            output, self._state_next = self.model(
+                {key: value.unsqueeze(0) for key, value in inputs.items()}, state_in
+            )
+        self.state = tuple(s.transpose(0, 1) for s in state_in)
+        return ActionBatch(
+            action=sample_actions(output.policy_logits[0]),
+            policy_logits=output.policy_logits[0],
+            baseline=output.baseline[0],
+        )
+
+
+class InferenceTable:
+    """The request table: inputs and outputs of `num_actors * num_envs` rows.
+
+    Row `g * num_envs + k` is env k of actor g; the Batcher's group g is
+    actor g's K rows. Picklable to actor processes (shared memory travels).
+
+    initial_state: the model's `initial_state(1)` (tensors [d0, 1, ...]);
+        every row starts from it.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_actors: int,
+        num_envs: int,
+        obs_shape: Sequence[int],
+        obs_dtype: torch.dtype | np.dtype,
+        num_actions: int,
+        initial_state: Sequence[torch.Tensor] = (),
+        num_servers: int = 1,
+    ) -> None:
+        if not isinstance(obs_dtype, torch.dtype):
+            obs_dtype = torch.from_numpy(np.zeros((), dtype=obs_dtype)).dtype
+        rows = num_actors * num_envs
+        self.num_envs = num_envs
+        self.batcher = Batcher(num_actors, num_envs, num_servers)
+
+        def shared(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros((rows, *shape), dtype=dtype).share_memory_()
+
+        # Inputs, written by actors.
+        self.obs = shared(obs_shape, obs_dtype)
+        self.reward = shared((), torch.float32)
+        self.done = shared((), torch.bool)
+        self.last_action = shared((), torch.int64)
+        # Outputs, written by servers.
+        self.action = shared((), torch.int64)
+        self.policy_logits = shared((num_actions,), torch.float32)
+        self.baseline = shared((), torch.float32)
+        # Recurrent state per row, [rows, d0, ...]: read and written by servers.
+        self.initial_state = tuple(s.transpose(0, 1)[0].clone() for s in initial_state)
+        self.state = tuple(shared(s.shape, s.dtype) for s in self.initial_state)
+        for i in range(num_actors):
+            self.reset_rows(i)
+
+    def rows(self, actor_index: int) -> slice:
+        return slice(actor_index * self.num_envs, (actor_index + 1) * self.num_envs)
+
+    def reset_rows(self, actor_index: int) -> None:
+        """Give actor `actor_index`'s rows the model's initial state."""
+        rows = self.rows(actor_index)
+        for table_state, initial in zip(self.state, self.initial_state, strict=True):
+            table_state[rows] = initial
+
+    def nbytes(self) -> int:
+        tensors = (self.obs, self.reward, self.done, self.last_action, self.action)
+        tensors += (self.policy_logits, self.baseline, *self.state)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def close(self) -> None:
+        """Wake every actor and server; their blocking calls raise QueueClosed."""
+        self.batcher.close()
+
+
+class CentralPolicy:
+    """The actor's side of central inference: write inputs, post, sleep, read.
+
+    `state` is the recurrent state per env ([K, d0, ...] per tensor) that
+    produced the latest `act`'s output (copied before posting, because the
+    server overwrites the rows with the next state).
+
+    server_alive: called each time a wait times out; False makes `act` raise
+        QueueClosed, which ends the actor (the learner process is gone).
+    """
+
+    def __init__(
+        self, table: InferenceTable, actor_index: int, server_alive: Callable[[], bool]
+    ) -> None:
+        self.table = table
+        self.group = actor_index
+        self.server_alive = server_alive
+        self._rows = table.rows(actor_index)
+        table.reset_rows(actor_index)
+        self.state = tuple(s[self._rows].clone() for s in table.state)
+        self._inputs = {
+            "obs": table.obs[self._rows],
+            "reward": table.reward[self._rows],
+            "done": table.done[self._rows],
+            "last_action": table.last_action[self._rows],
+        }
+        self._output = ActionBatch(
+            action=table.action[self._rows],
+            policy_logits=table.policy_logits[self._rows],
+            baseline=table.baseline[self._rows],
+        )
+
+    def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
+        """inputs: obs [K, ...], reward [K], done [K], last_action [K]."""
+        for key, row_view in self._inputs.items():
+            row_view.copy_(inputs[key])
+        for own, table_state in zip(self.state, self.table.state, strict=True):
+            own.copy_(table_state[self._rows])
+        self.table.batcher.post(self.group)
+        while not self.table.batcher.wait_answered(self.group, timeout=_POLL_SECONDS * 5):
+            if not self.server_alive():
+                raise QueueClosed("the inference server's process is gone")
+        return self._output
+
+
+@dataclass
+class InferenceStats:
+    """Counters of the server threads (read without a lock: approximate)."""
+
+    batches: int = 0
+    requests: int = 0
+    syncs: int = 0
+
+    @property
+    def mean_batch(self) -> float:
+        return self.requests / self.batches if self.batches else 0.0
+
+
+class InferenceServer:
+    """Inference threads in the learner process: collect, forward, scatter, answer.
+
+    Thread i serves the Batcher's server index i (its contiguous share of the
+    actors). All threads share one model on `device`, refreshed from
+    `source` (the learner's published weights) when `num_updates()` has
+    advanced by at least `sync_every` since the last refresh. A forward pass
+    may overlap a refresh, as a local actor's may overlap the learner's
+    publish: a batch can act with weights from two adjacent updates.
+
+    An exception in a thread is kept in `error` and sets `failed`, for the
+    runner's monitor to stop the run; the thread answers nothing more, and
+    its actors then wait until shutdown closes the table.
+    """
+
+    def __init__(
+        self,
+        *,
+        table: InferenceTable,
+        model: nn.Module,
+        source: nn.Module,
+        device: torch.device,
+        max_batch: int,
+        batch_window: float,
+        sync_every: int = 1,
+        num_updates: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.table = table
+        self.model = model.to(device).eval()
+        self.source = source
+        self.device = device
+        self.max_batch = max_batch
+        self.batch_window = batch_window
+        self.sync_every = sync_every
+        self.num_updates = num_updates
+        self.stats = InferenceStats()
+        self.error: BaseException | None = None
+        self.failed = threading.Event()
+        self._stop = threading.Event()
+        self._sync_lock = threading.Lock()
+        self._synced_at = num_updates()
+        self._sync(force=True)
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), name=f"inference-{i}", daemon=True)
+            for i in range(table.batcher.num_servers)
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread.ident is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _sync(self, force: bool = False) -> None:
+        updates = self.num_updates()
+        if not force and updates - self._synced_at < self.sync_every:
+            return
+        with self._sync_lock:
+            if not force and updates - self._synced_at < self.sync_every:
+                return  # another thread just did it
+            with torch.no_grad():
+                for own, published in zip(
+                    self.model.state_dict().values(),
+                    self.source.state_dict().values(),
+                    strict=True,
+                ):
+                    own.copy_(published, non_blocking=True)
+            self._synced_at = updates
+            self.stats.syncs += 1
+
+    def _run(self, server: int) -> None:
+        try:
+            while not self._stop.is_set():
+                indices = self.table.batcher.collect(
+                    server, self.max_batch, timeout=_POLL_SECONDS, batch_window=self.batch_window
+                )
+                if len(indices):
+                    self._sync()
+                    self.serve(indices)
+        except QueueClosed:
+            pass
+        except BaseException as error:
+            self.error = error
+            self.failed.set()
+
+    def serve(self, indices: torch.Tensor) -> None:
+        """Answer the requests in rows `indices` (int64 [n], from collect)."""
+        table, device = self.table, self.device
+        inputs = {
+            key: getattr(table, key).index_select(0, indices).to(device).unsqueeze(0)
+            for key in ("obs", "reward", "done", "last_action")
+        }
+        state = tuple(s.index_select(0, indices).to(device).transpose(0, 1) for s in table.state)
+        with torch.no_grad():
+            output, next_state = self.model(inputs, state)
+            action = sample_actions(output.policy_logits[0])
+        table.action.index_copy_(0, indices, action.cpu())
+        table.policy_logits.index_copy_(0, indices, output.policy_logits[0].float().cpu())
+        table.baseline.index_copy_(0, indices, output.baseline[0].float().cpu())
+        for table_state, new in zip(table.state, next_state, strict=True):
+            table_state.index_copy_(0, indices, new.transpose(0, 1).cpu())
+        table.batcher.answer(indices)
+        self.stats.batches += 1
+        self.stats.requests += len(indices)

@@ -1,0 +1,302 @@
+"""Central inference (beast/inference.py): the request table, the actor's side, the server.
+
+The native Batcher's own contract (every request answered once, wakes, resets,
+close, killed actors) is tested in test_batcher.py; these tests cover what the
+inference layer adds: inputs and outputs travelling through the table, recurrent
+state kept per env across batches, weight refreshes, and actor processes that
+outlive their server or die mid-request.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+from beast.actor import ERROR_BOARD_BYTES, ActorSettings, run_actor
+from beast.buffers import RolloutBuffers, core_state_shapes, rollout_spec
+from beast.inference import (
+    CentralPolicy,
+    InferenceServer,
+    InferenceTable,
+    LocalPolicy,
+    sample_actions,
+)
+from beast.models import AgentOutput, build_model
+from beast.native import QueueClosed
+from tests.test_monobeast import CARTPOLE_SMALL, shm_entries, wait_until_gone
+from tests.test_reliability import actor_pids, read_csv, start, wait_for_rows
+
+OBS_SHAPE = (4,)
+NUM_ACTIONS = 3
+
+
+def recurrent_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_model("mlp", OBS_SHAPE, NUM_ACTIONS, use_lstm=True, hidden_size=16).eval()
+
+
+def make_table(model, num_actors: int, num_envs: int, num_servers: int = 1) -> InferenceTable:
+    return InferenceTable(
+        num_actors=num_actors,
+        num_envs=num_envs,
+        obs_shape=OBS_SHAPE,
+        obs_dtype=np.float32,
+        num_actions=NUM_ACTIONS,
+        initial_state=model.initial_state(1),
+        num_servers=num_servers,
+    )
+
+
+def make_server(table, model, source, **kwargs) -> InferenceServer:
+    defaults = dict(
+        table=table,
+        model=model,
+        source=source,
+        device=torch.device("cpu"),
+        max_batch=table.obs.shape[0],
+        batch_window=0.0,
+    )
+    return InferenceServer(**{**defaults, **kwargs})
+
+
+def random_inputs(rng: torch.Generator, num_envs: int, t: int) -> dict[str, torch.Tensor]:
+    return {
+        "obs": torch.randn((num_envs, *OBS_SHAPE), generator=rng),
+        "reward": torch.randn(num_envs, generator=rng),
+        # Some envs start new episodes mid-sequence: the state must reset for exactly those.
+        "done": torch.rand(num_envs, generator=rng) < (1.0 if t == 0 else 0.2),
+        "last_action": torch.randint(NUM_ACTIONS, (num_envs,), generator=rng),
+    }
+
+
+def test_sample_actions_follows_the_softmax():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(20_000, 3)
+    counts = torch.bincount(sample_actions(logits), minlength=3).float() / 20_000
+    assert torch.allclose(counts, torch.tensor([0.7, 0.2, 0.1]), atol=0.015)
+
+
+def test_central_policy_gives_the_local_policy_outputs_and_states(watchdog):
+    """Two actors' envs through one server: per-env logits, baselines and recurrent
+    states equal the actor-side model's, step after step, whatever batch serves them."""
+    model = recurrent_model()
+    num_actors, num_envs = 2, 3
+    table = make_table(model, num_actors, num_envs)
+    server = make_server(table, recurrent_model(seed=1), source=model)  # synced at start
+    server.start()
+    try:
+        local = [LocalPolicy(model, num_envs) for _ in range(num_actors)]
+        central = [CentralPolicy(table, i, lambda: True) for i in range(num_actors)]
+        rng = torch.Generator().manual_seed(0)
+        for t in range(12):
+            for i in range(num_actors):
+                inputs = random_inputs(rng, num_envs, t)
+                expected = local[i].act(inputs)
+                got = central[i].act(inputs)
+                torch.testing.assert_close(got.policy_logits, expected.policy_logits)
+                torch.testing.assert_close(got.baseline, expected.baseline)
+                assert got.action.shape == (num_envs,) and got.action.dtype == torch.int64
+                # The state that produced this output, per env: what a rollout stores.
+                for g, e in zip(central[i].state, local[i].state, strict=True):
+                    torch.testing.assert_close(g, e)
+    finally:
+        table.close()
+        server.stop()
+    assert server.error is None
+    assert server.stats.requests == 12 * num_actors * num_envs
+
+
+def test_concurrent_actors_get_the_answers_meant_for_them(watchdog):
+    """Actor threads with random delays and two server threads: each row's output is
+    a function of that row's own input, checked for every request."""
+
+    class Echo(torch.nn.Module):
+        """logits = obs (so the answer identifies the request); baseline = reward."""
+
+        def initial_state(self, batch_size):
+            return ()
+
+        def forward(self, inputs, core_state):
+            obs = inputs["obs"].float()
+            return AgentOutput(policy_logits=obs[..., :NUM_ACTIONS], baseline=inputs["reward"]), ()
+
+    num_actors, num_envs, rounds = 6, 4, 300
+    table = make_table(Echo(), num_actors, num_envs, num_servers=2)
+    server = make_server(table, Echo(), Echo(), batch_window=0.0005)
+    server.start()
+    errors = []
+
+    def actor(i: int) -> None:
+        policy = CentralPolicy(table, i, lambda: True)
+        rng = random.Random(i)
+        try:
+            for r in range(rounds):
+                tag = float(i * 100_000 + r)
+                obs = torch.full((num_envs, *OBS_SHAPE), tag) + torch.arange(num_envs)[:, None]
+                inputs = {
+                    "obs": obs,
+                    "reward": torch.full((num_envs,), tag),
+                    "done": torch.zeros(num_envs, dtype=torch.bool),
+                    "last_action": torch.zeros(num_envs, dtype=torch.int64),
+                }
+                out = policy.act(inputs)
+                if not torch.equal(out.policy_logits, obs[:, :NUM_ACTIONS]):
+                    errors.append((i, r, "logits"))
+                if not torch.equal(out.baseline, inputs["reward"]):
+                    errors.append((i, r, "baseline"))
+                if rng.random() < 0.1:
+                    time.sleep(rng.uniform(0, 0.002))
+        except Exception as error:  # reported below
+            errors.append((i, repr(error)))
+
+    threads = [threading.Thread(target=actor, args=(i,)) for i in range(num_actors)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    table.close()
+    server.stop()
+    assert errors == []
+    assert server.error is None
+    stats = table.batcher.stats
+    assert stats.posted == stats.answered == num_actors * num_envs * rounds
+    assert server.stats.requests == num_actors * num_envs * rounds
+
+
+def test_server_refreshes_weights_only_every_sync_every_updates(watchdog):
+    source, own = recurrent_model(seed=0), recurrent_model(seed=1)
+    updates = [0]
+    table = make_table(source, 1, 2)
+    server = make_server(table, own, source, sync_every=3, num_updates=lambda: updates[0])
+    first = next(iter(source.parameters()))
+    assert torch.equal(next(iter(own.parameters())), first)  # synced at construction
+    with torch.no_grad():
+        first.add_(1.0)
+    updates[0] = 2
+    server._sync()
+    assert not torch.equal(next(iter(own.parameters())), first)  # 2 < 3 updates: stale
+    updates[0] = 3
+    server._sync()
+    assert torch.equal(next(iter(own.parameters())), first)
+    assert server.stats.syncs == 2
+
+
+def test_a_failing_forward_pass_is_reported_not_hung(watchdog):
+    class Broken(torch.nn.Module):
+        def initial_state(self, batch_size):
+            return ()
+
+        def forward(self, inputs, core_state):
+            raise RuntimeError("boom")
+
+    table = make_table(Broken(), 1, 2)
+    server = make_server(table, Broken(), Broken())
+    server.start()
+    policy = CentralPolicy(table, 0, lambda: True)
+    inputs = random_inputs(torch.Generator().manual_seed(0), 2, 0)
+    waiter = threading.Thread(target=lambda: pytest.raises(QueueClosed, policy.act, inputs))
+    waiter.start()
+    assert server.failed.wait(10)
+    assert "boom" in str(server.error)
+    table.close()  # shutdown wakes the actor left waiting
+    waiter.join(10)
+    assert not waiter.is_alive()
+    server.stop()
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_actor_exits_when_the_server_process_is_gone(forkserver, processes, watchdog):
+    """No server answers and the learner pid is gone: the actor exits 0 on its own."""
+    model = build_model("mlp", OBS_SHAPE, 2)
+    table = InferenceTable(
+        num_actors=1, num_envs=2, obs_shape=OBS_SHAPE, obs_dtype=np.float32, num_actions=2
+    )
+    buffers = RolloutBuffers(
+        rollout_spec(
+            unroll_length=5,
+            obs_shape=OBS_SHAPE,
+            obs_dtype=np.float32,
+            num_actions=2,
+            core_state_shapes=core_state_shapes(model.initial_state(1)),
+        ),
+        4,
+    )
+    board = torch.zeros((1, ERROR_BOARD_BYTES), dtype=torch.uint8).share_memory_()
+    settings = ActorSettings(
+        env="CartPole-v1", seed=0, num_envs=2, unroll_length=5, episodic_life=False
+    )
+    actor = processes.start(
+        forkserver, run_actor, 0, 0, settings, buffers, table, _dead_pid(), board, name="actor"
+    )
+    actor.join(15)
+    assert actor.exitcode == 0, bytes(board[0].numpy()).rstrip(b"\0").decode()
+    assert table.batcher.pending(0) == 2  # it had posted and was waiting
+
+
+@pytest.mark.parametrize("policy", ["local", "central"])
+def test_actors_exit_when_the_learner_dies_hard(tmp_path, policy):
+    marker = uuid.uuid4().hex
+    proc = start(
+        [*CARTPOLE_SMALL, "--policy", policy, "--total_steps", "100000000"]
+        + ["--savedir", str(tmp_path), "--xpid", "hard"],
+        marker,
+    )
+    try:
+        wait_for_rows(tmp_path / "hard" / "logs.csv", 2, proc)
+        assert actor_pids(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)  # the learner (and its inference threads) only
+        proc.communicate(timeout=10)
+        assert wait_until_gone(marker, timeout=10) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_central_run_survives_actors_killed_mid_request(tmp_path):
+    """Actors SIGKILLed at random moments (most of an actor's time is spent posted or
+    waiting): the server keeps serving the others and the replacements, the run ends
+    normally, nothing torn reaches the learner, and nothing is left behind."""
+    marker = uuid.uuid4().hex
+    before = shm_entries()
+    proc = start(
+        [*CARTPOLE_SMALL, "--policy", "central", "--total_steps", "30000"]
+        + ["--max_actor_restarts", "1000", "--savedir", str(tmp_path), "--xpid", "kills"],
+        marker,
+    )
+    rng = random.Random(0)
+    kills = 0
+    try:
+        wait_for_rows(tmp_path / "kills" / "logs.csv", 1, proc)
+        while proc.poll() is None and kills < 10:
+            time.sleep(rng.uniform(0.3, 1.0))
+            pids = actor_pids(proc.pid)
+            if pids:
+                try:
+                    os.kill(rng.choice(pids), signal.SIGKILL)
+                    kills += 1
+                except ProcessLookupError:
+                    pass
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    assert kills >= 5, f"only {kills} kills happened"
+    assert out.count("killed by SIGKILL") >= kills - 2
+    rows = read_csv(tmp_path / "kills" / "logs.csv")
+    assert int(rows[-1]["step"]) >= 30_000
+    assert int(rows[-1]["torn_rollouts"]) == 0
+    assert wait_until_gone(marker) == []
+    assert shm_entries() - before == set()
