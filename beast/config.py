@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import difflib
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -42,8 +43,11 @@ __all__ = [
 
 # configs/ at the root of the beast checkout (an editable install, as the README says).
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-# The algorithm whose tuned family configs `--env` picks (configs/<ALGO>/<family>.yaml).
-ALGO = "impala"
+# The choices of --algo; `--env` picks the tuned configs/<algo>/<family>.yaml.
+ALGOS = ("impala", "laser")
+# What --algo sets for the LASER fields that defaults, the config file and the flags
+# leave unset (None); any other algo leaves replay and trust region off.
+_LASER_DEFAULTS = {"laser": {"replay_ratio": 1.0, "trust_region_threshold": 0.5}}
 
 
 class ConfigError(ValueError):
@@ -64,7 +68,7 @@ class Config:
     config: str | None = _flag(
         None,
         "YAML file of flag values (defaults < file < flags). Default: the tuned"
-        " configs/impala/<family>.yaml for --env (atari, classic), if any; 'none' for no file.",
+        " configs/<algo>/<family>.yaml for --env (atari, classic), if any; 'none' for no file.",
     )
     mode: str = _flag(
         "train", "train a policy, or test a saved checkpoint.", choices=("train", "test")
@@ -82,6 +86,37 @@ class Config:
         "Environments each actor steps in a for-loop; one batched forward pass serves all of them.",
     )
     episodic_life: bool = _flag(False, "Atari: end the agent's episode at a life loss.")
+
+    # Inference (beast/inference.py).
+    policy: str = _flag(
+        "auto",
+        "Where actions are computed: local (each actor runs a CPU model copy) or central (actors"
+        " post requests; inference threads in the learner process answer them in batches, on"
+        " --actor_device). auto: central with a GPU, else local (faster on a CPU-only machine,"
+        " see benchmarks/RESULTS.md).",
+        choices=("auto", "local", "central"),
+    )
+    actor_device: str | None = _flag(
+        None,
+        "--policy central: device of the inference model (cpu, cuda, cuda:N). Default: the"
+        " learner's device.",
+    )
+    num_inference_threads: int = _flag(
+        1, "--policy central: inference threads, each serving its share of the actors."
+    )
+    max_inference_batch: int | None = _flag(
+        None,
+        "--policy central: most requests (envs) per forward pass. Default: all"
+        " (num_actors*num_envs_per_actor).",
+    )
+    inference_timeout_ms: float = _flag(
+        1.0,
+        "--policy central: once a request is ready, how long a server waits for more before"
+        " running a forward pass on what it has.",
+    )
+    inference_sync_every: int = _flag(
+        1, "--policy central: refresh the inference model after at most this many updates."
+    )
 
     # Rollouts and batches.
     total_steps: int = _flag(20_000_000, "Agent steps (env steps after frame skip) to train for.")
@@ -131,6 +166,34 @@ class Config:
         "abs_one", "Reward clipping in the loss.", choices=("abs_one", "none")
     )
 
+    # LASER (Schmitt et al. 2019): IMPALA plus a replay of whole rollouts mixed into every
+    # batch and a trust region; beast/rollout_replay.py, beast/algos/laser.py.
+    algo: str = _flag(
+        "impala",
+        "Algorithm. laser: IMPALA with --replay_ratio 1 and --trust_region_threshold 0.5"
+        " unless given, and the configs/laser/<family>.yaml for --env.",
+        choices=ALGOS,
+    )
+    replay_ratio: float | None = _flag(
+        None,
+        "Replayed rollouts per fresh rollout in a batch; --batch_size is the total: a batch"
+        " replays the nearest integer to batch_size*r/(1+r) rollouts (8 and r=1: 4 fresh + 4"
+        " replayed). Batches are all fresh until the replay holds that many. 0: plain IMPALA."
+        " Default: 1 with --algo laser, else 0.",
+    )
+    replay_size: int = _flag(
+        1000,
+        "Rollouts the replay keeps (FIFO), in shared memory: about"
+        " (unroll_length+1)*obs bytes each, 2.3 MB for Atari with T=80; the startup line"
+        " prints the total.",
+    )
+    trust_region_threshold: float | None = _flag(
+        None,
+        "LASER trust region: a step whose KL(pi || implied policy) exceeds this is left out"
+        " of the policy-gradient and baseline terms and cuts V-trace's traces; 0: off."
+        " Default: 0.5 with --algo laser, else off.",
+    )
+
     # Optimizer. Defaults are the IMPALA paper's Atari settings (RMSProp, lr 6e-4,
     # eps 0.01); their batch of 32 x 20 steps equals our 8 x 80 steps.
     optimizer: str = _flag("rmsprop", "Optimizer.", choices=("rmsprop", "adam"))
@@ -176,6 +239,18 @@ class Config:
     def slots_in_use_by_actors(self) -> int:
         return self.num_actors * self.num_envs_per_actor
 
+    def _laser_setting(self, name: str) -> float:
+        """replay_ratio or trust_region_threshold, None resolved by --algo."""
+        value = getattr(self, name)
+        return _LASER_DEFAULTS.get(self.algo, {}).get(name, 0.0) if value is None else value
+
+    @property
+    def num_replayed(self) -> int:
+        """Replayed rollouts per learner batch (see --replay_ratio); Python's round(), so
+        a tie goes to the even count (batch 6 at r=1: 3 + 3; batch 5: 3 fresh + 2)."""
+        ratio = self._laser_setting("replay_ratio")
+        return round(self.batch_size * ratio / (1.0 + ratio))
+
     def validate(self) -> None:
         """All cross-field checks, in one place. Raises ConfigError."""
         for name in (
@@ -185,18 +260,35 @@ class Config:
             "batch_size",
             "unroll_length",
             "num_learner_threads",
+            "num_inference_threads",
+            "inference_sync_every",
             "num_test_episodes",
             "max_nonfinite_updates",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
-        for name in ("num_buffers", "num_threads", "hidden_size"):
+        for name in ("num_buffers", "num_threads", "hidden_size", "max_inference_batch"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"--{name} must be positive, got {value}")
         for name in ("learning_rate", "log_interval", "checkpoint_interval"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
+        if self.inference_timeout_ms < 0:
+            raise ConfigError(
+                f"--inference_timeout_ms must be >= 0, got {self.inference_timeout_ms}"
+            )
+        if self.num_inference_threads > self.num_actors:
+            raise ConfigError(
+                f"--num_inference_threads {self.num_inference_threads} exceeds --num_actors"
+                f" {self.num_actors}: each inference thread serves at least one actor"
+            )
+        if self.actor_device is not None and not re.fullmatch(
+            r"cpu|cuda(:\d+)?", self.actor_device
+        ):
+            raise ConfigError(
+                f"--actor_device must be cpu, cuda or cuda:N, got {self.actor_device!r}"
+            )
         if self.max_actor_restarts < 0:
             raise ConfigError(f"--max_actor_restarts must be >= 0, got {self.max_actor_restarts}")
         for name in ("entropy_cost", "baseline_cost", "grad_norm_clipping", "momentum", "epsilon"):
@@ -216,13 +308,47 @@ class Config:
                     f" {self.slots_in_use_by_actors} slots while the learner gathers a batch, so"
                     f" use --num_buffers >= {needed} or a smaller --batch_size"
                 )
+        # LASER.
+        replay_ratio = self._laser_setting("replay_ratio")
+        if replay_ratio < 0:
+            raise ConfigError(f"--replay_ratio must be >= 0, got {replay_ratio}")
+        if self._laser_setting("trust_region_threshold") < 0:
+            raise ConfigError(
+                f"--trust_region_threshold must be >= 0 (0: off), got {self.trust_region_threshold}"
+            )
+        if self.replay_size <= 0:
+            raise ConfigError(f"--replay_size must be positive, got {self.replay_size}")
+        if replay_ratio > 0:
+            num_replayed = self.num_replayed
+            if num_replayed == 0:
+                raise ConfigError(
+                    f"--replay_ratio {replay_ratio} replays no rollout of a --batch_size"
+                    f" {self.batch_size} batch ({self.batch_size}*r/(1+r) rounds to 0);"
+                    " raise --batch_size or --replay_ratio"
+                )
+            if num_replayed == self.batch_size:
+                raise ConfigError(
+                    f"--replay_ratio {replay_ratio} leaves no fresh rollout in a --batch_size"
+                    f" {self.batch_size} batch; lower --replay_ratio or raise --batch_size"
+                )
+            if self.replay_size < num_replayed:
+                raise ConfigError(
+                    f"--replay_size {self.replay_size} is too small: each batch replays"
+                    f" {num_replayed} rollouts, so use --replay_size >= {num_replayed}"
+                )
 
     def finalize(self) -> Config:
         """Fill in derived values once and validate; returns a new Config."""
         self.validate()
         xpid = self.xpid or time.strftime("beast-%Y%m%d-%H%M%S")
         num_buffers = self.num_buffers or self.slots_in_use_by_actors + 2 * self.batch_size
-        return dataclasses.replace(self, xpid=xpid, num_buffers=num_buffers)
+        return dataclasses.replace(
+            self,
+            xpid=xpid,
+            num_buffers=num_buffers,
+            replay_ratio=self._laser_setting("replay_ratio"),
+            trust_region_threshold=self._laser_setting("trust_region_threshold"),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -240,14 +366,20 @@ def _arg_type(annotation: str) -> type:
     return {"int": int, "float": float, "str": str, "bool": bool}[base]
 
 
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+def build_parser(
+    prog: str | None = None, config_class: type[Config] = Config
+) -> argparse.ArgumentParser:
+    """One flag per field of `config_class` (Config, or a subclass that adds flags)."""
     parser = _Parser(
         prog=prog,
-        description="beast: IMPALA on one machine (MonoBeast). Defaults shown are the"
+        description=getattr(
+            config_class, "parser_description", "beast: IMPALA on one machine (MonoBeast)."
+        )
+        + " Defaults shown are the"
         " built-in ones; the --config file (by default the tuned one for --env's family)"
         " replaces them, and flags replace both. --print_config shows the result.",
     )
-    for f in dataclasses.fields(Config):
+    for f in dataclasses.fields(config_class):
         kind = _arg_type(f.type)
         help_text = f.metadata["help"]
         if kind is bool:
@@ -276,8 +408,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def family_config_path(env: str) -> str | None:
-    """The tuned config file for `env`'s family, or None (custom envs, unknown ids).
+def family_config_path(env: str, algo: str = "impala") -> str | None:
+    """`algo`'s tuned config file for `env`'s family, or None (custom envs, unknown ids).
 
     This is what makes `python monobeast.py --env PongNoFrameskip-v4` start from
     settings that learn Pong rather than from whatever the field defaults are.
@@ -287,7 +419,7 @@ def family_config_path(env: str) -> str | None:
     family = env_family(env)
     if family is None:
         return None
-    path = os.path.join(CONFIGS_DIR, ALGO, f"{family}.yaml")
+    path = os.path.join(CONFIGS_DIR, algo, f"{family}.yaml")
     return path if os.path.isfile(path) else None
 
 
@@ -309,7 +441,7 @@ _NOT_IN_FILES = frozenset({"config"})
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
 
-def check_value(key: str, value: Any, source: str) -> Any:
+def check_value(key: str, value: Any, source: str, config_class: type[Config] = Config) -> Any:
     """`value` for the Config field `key`, in the field's type, or a one-line ConfigError.
 
     Used for config files and sweep files, whose values arrive typed by YAML rather
@@ -317,7 +449,7 @@ def check_value(key: str, value: Any, source: str) -> Any:
     accepted for float fields; strings that parse as floats too, because YAML 1.1
     reads `6e-4` (no dot) as a string.
     """
-    fields = {f.name: f for f in dataclasses.fields(Config)}
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
     if key not in fields or key in _NOT_IN_FILES:
         names = [name for name in fields if name not in _NOT_IN_FILES]
         close = difflib.get_close_matches(str(key), names, n=1)
@@ -347,7 +479,7 @@ def check_value(key: str, value: Any, source: str) -> Any:
     return value
 
 
-def load_config_file(path: str) -> dict[str, Any]:
+def load_config_file(path: str, config_class: type[Config] = Config) -> dict[str, Any]:
     """Read a YAML mapping of Config field names to values, each checked by check_value.
 
     Raises ConfigError (one line naming the file, and the key where there is one) for
@@ -366,7 +498,7 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise ConfigError(
             f"{path}: expected a mapping of flag names to values, got {type(data).__name__}"
         )
-    return {key: check_value(key, value, path) for key, value in data.items()}
+    return {key: check_value(key, value, path, config_class) for key, value in data.items()}
 
 
 def config_to_yaml(config: Config) -> str:
@@ -374,14 +506,18 @@ def config_to_yaml(config: Config) -> str:
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 
-def parse_args(argv: Sequence[str] | None = None, prog: str | None = None) -> Config:
-    """Parse flags (over a config file, over defaults) into a finalized Config.
+def parse_args(
+    argv: Sequence[str] | None = None,
+    prog: str | None = None,
+    config_class: type[Config] = Config,
+) -> Config:
+    """Parse flags (over a config file, over defaults) into a finalized `config_class`.
 
     Raises ConfigError on a bad config file or bad combinations; argparse exits with
     status 2 on malformed flags, and `--print_config` prints the merged config and
     exits with status 0, as `--help` does.
     """
-    parser = build_parser(prog or os.path.basename(sys.argv[0]))
+    parser = build_parser(prog or os.path.basename(sys.argv[0]), config_class)
     argv = list(sys.argv[1:] if argv is None else argv)
     # A first pass finds --config and --env (and reports malformed flags before any
     # file is read); the second lets the file's values replace the defaults while the
@@ -392,15 +528,15 @@ def parse_args(argv: Sequence[str] | None = None, prog: str | None = None) -> Co
     elif namespace.config is not None:
         path = _resolve_config_path(namespace.config)
     else:
-        path = family_config_path(namespace.env)
+        path = family_config_path(namespace.env, namespace.algo)
     if path is not None:
-        file_values = load_config_file(path)
+        file_values = load_config_file(path, config_class)
         parser.set_defaults(**file_values)
         namespace = parser.parse_args(argv)
     values = vars(namespace)
     print_config = values.pop("print_config")
     values["config"] = path
-    config = Config(**values)
+    config = config_class(**values)
     try:
         config.validate()
     except ConfigError as error:

@@ -12,6 +12,15 @@ as in TorchBeast; torch's intra-op threads parallelise the step itself.
 The learner does not know which algorithm runs: it calls `loss_fn(outputs,
 batch) -> LossOutput` and reads `total_loss` and `stats`.
 
+With a replay (LASER, beast/rollout_replay.py) a batch of `batch_size`
+rollouts is `batch_size - num_replayed` fresh ones (the first columns)
+followed by `num_replayed` sampled uniformly from the replay, which then
+receives the fresh ones: every rollout any actor produced goes into the
+replay once, and a batch never replays its own fresh rollouts. Until the
+replay holds `num_replayed` rollouts, batches are all fresh. Only fresh
+rollouts count as agent steps and report finished episodes; a replayed step
+was counted when it was fresh.
+
 Two guards: a torn slot (steps from two rollouts, see beast/buffers.py) is
 counted and freed, never batched; an update whose loss or gradient norm is
 not finite is skipped and counted, and `max_nonfinite_updates` of them in a
@@ -32,6 +41,7 @@ from torch import nn
 
 from beast.buffers import RolloutBuffers
 from beast.native import QueueClosed
+from beast.rollout_replay import RolloutReplay
 
 __all__ = [
     "Learner",
@@ -132,7 +142,14 @@ class Learner:
         on_update: Callable[[UpdateStats], None],
         progress: TrainingProgress | None = None,
         precision: str = "fp32",
+        reduce_gradients: Callable[[nn.Module, bool], bool] | None = None,
+        replay: RolloutReplay | None = None,
+        num_replayed: int = 0,
     ) -> None:
+        if replay is not None and not 0 < num_replayed < batch_size:
+            raise ValueError(
+                f"with a replay, num_replayed must be in [1, batch_size), got {num_replayed}"
+            )
         self.model = model
         self.actor_model = actor_model
         self.buffers = buffers
@@ -145,7 +162,14 @@ class Learner:
         self.grad_norm_clipping = grad_norm_clipping
         self.max_nonfinite_updates = max_nonfinite_updates
         self.bf16 = precision == "bf16"
+        self.replay = replay
+        self.num_replayed = num_replayed if replay is not None else 0
         self.on_update = on_update
+        # Several learners (beast/poly): called on every update, finite or not (it is a
+        # collective), with this learner's finiteness; it combines the gradients across
+        # learners in place and returns whether the update is finite on all of them, so
+        # that every learner takes the same step or skip and the weights stay identical.
+        self.reduce_gradients = reduce_gradients
         self.progress = progress or TrainingProgress()
         self._consecutive_nonfinite = 0
         # Guards progress.torn_rollouts, which batch threads bump without the
@@ -159,7 +183,8 @@ class Learner:
         self._stop = threading.Event()
         # Prepared batches waiting for a learner thread; small, so that a slow
         # learner applies back-pressure to the batch thread and not to memory.
-        self._batches: queue.Queue[dict[str, torch.Tensor]] = queue.Queue(maxsize=2)
+        # Each with the number of fresh rollouts (its first columns).
+        self._batches: queue.Queue[tuple[dict[str, torch.Tensor], int]] = queue.Queue(maxsize=2)
         # One batch-preparation thread per learner thread, so that gathering the
         # next batch never waits on an update in flight.
         self._threads = [
@@ -198,8 +223,10 @@ class Learner:
     def _batch_loop(self) -> None:
         pin = self.device.type == "cuda"
         while not self._stop.is_set():
+            replaying = self.replay is not None and len(self.replay) >= self.num_replayed
+            num_fresh = self.batch_size - self.num_replayed if replaying else self.batch_size
             indices: list[int] = []
-            while len(indices) < self.batch_size:
+            while len(indices) < num_fresh:
                 try:
                     index = self.buffers.full_queue.get(timeout=_POLL_SECONDS)
                 except queue.Empty:
@@ -215,13 +242,19 @@ class Learner:
             batch = self.buffers.gather(indices)
             for index in indices:
                 self.buffers.free_queue.put(index)
+            if self.replay is not None:
+                # Sampled before the fresh rollouts go in: none is replayed beside itself.
+                replayed = self.replay.sample(self.num_replayed) if replaying else None
+                self.replay.add(batch)
+                if replayed is not None:
+                    batch = {k: torch.cat([v, replayed[k]], dim=1) for k, v in batch.items()}
             if pin:
                 batch = {
                     k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()
                 }
             while not self._stop.is_set():
                 try:
-                    self._batches.put(batch, timeout=_POLL_SECONDS)
+                    self._batches.put((batch, num_fresh), timeout=_POLL_SECONDS)
                     break
                 except queue.Full:
                     continue
@@ -229,20 +262,23 @@ class Learner:
     def _learn_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                batch = self._batches.get(timeout=_POLL_SECONDS)
+                batch, num_fresh = self._batches.get(timeout=_POLL_SECONDS)
             except queue.Empty:
                 continue
             with self.lock:
                 if self.progress.step >= self.total_steps:
                     self.finished.set()
                     return
-                stats = self._update(batch)
+                stats = self._update(batch, num_fresh)
                 if self.progress.step >= self.total_steps:
                     self.finished.set()
             self.on_update(stats)
 
-    def _update(self, batch: dict[str, torch.Tensor]) -> UpdateStats:
-        """One optimizer step on one batch; caller holds the lock."""
+    def _update(self, batch: dict[str, torch.Tensor], num_fresh: int | None = None) -> UpdateStats:
+        """One optimizer step on one batch whose first `num_fresh` rollouts (default:
+        all) are fresh; caller holds the lock."""
+        if num_fresh is None:
+            num_fresh = batch["reward"].shape[1]
         loss, grad_norm = compute_gradients(
             self.model,
             self.loss_fn,
@@ -255,6 +291,8 @@ class Learner:
             device_type=self.device.type,
         )
         finite = bool(torch.isfinite(loss.total_loss.detach())) and bool(torch.isfinite(grad_norm))
+        if self.reduce_gradients is not None:
+            finite = self.reduce_gradients(self.model, finite)
         if finite:
             self._consecutive_nonfinite = 0
             self.optimizer.step()
@@ -280,21 +318,25 @@ class Learner:
                 )
 
         unroll_length = batch["reward"].shape[0] - 1
-        # The batch's steps count as consumed even when its update was skipped.
-        self.progress.step += unroll_length * self.batch_size
+        # The batch's fresh steps count as consumed even when its update was skipped.
+        self.progress.step += unroll_length * num_fresh
         # Step 0 repeats the previous rollout's last step: count episodes from t=1.
-        ended = batch["episode_end"][1:]
+        # Replayed rollouts reported theirs when they were fresh.
+        ended = batch["episode_end"][1:, :num_fresh]
         losses = {key: float(value) for key, value in loss.stats.items()}
         losses["grad_norm"] = float(grad_norm)
         losses["learning_rate"] = self.optimizer.param_groups[0]["lr"]
         losses["skipped_updates"] = self.progress.skipped_updates
         losses["torn_rollouts"] = self.progress.torn_rollouts
+        if self.replay is not None:
+            losses["replayed_rollouts"] = batch["reward"].shape[1] - num_fresh
+            losses["replay_fill"] = len(self.replay) / self.replay.capacity
         return UpdateStats(
             step=self.progress.step,
             num_updates=self.progress.num_updates,
             losses=losses,
-            episode_returns=batch["episode_return"][1:][ended].tolist(),
-            episode_steps=batch["episode_step"][1:][ended].tolist(),
+            episode_returns=batch["episode_return"][1:, :num_fresh][ended].tolist(),
+            episode_steps=batch["episode_step"][1:, :num_fresh][ended].tolist(),
         )
 
     def publish_weights(self) -> None:

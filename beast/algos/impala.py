@@ -47,6 +47,7 @@ __all__ = [
     "REWARD_CLIPPING_MODES",
     "LossOutput",
     "baseline_loss",
+    "check_loss_inputs",
     "clip_rewards",
     "entropy_loss",
     "impala_loss",
@@ -135,6 +136,33 @@ def clip_rewards(rewards: Tensor, reward_clipping: str) -> Tensor:
     )
 
 
+def check_loss_inputs(learner_outputs: Mapping[str, Tensor], batch: Mapping[str, Tensor]) -> None:
+    """Raise ValueError unless the learner outputs and the batch have the layout of
+    the module docstring, ``[T+1, B, ...]`` with ``T >= 1``. Shared with LASER."""
+    target_logits = learner_outputs["policy_logits"]
+    baseline = learner_outputs["baseline"]
+    if target_logits.dim() < 2 or target_logits.shape[0] < 2:
+        raise ValueError(
+            f"need T+1 >= 2 steps, got policy_logits of shape {tuple(target_logits.shape)}"
+        )
+    if baseline.shape != target_logits.shape[:-1]:
+        raise ValueError(
+            f"baseline has shape {tuple(baseline.shape)}, expected "
+            f"{tuple(target_logits.shape[:-1])}"
+        )
+    for key in ("reward", "done", "action"):
+        if batch[key].shape != baseline.shape:
+            raise ValueError(
+                f"batch[{key!r}] has shape {tuple(batch[key].shape)}, "
+                f"expected {tuple(baseline.shape)}"
+            )
+    if batch["policy_logits"].shape != target_logits.shape:
+        raise ValueError(
+            f"batch['policy_logits'] has shape {tuple(batch['policy_logits'].shape)}, "
+            f"expected {tuple(target_logits.shape)}"
+        )
+
+
 def impala_loss(
     learner_outputs: Mapping[str, Tensor],
     batch: Mapping[str, Tensor],
@@ -175,30 +203,11 @@ def impala_loss(
           clip_rho_threshold`` (0 when the threshold is None).
         - ``mean_entropy``: mean per-step policy entropy in nats, unscaled.
     """
+    check_loss_inputs(learner_outputs, batch)
     rewards = clip_rewards(batch["reward"][1:], reward_clipping)
 
     target_logits = learner_outputs["policy_logits"]
     baseline = learner_outputs["baseline"]
-    if target_logits.dim() < 2 or target_logits.shape[0] < 2:
-        raise ValueError(
-            f"need T+1 >= 2 steps, got policy_logits of shape {tuple(target_logits.shape)}"
-        )
-    if baseline.shape != target_logits.shape[:-1]:
-        raise ValueError(
-            f"baseline has shape {tuple(baseline.shape)}, expected "
-            f"{tuple(target_logits.shape[:-1])}"
-        )
-    for key in ("reward", "done", "action"):
-        if batch[key].shape != baseline.shape:
-            raise ValueError(
-                f"batch[{key!r}] has shape {tuple(batch[key].shape)}, "
-                f"expected {tuple(baseline.shape)}"
-            )
-    if batch["policy_logits"].shape != target_logits.shape:
-        raise ValueError(
-            f"batch['policy_logits'] has shape {tuple(batch['policy_logits'].shape)}, "
-            f"expected {tuple(target_logits.shape)}"
-        )
 
     # The transition out of obs_t (t < T) ended an episode iff obs_{t+1}
     # starts one; the bootstrap V(obs_T) is then cut.

@@ -1,0 +1,197 @@
+"""The LASER loss: V-trace with a trust region (Schmitt, Hessel & Simonyan 2019,
+"Off-Policy Actor-Critic with Shared Experience Replay", arXiv:1909.11583).
+
+LASER is IMPALA whose batches mix fresh rollouts with rollouts replayed from a
+FIFO (beast/rollout_replay.py, mixed in by beast/learner.py; the mixing is the
+paper's section 3, Proposition 3), plus this loss. The loss does not know which
+rollouts were replayed: it reads the behaviour logits stored with every step,
+as IMPALA's loss does. Batch layout, shift and sums: beast/algos/impala.py.
+
+The trust region (section 4) rejects the steps whose data would bias V-trace
+too much. Per step, the behaviour relevance function of section 4.3 is
+
+    beta_KL(x_t) = KL(pi(.|x_t) || pi~(.|x_t))
+                 = sum_a pi(a|x_t) log(pi(a|x_t) / pi~(a|x_t))
+    pi~(a|x)     = min(rho_bar mu(a|x), pi(a|x)) / sum_b min(rho_bar mu(b|x), pi(b|x))
+
+with pi the learner's (target) policy, mu the behaviour policy stored with the
+step and pi~ the "implied policy" (eq. 3, Proposition 1; IMPALA's Theorem 1):
+V-trace with clipping rho_bar estimates the value of pi~, not of pi. So the KL
+is taken from pi to pi~, not between mu and pi: it measures the bias V-trace
+brings in at x_t. mu far from pi where pi has little mass costs little (pi~
+stays close to pi); mu short of pi on pi's likely actions costs a lot. It is 0
+on policy, and always 0 without clipping (rho_bar None: pi~ = pi, V-trace is
+then plain importance sampling, unbiased, and nothing is rejected).
+
+A step with beta_KL > `trust_region_threshold` (the paper's b) is rejected
+"entirely for all estimates" (section 4.3), which here means:
+
+- policy gradient: the step's term is masked out (impala.policy_gradient_loss's
+  mask); its logits get no policy-gradient gradient.
+- baseline: the step's term is masked out as well.
+- V-trace targets: the step gets importance weight 0, so its TD error is
+  dropped and every trace through it is cut: v_t = V(x_t) there, and the step
+  before it bootstraps from V(x_t). This is eq. 8's lambda_{pi,mu}(s_t) =
+  1[beta(s_t) < b], which "stop[s] the Monte-Carlo bootstraps once they reach
+  undesirable state-behaviour pairs".
+- entropy: not masked. It regularises pi at x_t and uses no behaviour data.
+  (The paper computes the entropy on online data only; our loss does not know
+  which steps are online, and keeps IMPALA's entropy over every step.)
+
+Relevance depends on the state and the two policies, never on the sampled
+action, so the rejection adds no bias of its own (section 4.3). A threshold of
+None or 0 turns the trust region off: the loss is then exactly impala_loss's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from beast.algos import impala, vtrace
+from beast.algos.impala import LossOutput
+
+__all__ = ["laser_loss", "trust_region_kl", "trust_region_mask"]
+
+
+@torch.no_grad()
+def trust_region_kl(
+    behavior_policy_logits: Tensor,
+    target_policy_logits: Tensor,
+    clip_rho_threshold: float | None = 1.0,
+) -> Tensor:
+    """``KL(pi || pi~)`` per step, the behaviour relevance of section 4.3.
+
+    Args:
+        behavior_policy_logits: float ``[T, B, A]``, ``mu``'s logits.
+        target_policy_logits: float ``[T, B, A]``, ``pi``'s logits.
+        clip_rho_threshold: V-trace's ``rho_bar``, which defines ``pi~``; None
+            for no clipping (``pi~ = pi``, the KL is 0).
+
+    Returns:
+        float ``[T, B]``, ``>= 0``, detached, in at least float32. Computed in
+        log space: ``log min(rho_bar mu, pi) = min(log rho_bar + log mu, log
+        pi)`` stays finite where the probabilities underflow.
+    """
+    if behavior_policy_logits.shape != target_policy_logits.shape:
+        raise ValueError(
+            f"behavior_policy_logits {tuple(behavior_policy_logits.shape)} and "
+            f"target_policy_logits {tuple(target_policy_logits.shape)} differ"
+        )
+    dtype = torch.promote_types(
+        torch.promote_types(behavior_policy_logits.dtype, target_policy_logits.dtype),
+        torch.float32,
+    )
+    log_pi = F.log_softmax(target_policy_logits.to(dtype), dim=-1)
+    if clip_rho_threshold is None:
+        return torch.zeros(log_pi.shape[:-1], dtype=dtype, device=log_pi.device)
+    log_mu = F.log_softmax(behavior_policy_logits.to(dtype), dim=-1)
+    log_min = torch.minimum(log_mu + math.log(clip_rho_threshold), log_pi)
+    log_implied = log_min - torch.logsumexp(log_min, dim=-1, keepdim=True)
+    # log pi >= log min and the normaliser is <= 1, so every term is >= 0 up to
+    # rounding; the clamp removes rounding's -1e-8s.
+    return (log_pi.exp() * (log_pi - log_implied)).sum(-1).clamp(min=0.0)
+
+
+def trust_region_mask(kl: Tensor, threshold: float | None) -> Tensor | None:
+    """Bool ``[T, B]``, True for the steps kept (``kl <= threshold``); None when
+    the trust region is off (threshold None or 0). A NaN KL is rejected."""
+    if not threshold:
+        return None
+    return kl <= threshold
+
+
+def laser_loss(
+    learner_outputs: Mapping[str, Tensor],
+    batch: Mapping[str, Tensor],
+    *,
+    discounting: float,
+    reward_clipping: str,
+    baseline_cost: float,
+    entropy_cost: float,
+    trust_region_threshold: float | None,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+) -> LossOutput:
+    """IMPALA's loss with LASER's trust region over one learner batch.
+
+    Args:
+        learner_outputs, batch, discounting, reward_clipping, baseline_cost,
+        entropy_cost, clip_rho_threshold, clip_pg_rho_threshold: as in
+            ``impala.impala_loss``; ``clip_rho_threshold`` also defines the
+            implied policy of the trust region.
+        trust_region_threshold: the KL bound b; steps above it are rejected as
+            the module docstring says. None or 0: no step is rejected.
+
+    Returns:
+        ``LossOutput(total_loss, stats)`` with impala_loss's stats (costs
+        included; ``mean_rho`` is the mean unclipped importance ratio over all
+        steps, rejected ones included) plus detached scalars:
+
+        - ``mean_kl``: mean per-step ``KL(pi || pi~)`` in nats (computed with
+          the trust region off too, as a gauge of how off-policy the batch is).
+        - ``masked_fraction``: fraction of steps rejected (0 when off).
+    """
+    impala.check_loss_inputs(learner_outputs, batch)
+    rewards = impala.clip_rewards(batch["reward"][1:], reward_clipping)
+    target_logits = learner_outputs["policy_logits"]
+    baseline = learner_outputs["baseline"]
+
+    # As in impala_loss: the transition out of obs_t ended an episode iff obs_{t+1} starts one.
+    not_done = batch["done"][1:].logical_not()
+    discounts = discounting * not_done.to(rewards.dtype)
+    logits = target_logits[:-1]
+    actions = batch["action"][:-1]
+    values = baseline[:-1]
+    behavior_logits = batch["policy_logits"][:-1]
+
+    with torch.no_grad():
+        log_rhos = vtrace.action_log_probs(logits, actions) - vtrace.action_log_probs(
+            behavior_logits, actions
+        )
+        kl = trust_region_kl(behavior_logits, logits, clip_rho_threshold)
+        keep = trust_region_mask(kl, trust_region_threshold)
+        # A rejected step's importance weight is 0 (exp(-inf)): see the module docstring.
+        vtrace_log_rhos = log_rhos if keep is None else log_rhos.masked_fill(~keep, -torch.inf)
+
+    vtrace_returns = vtrace.from_importance_weights(
+        log_rhos=vtrace_log_rhos,
+        discounts=discounts,
+        rewards=rewards,
+        values=values,
+        bootstrap_value=baseline[-1],
+        clip_rho_threshold=clip_rho_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold,
+    )
+
+    pg_loss = impala.policy_gradient_loss(logits, actions, vtrace_returns.pg_advantages, keep)
+    value_loss = baseline_cost * impala.baseline_loss(values, vtrace_returns.vs, keep)
+    negentropy_loss = entropy_cost * impala.entropy_loss(logits)
+    total_loss = pg_loss + value_loss + negentropy_loss
+
+    with torch.no_grad():
+        rhos = log_rhos.exp()
+        if clip_rho_threshold is None:
+            rho_clipped_fraction = torch.zeros((), dtype=rhos.dtype, device=rhos.device)
+        else:
+            rho_clipped_fraction = (rhos > clip_rho_threshold).to(rhos.dtype).mean()
+        if keep is None:
+            masked_fraction = torch.zeros((), dtype=kl.dtype, device=kl.device)
+        else:
+            masked_fraction = (~keep).to(kl.dtype).mean()
+        stats = {
+            "total_loss": total_loss.detach(),
+            "pg_loss": pg_loss.detach(),
+            "baseline_loss": value_loss.detach(),
+            "entropy_loss": negentropy_loss.detach(),
+            "mean_rho": rhos.mean(),
+            "rho_clipped_fraction": rho_clipped_fraction,
+            "mean_entropy": -impala.entropy_loss(logits.detach()) / values.numel(),
+            "mean_kl": kl.mean(),
+            "masked_fraction": masked_fraction,
+        }
+    return LossOutput(total_loss=total_loss, stats=stats)
