@@ -42,6 +42,7 @@ from beast import envs
 from beast.buffers import RolloutBuffers, core_state_key
 from beast.inference import CentralPolicy, InferenceTable, LocalPolicy
 from beast.native import QueueClosed
+from beast.profile import ACTOR_PHASES, PhaseClock
 
 __all__ = ["ActorSettings", "ERROR_BOARD_BYTES", "run_actor"]
 
@@ -150,17 +151,23 @@ def run_actor(
     policy_source: nn.Module | InferenceTable,
     learner_pid: int,
     error_board: torch.Tensor,
+    phase_seconds: torch.Tensor | None = None,
 ) -> None:
     """Process entry point. Exits 0 on shutdown, 1 after posting its error.
 
     policy_source: the shared-memory model (local policy) or the request
     table of the learner's inference server (central policy).
+    phase_seconds: shared float64 [num_actors, len(ACTOR_PHASES)]; this actor
+    adds the seconds of each phase of its loop to its row (beast/profile.py).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     torch.manual_seed(settings.seed * 7919 + actor_index + incarnation * _INCARNATION_SEED_STRIDE)
     try:
-        _act(actor_index, incarnation, settings, buffers, policy_source, learner_pid)
+        if phase_seconds is None:
+            phase_seconds = torch.zeros((actor_index + 1, len(ACTOR_PHASES)), dtype=torch.float64)
+        clock = PhaseClock(phase_seconds[actor_index], ACTOR_PHASES)
+        _act(actor_index, incarnation, settings, buffers, policy_source, learner_pid, clock)
     except Exception:
         report = traceback.format_exc().encode("utf-8")[-(ERROR_BOARD_BYTES - 1) :]
         row = error_board[actor_index]
@@ -176,6 +183,7 @@ def _act(
     buffers: RolloutBuffers,
     policy_source: nn.Module | InferenceTable,
     learner_pid: int,
+    clock: PhaseClock,
 ) -> None:
     k, unroll_length = settings.num_envs, settings.unroll_length
     env_batch = _EnvBatch(settings, actor_index, incarnation)
@@ -212,24 +220,31 @@ def _act(
 
     try:
         step = policy.act(inputs)
+        clock.restart()
         while True:
             slot_list = _take_free_slots(buffers, k, actor_index, learner_pid)
             if slot_list is None:
                 return
+            clock.mark("wait_slots")
             slots = torch.tensor(slot_list, dtype=torch.int64)
             # The state that produced step 0's output: the learner replays
             # step 0 from it. Policies give it per env, [K, d0, ...], as slots store it.
             for i, tensor in enumerate(policy.state):
                 fields[core_state_key(i)][slots] = tensor
             write_step(slots, 0)
+            clock.mark("slot_write")
             for t in range(1, unroll_length + 1):
                 inputs["last_action"].copy_(step.action)
                 env_batch.step(step.action.numpy())
+                clock.mark("env_step")
                 step = policy.act(inputs)
+                clock.mark("inference")
                 write_step(slots, t)
+                clock.mark("slot_write")
             for slot in slot_list:
                 buffers.slot_owner[slot] = -1
                 buffers.full_queue.put(slot)
+            clock.mark("slot_write")
             rollout_ids += k
             if not _learner_alive(learner_pid):
                 return

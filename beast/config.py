@@ -210,6 +210,12 @@ class Config:
 
     # Logging, checkpoints, evaluation.
     log_interval: float = _flag(5.0, "Seconds between console progress lines.")
+    profile: bool = _flag(
+        False,
+        "Print where time goes (actors: waiting for slots, inference, env step, slot writes;"
+        " learner: waiting for a batch, forward, backward, optimizer, publishing) with every"
+        " progress line and at the end.",
+    )
     checkpoint_interval: float = _flag(
         300.0, "Seconds between checkpoints (one is always written at the end)."
     )

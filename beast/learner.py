@@ -29,6 +29,7 @@ row stop the run, so a diverged model is never stepped or published.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -41,6 +42,7 @@ from torch import nn
 
 from beast.buffers import RolloutBuffers
 from beast.native import QueueClosed
+from beast.profile import LEARNER_PHASES, PhaseClock
 from beast.rollout_replay import RolloutReplay
 
 __all__ = [
@@ -95,6 +97,7 @@ def compute_gradients(
     grad_norm_clipping: float,
     bf16: bool,
     device_type: str,
+    clock: PhaseClock | None = None,
 ) -> tuple[Any, torch.Tensor]:
     """The first half of an update: forward, loss, backward, gradient clipping.
 
@@ -102,16 +105,23 @@ def compute_gradients(
     one). The forward pass may run under bf16 autocast; V-trace and the losses
     always run in float32. Leaves clipped gradients in `.grad`; returns the
     LossOutput and the gradient norm before clipping (0 disables clipping).
+    `clock` (--profile) gets a "forward" mark after the loss and a "backward"
+    one after clipping.
     """
     model.train()
     with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
         outputs, _ = forward(batch, core_state)
     loss = loss_fn({k: v.float() for k, v in outputs._asdict().items()}, batch)
+    if clock is not None:
+        clock.mark("forward")
     optimizer.zero_grad(set_to_none=True)
     loss.total_loss.backward()
     # clip_grad_norm_ with an infinite bound just measures the norm.
     max_norm = grad_norm_clipping if grad_norm_clipping > 0 else float("inf")
-    return loss, nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if clock is not None:
+        clock.mark("backward")
+    return loss, grad_norm
 
 
 def copy_weights(destination: nn.Module, source: nn.Module) -> None:
@@ -193,9 +203,16 @@ class Learner:
             )
             for i in range(num_learner_threads)
         ]
+        # Seconds per phase of each learner thread (beast/profile.py, --profile).
+        self.phase_seconds = torch.zeros(
+            (num_learner_threads, len(LEARNER_PHASES)), dtype=torch.float64
+        )
         self._threads += [
             threading.Thread(
-                target=self._run, args=(self._learn_loop,), name=f"learner-{i}", daemon=True
+                target=self._run,
+                args=(functools.partial(self._learn_loop, i),),
+                name=f"learner-{i}",
+                daemon=True,
             )
             for i in range(num_learner_threads)
         ]
@@ -259,22 +276,29 @@ class Learner:
                 except queue.Full:
                     continue
 
-    def _learn_loop(self) -> None:
+    def _learn_loop(self, thread_index: int) -> None:
+        clock = PhaseClock(self.phase_seconds[thread_index], LEARNER_PHASES)
         while not self._stop.is_set():
             try:
                 batch, num_fresh = self._batches.get(timeout=_POLL_SECONDS)
             except queue.Empty:
                 continue
             with self.lock:
+                clock.mark("wait_batch")
                 if self.progress.step >= self.total_steps:
                     self.finished.set()
                     return
-                stats = self._update(batch, num_fresh)
+                stats = self._update(batch, num_fresh, clock)
                 if self.progress.step >= self.total_steps:
                     self.finished.set()
             self.on_update(stats)
 
-    def _update(self, batch: dict[str, torch.Tensor], num_fresh: int | None = None) -> UpdateStats:
+    def _update(
+        self,
+        batch: dict[str, torch.Tensor],
+        num_fresh: int | None = None,
+        clock: PhaseClock | None = None,
+    ) -> UpdateStats:
         """One optimizer step on one batch whose first `num_fresh` rollouts (default:
         all) are fresh; caller holds the lock."""
         if num_fresh is None:
@@ -289,6 +313,7 @@ class Learner:
             grad_norm_clipping=self.grad_norm_clipping,
             bf16=self.bf16,
             device_type=self.device.type,
+            clock=clock,
         )
         finite = bool(torch.isfinite(loss.total_loss.detach())) and bool(torch.isfinite(grad_norm))
         if self.reduce_gradients is not None:
@@ -302,7 +327,11 @@ class Learner:
                     " (the last checkpoint is kept as it is)"
                 )
             self.scheduler.step()
+            if clock is not None:
+                clock.mark("optimizer")
             self.publish_weights()
+            if clock is not None:
+                clock.mark("publish")
             self.progress.num_updates += 1
         else:
             self.optimizer.zero_grad(set_to_none=True)

@@ -42,6 +42,7 @@ from beast.inference import InferenceServer, InferenceTable
 from beast.learner import Learner, NonFiniteError, TrainingProgress
 from beast.logs import RunLog
 from beast.models import build_model
+from beast.profile import format_profile
 from beast.rollout_replay import RolloutReplay
 from beast.supervisor import ActorPool
 
@@ -431,6 +432,8 @@ def train(config: Config) -> None:
                 server.stop(_LEARNER_STOP_SECONDS)
             checkpoint()
             log.print(f"checkpoint at step {progress.step:,} in {config.run_dir}")
+            if config.profile:
+                _print_profile(learner, actors, log)
         except CheckpointError as error:
             failure = failure or str(error)
         finally:
@@ -439,6 +442,16 @@ def train(config: Config) -> None:
                 signal.signal(signum, handler)
     if failure:
         raise TrainingError(failure)
+
+
+def _print_profile(learner: Learner, actors: ActorPool, log: RunLog) -> None:
+    for line in format_profile(
+        actors.phase_seconds,
+        learner.phase_seconds,
+        num_updates=learner.progress.num_updates,
+        steps=learner.progress.step,
+    ):
+        log.print(f"profile: {line}")
 
 
 def _monitor(
@@ -462,6 +475,8 @@ def _monitor(
         now = time.monotonic()
         if now - last_line >= config.log_interval:
             log.report_progress()
+            if config.profile:
+                _print_profile(learner, actors, log)
             last_line = now
         if now - last_checkpoint >= config.checkpoint_interval:
             checkpoint()

@@ -32,6 +32,7 @@ import torch
 from beast.actor import ERROR_BOARD_BYTES, ActorSettings, run_actor
 from beast.buffers import RolloutBuffers
 from beast.inference import InferenceTable
+from beast.profile import ACTOR_PHASES, shared_counters
 
 __all__ = ["ActorPool", "RESTART_WINDOW_SECONDS"]
 
@@ -61,6 +62,8 @@ class ActorPool:
         # One row per actor: a NUL-terminated UTF-8 traceback written by a failing actor.
         self.error_board = torch.zeros((num_actors, ERROR_BOARD_BYTES), dtype=torch.uint8)
         self.error_board.share_memory_()
+        # Seconds per phase of each actor's loop (beast/profile.py), across restarts.
+        self.phase_seconds = shared_counters(num_actors, ACTOR_PHASES)
         self.processes: list[mp.process.BaseProcess | None] = [None] * num_actors
         self.incarnations = [0] * num_actors
         self.restarts = 0
@@ -83,6 +86,7 @@ class ActorPool:
                 self.policy_source,
                 os.getpid(),
                 self.error_board,
+                self.phase_seconds,
             ),
         )
         process.start()
