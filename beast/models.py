@@ -1,4 +1,4 @@
-"""Actor-critic networks for IMPALA-style agents.
+"""Actor-critic networks for IMPALA-style agents, and dueling Q-networks for R2D2 / Ape-X.
 
 Every model is ``torso -> core -> heads`` and runs on time-major batches:
 
@@ -29,6 +29,11 @@ Initialisation: orthogonal weights and zero biases for every conv and linear lay
 sqrt(2), for the ReLUs that follow them), the policy head with gain 0.01 so the initial policy is
 close to uniform (Andrychowicz et al. 2021, "What Matters in On-Policy RL?") and
 the baseline head with gain 1. The LSTM keeps PyTorch's default uniform initialisation.
+
+Q-networks (`DuelingQNet`, `build_q_model`) take the same inputs and torsos and return
+``QOutput.q_values`` [T, B, num_actions] float32 through a dueling head (Wang et al. 2016). With
+an LSTM (R2D2) the core input is the same ``[features, clipped reward, one-hot last action]``;
+without one (Ape-X) the head reads the torso features alone, as in the Ape-X paper's dueling DQN.
 """
 
 from __future__ import annotations
@@ -47,9 +52,12 @@ __all__ = [
     "AgentOutput",
     "AtariNet",
     "CoreState",
+    "DuelingQNet",
     "MLPNet",
+    "QOutput",
     "ResNet",
     "build_model",
+    "build_q_model",
 ]
 
 MODEL_NAMES = ("auto", "atari", "resnet", "mlp")
@@ -201,32 +209,44 @@ class ActorCriticNet(nn.Module):
     def _unroll(
         self, core_input: Tensor, done: Tensor, core_state: CoreState
     ) -> tuple[Tensor, CoreState]:
-        """LSTM over core_input [T, B, F], zeroing a sample's state where done[t] is set.
-
-        Rather than stepping the LSTM once per t (TorchBeast), split T at the steps where any
-        sample starts an episode and run one LSTM call per chunk: the state is only reset at
-        chunk starts, so this is the same computation, but an 80-step learner unroll with no
-        episode end is one fused call instead of 80. Returns (output [T, B, lstm_size], state).
-        """
         assert self.core is not None
-        T, B = done.shape
-        if not core_state:
-            core_state = self.initial_state(B, core_input.device)
-        # [T, 1, B, 1]: indexing t gives [1, B, 1], broadcasting over (layers, B, hidden).
-        done = done.bool().view(T, 1, B, 1)
-        # Chunk starts: 0, then every t > 0 where some sample's episode starts. T == 1 is the
-        # actors' path and skips the search, which would cost a host sync on GPU.
-        starts = [0]
-        if T > 1:
-            starts += (done[1:].flatten(1).any(dim=1).nonzero().flatten() + 1).tolist()
-        outputs = []
-        for start, end in zip(starts, [*starts[1:], T], strict=True):
-            # masked_fill, not a multiply by (1 - done): a reset must also clear NaN/inf (e.g.
-            # debug sentinels in an unwritten state buffer), and 0 * NaN is NaN.
-            core_state = tuple(s.masked_fill(done[start], 0.0) for s in core_state)
-            output, core_state = self.core(core_input[start:end], core_state)
-            outputs.append(output)
-        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), tuple(core_state)
+        return _unroll_lstm(self.core, core_input, done, core_state)
+
+
+def _zero_state(core: nn.LSTM, batch_size: int, device: torch.device | str) -> CoreState:
+    shape = (core.num_layers, batch_size, core.hidden_size)
+    return (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+
+
+def _unroll_lstm(
+    core: nn.LSTM, core_input: Tensor, done: Tensor, core_state: CoreState
+) -> tuple[Tensor, CoreState]:
+    """LSTM over core_input [T, B, F], zeroing a sample's state where done[t] is set.
+
+    Rather than stepping the LSTM once per t (TorchBeast), split T at the steps where any
+    sample starts an episode and run one LSTM call per chunk: the state is only reset at
+    chunk starts, so this is the same computation, but an 80-step learner unroll with no
+    episode end is one fused call instead of 80. Returns (output [T, B, lstm_size], state).
+    An empty ``core_state`` means zeros.
+    """
+    T, B = done.shape
+    if not core_state:
+        core_state = _zero_state(core, B, core_input.device)
+    # [T, 1, B, 1]: indexing t gives [1, B, 1], broadcasting over (layers, B, hidden).
+    done = done.bool().view(T, 1, B, 1)
+    # Chunk starts: 0, then every t > 0 where some sample's episode starts. T == 1 is the
+    # actors' path and skips the search, which would cost a host sync on GPU.
+    starts = [0]
+    if T > 1:
+        starts += (done[1:].flatten(1).any(dim=1).nonzero().flatten() + 1).tolist()
+    outputs = []
+    for start, end in zip(starts, [*starts[1:], T], strict=True):
+        # masked_fill, not a multiply by (1 - done): a reset must also clear NaN/inf (e.g.
+        # debug sentinels in an unwritten state buffer), and 0 * NaN is NaN.
+        core_state = tuple(s.masked_fill(done[start], 0.0) for s in core_state)
+        output, core_state = core(core_input[start:end], core_state)
+        outputs.append(output)
+    return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), tuple(core_state)
 
 
 class AtariNet(ActorCriticNet):
@@ -244,21 +264,27 @@ class AtariNet(ActorCriticNet):
         lstm_size: int = DEFAULT_LSTM_SIZE,
     ) -> None:
         obs_shape = tuple(obs_shape)
-        _check_image_shape(obs_shape, "atari")
-        convs = nn.Sequential(
-            nn.Conv2d(obs_shape[0], 32, kernel_size=8, stride=4),
-            nn.ReLU(),
-            nn.Conv2d(32, 64, kernel_size=4, stride=2),
-            nn.ReLU(),
-            nn.Conv2d(64, 64, kernel_size=3, stride=1),
-            nn.ReLU(),
-            nn.Flatten(),
+        torso, torso_size = _atari_torso(obs_shape)
+        super().__init__(
+            torso, torso_size, obs_shape, num_actions, use_lstm=use_lstm, lstm_size=lstm_size
         )
-        torso = nn.Sequential(
-            convs, nn.Linear(_flat_size(convs, obs_shape, "atari"), 512), nn.ReLU()
-        )
-        _orthogonal_init(torso, _RELU_GAIN)
-        super().__init__(torso, 512, obs_shape, num_actions, use_lstm=use_lstm, lstm_size=lstm_size)
+
+
+def _atari_torso(obs_shape: tuple[int, ...]) -> tuple[nn.Module, int]:
+    """The Nature-DQN torso (see AtariNet), initialised; returns (torso, features)."""
+    _check_image_shape(obs_shape, "atari")
+    convs = nn.Sequential(
+        nn.Conv2d(obs_shape[0], 32, kernel_size=8, stride=4),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, kernel_size=4, stride=2),
+        nn.ReLU(),
+        nn.Conv2d(64, 64, kernel_size=3, stride=1),
+        nn.ReLU(),
+        nn.Flatten(),
+    )
+    torso = nn.Sequential(convs, nn.Linear(_flat_size(convs, obs_shape, "atari"), 512), nn.ReLU())
+    _orthogonal_init(torso, _RELU_GAIN)
+    return torso, 512
 
 
 class _ResidualBlock(nn.Module):
@@ -290,23 +316,29 @@ class ResNet(ActorCriticNet):
         lstm_size: int = DEFAULT_LSTM_SIZE,
     ) -> None:
         obs_shape = tuple(obs_shape)
-        _check_image_shape(obs_shape, "resnet")
-        layers: list[nn.Module] = []
-        in_channels = obs_shape[0]
-        for channels in (16, 32, 32):
-            layers += [
-                nn.Conv2d(in_channels, channels, kernel_size=3, padding=1),
-                nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
-                _ResidualBlock(channels),
-                _ResidualBlock(channels),
-            ]
-            in_channels = channels
-        convs = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
-        torso = nn.Sequential(
-            convs, nn.Linear(_flat_size(convs, obs_shape, "resnet"), 256), nn.ReLU()
+        torso, torso_size = _resnet_torso(obs_shape)
+        super().__init__(
+            torso, torso_size, obs_shape, num_actions, use_lstm=use_lstm, lstm_size=lstm_size
         )
-        _orthogonal_init(torso, _RELU_GAIN)
-        super().__init__(torso, 256, obs_shape, num_actions, use_lstm=use_lstm, lstm_size=lstm_size)
+
+
+def _resnet_torso(obs_shape: tuple[int, ...]) -> tuple[nn.Module, int]:
+    """The IMPALA deep ResNet torso (see ResNet), initialised; returns (torso, features)."""
+    _check_image_shape(obs_shape, "resnet")
+    layers: list[nn.Module] = []
+    in_channels = obs_shape[0]
+    for channels in (16, 32, 32):
+        layers += [
+            nn.Conv2d(in_channels, channels, kernel_size=3, padding=1),
+            nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+            _ResidualBlock(channels),
+            _ResidualBlock(channels),
+        ]
+        in_channels = channels
+    convs = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
+    torso = nn.Sequential(convs, nn.Linear(_flat_size(convs, obs_shape, "resnet"), 256), nn.ReLU())
+    _orthogonal_init(torso, _RELU_GAIN)
+    return torso, 256
 
 
 class MLPNet(ActorCriticNet):
@@ -328,17 +360,23 @@ class MLPNet(ActorCriticNet):
         hidden_size: int = DEFAULT_MLP_HIDDEN_SIZE,
     ) -> None:
         obs_shape = tuple(obs_shape)
-        torso = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(math.prod(obs_shape), hidden_size),
-            nn.ReLU(),
-            nn.Linear(hidden_size, hidden_size),
-            nn.ReLU(),
-        )
-        _orthogonal_init(torso, _RELU_GAIN)
+        torso, torso_size = _mlp_torso(obs_shape, hidden_size)
         super().__init__(
-            torso, hidden_size, obs_shape, num_actions, use_lstm=use_lstm, lstm_size=hidden_size
+            torso, torso_size, obs_shape, num_actions, use_lstm=use_lstm, lstm_size=hidden_size
         )
+
+
+def _mlp_torso(obs_shape: tuple[int, ...], hidden_size: int) -> tuple[nn.Module, int]:
+    """Two ReLU layers of hidden_size on the flattened obs (see MLPNet), initialised."""
+    torso = nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(math.prod(obs_shape), hidden_size),
+        nn.ReLU(),
+        nn.Linear(hidden_size, hidden_size),
+        nn.ReLU(),
+    )
+    _orthogonal_init(torso, _RELU_GAIN)
+    return torso, hidden_size
 
 
 def build_model(
@@ -396,4 +434,175 @@ def build_model(
     image_cls = AtariNet if name == "atari" else ResNet
     return image_cls(
         obs_shape, num_actions, use_lstm=use_lstm, lstm_size=hidden_size or DEFAULT_LSTM_SIZE
+    )
+
+
+# Q-networks for R2D2 and Ape-X.
+
+# R2D2's LSTM (Kapturowski et al. 2019, section 2.3) and the width of each dueling stream for
+# the image torsos (R2D2 and Ape-X: 512).
+DEFAULT_Q_LSTM_SIZE = 512
+DEFAULT_Q_HEAD_SIZE = 512
+
+
+class QOutput(NamedTuple):
+    """What a Q-network returns for each step.
+
+    q_values: float32 [T, B, num_actions], Q(x_t, a) for every action a.
+    """
+
+    q_values: Tensor
+
+
+class DuelingQNet(nn.Module):
+    """torso -> [LSTM] -> dueling head: ``Q = V + A - mean_a A`` (Wang et al. 2016, eq. 9).
+
+    The value and advantage streams are each ``Linear(head_size) -> ReLU -> Linear``; subtracting
+    the mean advantage makes V and A identifiable without changing the greedy action.
+
+    Args:
+        torso: maps float32 [N, *obs_shape] to float32 [N, torso_size].
+        torso_size: features per sample out of ``torso``.
+        obs_shape: shape of one observation.
+        num_actions: size of the discrete action space.
+        use_lstm: R2D2's recurrent core, fed ``[features, clipped reward, one-hot last action]``
+            and reset per sample at ``done``; without it the head reads the features only.
+        lstm_size: LSTM hidden size (ignored without ``use_lstm``).
+        head_size: width of each dueling stream's hidden layer.
+    """
+
+    def __init__(
+        self,
+        torso: nn.Module,
+        torso_size: int,
+        obs_shape: Sequence[int],
+        num_actions: int,
+        *,
+        use_lstm: bool,
+        lstm_size: int,
+        head_size: int,
+    ) -> None:
+        super().__init__()
+        self.obs_shape = tuple(obs_shape)
+        self.num_actions = num_actions
+        self.use_lstm = use_lstm
+        self.torso = torso
+        self.core: nn.LSTM | None
+        if use_lstm:
+            self.core = nn.LSTM(torso_size + 1 + num_actions, lstm_size, num_layers=1)
+            head_input_size = lstm_size
+        else:
+            self.core = None
+            head_input_size = torso_size
+        self.value = nn.Sequential(
+            nn.Linear(head_input_size, head_size), nn.ReLU(), nn.Linear(head_size, 1)
+        )
+        self.advantage = nn.Sequential(
+            nn.Linear(head_input_size, head_size), nn.ReLU(), nn.Linear(head_size, num_actions)
+        )
+        for stream in (self.value, self.advantage):
+            _orthogonal_init(stream[0], _RELU_GAIN)
+            _orthogonal_init(stream[2], 1.0)
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> CoreState:
+        """Zero recurrent state for ``batch_size`` samples (``()`` without an LSTM)."""
+        if self.core is None:
+            return ()
+        if device is None:
+            device = self.value[0].weight.device
+        return _zero_state(self.core, batch_size, device)
+
+    def forward(
+        self, inputs: Mapping[str, Tensor], core_state: CoreState = ()
+    ) -> tuple[QOutput, CoreState]:
+        """Run T steps for B samples; the ``inputs`` contract is the module docstring's.
+
+        Feed-forward models read only ``inputs["obs"]`` and return the empty state.
+        """
+        obs = inputs["obs"]
+        T, B = obs.shape[:2]
+        x = obs.flatten(0, 1)
+        x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+        x = self.torso(x)
+        if self.core is None:
+            core_output = x
+            core_state = ()
+        else:
+            reward = inputs["reward"].flatten(0, 1).float().clamp(-1.0, 1.0).unsqueeze(1)
+            last_action = F.one_hot(inputs["last_action"].flatten(0, 1), self.num_actions).float()
+            core_input = torch.cat([x, reward, last_action], dim=1).view(T, B, -1)
+            core_output, core_state = _unroll_lstm(
+                self.core, core_input, inputs["done"], core_state
+            )
+            core_output = core_output.flatten(0, 1)
+        value = self.value(core_output)
+        advantage = self.advantage(core_output)
+        q_values = value + advantage - advantage.mean(dim=1, keepdim=True)
+        return QOutput(q_values.view(T, B, self.num_actions)), core_state
+
+
+def build_q_model(
+    name: str,
+    obs_shape: Sequence[int],
+    num_actions: int,
+    *,
+    use_lstm: bool = False,
+    hidden_size: int | None = None,
+) -> DuelingQNet:
+    """Build a dueling Q-network by torso name (one of MODEL_NAMES, as `build_model`).
+
+    "auto" picks "atari" for 3-D [C, H, W] observations and "mlp" for 1-D vectors.
+
+    ``hidden_size`` sets the MLP torso's layer width, its LSTM and its dueling streams
+    (default 64); for the image torsos it sets the LSTM width (default 512, R2D2's), and is an
+    error without ``use_lstm``; their dueling streams are 512 wide (R2D2, Ape-X).
+
+    Raises:
+        ValueError: unknown name, impossible shape, or a non-positive size.
+    """
+    obs_shape = tuple(int(d) for d in obs_shape)
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES}")
+    if not obs_shape or min(obs_shape) < 1:
+        raise ValueError(f"obs_shape must be non-empty with positive sizes, got {obs_shape}")
+    if num_actions < 1:
+        raise ValueError(f"num_actions must be >= 1, got {num_actions}")
+    if hidden_size is not None and hidden_size < 1:
+        raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
+    if name == "auto":
+        if len(obs_shape) == 3:
+            name = "atari"
+        elif len(obs_shape) == 1:
+            name = "mlp"
+        else:
+            raise ValueError(
+                f"model 'auto' needs 1-D vector or 3-D [C, H, W] obs, got obs_shape {obs_shape}; "
+                "name a model explicitly"
+            )
+    if name == "mlp":
+        width = hidden_size or DEFAULT_MLP_HIDDEN_SIZE
+        torso, torso_size = _mlp_torso(obs_shape, width)
+        return DuelingQNet(
+            torso,
+            torso_size,
+            obs_shape,
+            num_actions,
+            use_lstm=use_lstm,
+            lstm_size=width,
+            head_size=width,
+        )
+    if hidden_size is not None and not use_lstm:
+        raise ValueError(
+            f"hidden_size sets the LSTM width of the {name} model; it has no effect without "
+            "use_lstm"
+        )
+    torso, torso_size = _atari_torso(obs_shape) if name == "atari" else _resnet_torso(obs_shape)
+    return DuelingQNet(
+        torso,
+        torso_size,
+        obs_shape,
+        num_actions,
+        use_lstm=use_lstm,
+        lstm_size=hidden_size or DEFAULT_Q_LSTM_SIZE,
+        head_size=DEFAULT_Q_HEAD_SIZE,
     )

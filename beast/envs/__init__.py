@@ -6,6 +6,8 @@
 See `beast.envs.factory` for the names `make` accepts and the wrapper order.
 """
 
+# Imported for its side effect: registers the "MaskedCartPole-v1" id.
+from beast.envs import masked_cartpole  # noqa: F401
 from beast.envs.adapters import OldGymAdapter
 from beast.envs.factory import env_family, make
 from beast.envs.spec import EnvError, EnvSpec, env_spec

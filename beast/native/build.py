@@ -20,8 +20,11 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))
 _NATIVE = os.path.relpath(_HERE, _ROOT)  # "beast/native"
 
-# Declarations Python may use; kept in step with index_queue.h and batcher.h by
-# hand (cffi's parser cannot read the system headers those files include).
+_HEADERS = ("index_queue.h", "batcher.h", "sum_tree.h")
+_SOURCES = ("index_queue.c", "batcher.c", "sum_tree.c")
+
+# Declarations Python may use; kept in step with the headers by hand (cffi's
+# parser cannot read the system headers those files include).
 _CDEF = """
 enum beast_status {
     BEAST_OK = 0,
@@ -32,6 +35,7 @@ enum beast_status {
     BEAST_EINTR = 5,
     BEAST_ENOTRECOVERABLE = 6,
     BEAST_ESYS = 7,
+    BEAST_EEMPTY = 8,
 };
 #define BEAST_QUEUE_MAX_CAPACITY ...
 
@@ -68,18 +72,38 @@ int beast_batcher_reset_group(void *mem, uint32_t group);
 int beast_batcher_pending(void *mem, uint32_t group, uint32_t *out);
 int beast_batcher_close(void *mem);
 int beast_batcher_stats(void *mem, struct beast_batcher_stats *out);
+
+#define BEAST_SUMTREE_MAX_CAPACITY ...
+struct beast_sumtree_stats {
+    double total;
+    double max;
+    uint64_t claims;
+    uint32_t owner_deaths;
+};
+
+size_t beast_sumtree_nbytes(uint32_t capacity);
+int beast_sumtree_init(void *mem, size_t nbytes, uint32_t capacity);
+int beast_sumtree_capacity(void *mem, uint32_t *out);
+int beast_sumtree_update(void *mem, const int64_t *indices, const double *priorities,
+                         const uint64_t *generations, uint32_t n, uint32_t *applied);
+int beast_sumtree_get(void *mem, const int64_t *indices, uint32_t n, double *priorities,
+                      uint64_t *generations);
+int beast_sumtree_sample(void *mem, const double *draws, uint32_t n, int64_t *indices,
+                         uint64_t *generations, double *priorities, double *total);
+int beast_sumtree_claim(void *mem, int64_t *index, uint64_t *generation);
+int beast_sumtree_stats(void *mem, struct beast_sumtree_stats *out);
 """
 
 ffibuilder = cffi.FFI()
 ffibuilder.cdef(_CDEF)
 ffibuilder.set_source(
     "beast.native._ext",
-    '#include "index_queue.h"\n#include "batcher.h"',
-    sources=[os.path.join(_NATIVE, name) for name in ("index_queue.c", "batcher.c")],
+    "".join(f'#include "{name}"\n' for name in _HEADERS),
+    sources=[os.path.join(_NATIVE, name) for name in _SOURCES],
     include_dirs=[_NATIVE],
-    depends=[os.path.join(_NATIVE, name) for name in ("index_queue.h", "batcher.h")],
+    depends=[os.path.join(_NATIVE, name) for name in _HEADERS],
     extra_compile_args=["-O2", "-Wall", "-Wextra"],
-    libraries=["pthread"],
+    libraries=["pthread", "m"],
     # What setuptools picks anyway; the direct build then writes the same
     # `_ext.abi3.so`, so a stale development build can never shadow (by
     # import-suffix priority) the one `pip install -e .` made.

@@ -15,7 +15,6 @@
 #define _GNU_SOURCE
 #include "index_queue.h"
 
-#include <pthread.h>
 #include <string.h>
 
 /* "beastIQ1" little-endian: identifies an initialised block. */
@@ -61,27 +60,19 @@ static struct beast_queue *checked(void *mem) {
 }
 
 static int lock(struct beast_queue *q) {
-  int rc = pthread_mutex_lock(&q->mutex);
-  if (rc == 0)
-    return BEAST_OK;
-  if (rc == EOWNERDEAD) {
+  int recovered;
+  int rc = beast_robust_mutex_lock(&q->mutex, &recovered);
+  if (rc == BEAST_OK && recovered) {
     /* The previous holder died inside a queue call. Every call writes a value
      * before publishing the counter that exposes it, so the ring is
      * consistent; at worst the one value it was moving is lost. It may have
      * died after changing the queue but before waking anyone, so bump seq and
      * wake every sleeper to re-check. */
     q->owner_deaths++;
-    if (pthread_mutex_consistent(&q->mutex) != 0) {
-      pthread_mutex_unlock(&q->mutex);
-      return BEAST_ESYS;
-    }
     __atomic_store_n(&q->seq, q->seq + 1, __ATOMIC_RELEASE);
     beast_futex_wake(&q->seq, INT_MAX);
-    return BEAST_OK;
   }
-  if (rc == ENOTRECOVERABLE)
-    return BEAST_ENOTRECOVERABLE;
-  return BEAST_ESYS;
+  return rc;
 }
 
 static void unlock(struct beast_queue *q) { pthread_mutex_unlock(&q->mutex); }
@@ -98,17 +89,9 @@ int beast_queue_init(void *mem, size_t nbytes, uint32_t capacity) {
   memset(mem, 0, need);
   q->capacity = capacity;
 
-  pthread_mutexattr_t attr;
-  if (pthread_mutexattr_init(&attr) != 0)
-    return BEAST_ESYS;
-  int rc = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-  if (rc == 0)
-    rc = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-  if (rc == 0)
-    rc = pthread_mutex_init(&q->mutex, &attr);
-  pthread_mutexattr_destroy(&attr);
-  if (rc != 0)
-    return BEAST_ESYS;
+  int rc = beast_robust_mutex_init(&q->mutex);
+  if (rc != BEAST_OK)
+    return rc;
 
   /* Magic last: a block is valid only once everything above is in place. */
   __atomic_store_n(&q->magic, BEAST_QUEUE_MAGIC, __ATOMIC_RELEASE);

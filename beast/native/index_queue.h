@@ -51,6 +51,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/syscall.h>
@@ -71,6 +72,7 @@ enum beast_status {
   BEAST_EINTR = 5,     /* get: a signal arrived; retry with the time left */
   BEAST_ENOTRECOVERABLE = 6, /* the lock is permanently unusable */
   BEAST_ESYS = 7,            /* an unexpected pthread or futex failure */
+  BEAST_EEMPTY = 8,          /* sum tree sample: every priority is zero */
 };
 
 /* Largest capacity accepted; keeps the byte size far from overflow. */
@@ -143,6 +145,50 @@ static inline struct timespec beast_deadline_after(int64_t timeout_ns) {
                     (time_t)(ns / 1000000000);
   deadline.tv_nsec = (long)(ns % 1000000000);
   return deadline;
+}
+
+/*
+ * Robust, process-shared mutex helpers, shared with other native components
+ * (the sum tree). The mutex must live in the shared block itself.
+ */
+
+/* Initialise *mutex as PTHREAD_PROCESS_SHARED and PTHREAD_MUTEX_ROBUST.
+ * Returns BEAST_OK or BEAST_ESYS. */
+static inline int beast_robust_mutex_init(pthread_mutex_t *mutex) {
+  pthread_mutexattr_t attr;
+  if (pthread_mutexattr_init(&attr) != 0)
+    return BEAST_ESYS;
+  int rc = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  if (rc == 0)
+    rc = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  if (rc == 0)
+    rc = pthread_mutex_init(mutex, &attr);
+  pthread_mutexattr_destroy(&attr);
+  return rc == 0 ? BEAST_OK : BEAST_ESYS;
+}
+
+/* Lock *mutex. When the previous holder died holding it, the lock is taken,
+ * marked consistent and *recovered set to 1 (0 otherwise): the caller then
+ * repairs whatever the dead holder may have left half-done, still holding
+ * the lock. Returns BEAST_OK, BEAST_ENOTRECOVERABLE or BEAST_ESYS (and then
+ * does not hold the lock). */
+static inline int beast_robust_mutex_lock(pthread_mutex_t *mutex,
+                                          int *recovered) {
+  *recovered = 0;
+  int rc = pthread_mutex_lock(mutex);
+  if (rc == 0)
+    return BEAST_OK;
+  if (rc == EOWNERDEAD) {
+    if (pthread_mutex_consistent(mutex) != 0) {
+      pthread_mutex_unlock(mutex);
+      return BEAST_ESYS;
+    }
+    *recovered = 1;
+    return BEAST_OK;
+  }
+  if (rc == ENOTRECOVERABLE)
+    return BEAST_ENOTRECOVERABLE;
+  return BEAST_ESYS;
 }
 
 #ifdef __cplusplus

@@ -1,0 +1,451 @@
+"""R2D2 and Ape-X: n-step double Q-learning on replayed sequences.
+
+R2D2: Kapturowski et al. 2019, "Recurrent Experience Replay in Distributed
+Reinforcement Learning", section 2 and 3. Ape-X: Horgan et al. 2018,
+"Distributed Prioritized Experience Replay". Pure functions: tensors in,
+tensors out, every constant an argument.
+
+Batch layout: replayed sequences of ``L`` rows, time-major, the same
+alignment as beast's rollouts (``beast.buffers``; ``beast.replay`` stores
+``L = seq_len + 1``: the steps and the one after them). Row t holds
+
+    obs           [L, B, ...]  the observation x_t
+    reward        float [L, B] received on the transition INTO row t
+    done          bool  [L, B] row t starts a new episode (the transition
+                               into it ended one, so nothing bootstraps
+                               across it)
+    action        int64 [L, B] a_t, taken at x_t
+    mask          bool  [L, B] row t is a real step of the sequence's
+                               episode; False on the terminal row (the
+                               next episode's first observation, kept only
+                               for its reward and done) and on padding
+
+so the transition out of row t pairs ``action[t]`` with ``reward[t + 1]``
+and ``done[t + 1]``. Sequences never cross an episode boundary (R2D2 section
+2.3 stores fixed-length sequences "never crossing episode boundaries"):
+a sequence that reaches an episode end holds the terminal row, then padding.
+
+The n-step double-Q target for row t (R2D2 section 2, with Ape-X's n-step
+return and van Hasselt et al.'s double-Q action), in paper notation:
+
+    y_t = h( sum_{k=0}^{n-1} gamma^k r_{t+k} + gamma^n h^-1( Q(x_{t+n}, a*; theta-) ) )
+    a*  = argmax_a Q(x_{t+n}, a; theta)
+
+where ``r_{t+k}`` is ``reward[t + k + 1]`` here, theta the online and theta-
+the target network, and h the value rescaling below. An episode end inside
+the window stops the sum after its reward and drops the bootstrap term.
+
+Priorities (R2D2 section 2.3): ``p = eta * max_t |delta_t| + (1 - eta) *
+mean_t |delta_t|`` over the sequence's trained steps, ``delta_t = y_t -
+Q(x_t, a_t; theta)``, in the rescaled space the loss lives in.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "NStepTargets",
+    "R2D2LossOutput",
+    "actor_epsilons",
+    "double_q_values",
+    "epsilon_greedy",
+    "inverse_value_rescaling",
+    "n_step_double_q_targets",
+    "r2d2_loss",
+    "sequence_priorities",
+    "unroll_with_burn_in",
+    "value_rescaling",
+]
+
+# R2D2's defaults, here only as the defaults of the arguments below.
+DEFAULT_RESCALE_EPS = 1e-3  # Pohlen et al. 2018; R2D2 section 2
+DEFAULT_ETA = 0.9  # priority mix, R2D2 section 2.3
+
+
+def _compute_dtype(*tensors: Tensor) -> torch.dtype:
+    # At least float32 (bf16/fp16 Q-values from an autocast forward pass cannot
+    # hold an n-step return faithfully); float64 inputs stay float64.
+    return functools.reduce(torch.promote_types, (t.dtype for t in tensors), torch.float32)
+
+
+def value_rescaling(x: Tensor, eps: float = DEFAULT_RESCALE_EPS) -> Tensor:
+    """``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x`` (Pohlen et al. 2018, eq. 4).
+
+    Squashes returns of any scale into a range a network can regress on,
+    without clipping rewards; R2D2 applies it to every target. Computed as
+    ``sign(x) |x| / (sqrt(|x| + 1) + 1) + eps x``, the same value with no
+    cancellation between sqrt(|x| + 1) and 1 for tiny |x|, so the round trip
+    through `inverse_value_rescaling` is accurate from 1e-6 to 1e6.
+
+    Args:
+        x: float tensor of any shape.
+        eps: the linear term's weight (> 0 makes h invertible with a
+            Lipschitz inverse; 0 gives the plain signed square root).
+    """
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    abs_x = x.abs()
+    return torch.sign(x) * abs_x / (torch.sqrt(abs_x + 1.0) + 1.0) + eps * x
+
+
+def inverse_value_rescaling(x: Tensor, eps: float = DEFAULT_RESCALE_EPS) -> Tensor:
+    """The exact inverse of `value_rescaling` (Pohlen et al. 2018, proposition A.2).
+
+    The paper's closed form is
+
+        h^-1(x) = sign(x) ( ((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1 ).
+
+    Written as ``sign(x) (u - 1)(u + 1)`` with ``u = (s - 1) / (2 eps)`` and
+    ``s = sqrt(1 + 4 eps (|x| + 1 + eps)) = sqrt((1 + 2 eps)^2 + 4 eps |x|)``,
+    some algebra gives ``u - 1 = 2|x| / (1 + 2 eps + s)``: a sum of positive
+    terms, where the literal form subtracts nearly equal numbers twice (for
+    eps = 1e-3 and |x| = 1e-6 it loses all but ~3 digits in float32 and ~7 in
+    float64). The rewrite also holds at eps = 0 (``h^-1(x) = sign(x)((|x| +
+    1)^2 - 1)``) with no division by eps.
+    """
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    abs_x = x.abs()
+    s = torch.sqrt((1.0 + 2.0 * eps) ** 2 + 4.0 * eps * abs_x)
+    u_minus_1 = 2.0 * abs_x / (1.0 + 2.0 * eps + s)
+    return torch.sign(x) * u_minus_1 * (u_minus_1 + 2.0)
+
+
+def double_q_values(online_q: Tensor, target_q: Tensor) -> Tensor:
+    """``Q(x_t, argmax_a Q(x_t, a; theta); theta-)`` for every row: [T, B].
+
+    The online network picks the action and the target network values it
+    (van Hasselt et al. 2016), which removes Q-learning's max bias.
+
+    Args:
+        online_q: float [T, B, A], the online network's Q-values (only its
+            argmax is used; no gradient flows through it).
+        target_q: float [T, B, A], the target network's Q-values.
+    """
+    if online_q.shape != target_q.shape:
+        raise ValueError(
+            f"online_q {tuple(online_q.shape)} and target_q {tuple(target_q.shape)} differ"
+        )
+    best = online_q.detach().argmax(dim=-1, keepdim=True)
+    return target_q.detach().gather(-1, best).squeeze(-1)
+
+
+class NStepTargets(NamedTuple):
+    """n-step double-Q targets, both ``[T, B]``, detached.
+
+    targets: y_t (in the rescaled space when rescaling is on); 0 where not valid.
+    valid: rows that get a target, see `n_step_double_q_targets`.
+    """
+
+    targets: Tensor
+    valid: Tensor
+
+
+@torch.no_grad()
+def n_step_double_q_targets(
+    online_q: Tensor,
+    target_q: Tensor,
+    rewards: Tensor,
+    dones: Tensor,
+    mask: Tensor,
+    *,
+    n_step: int,
+    discounting: float,
+    rescale_eps: float | None = DEFAULT_RESCALE_EPS,
+    truncate_at_end: bool = True,
+) -> NStepTargets:
+    """R2D2's n-step double-Q targets over sequences (module docstring, y_t).
+
+    Args:
+        online_q: float [T, B, A], online Q-values at every row (for a*).
+        target_q: float [T, B, A], target-network Q-values at every row.
+        rewards: float [T, B], ``rewards[t]`` received on arriving at row t.
+        dones: bool [T, B], row t starts a new episode.
+        mask: bool [T, B], row t is a real step (see the module docstring).
+        n_step: n >= 1, the number of rewards summed before bootstrapping.
+        discounting: gamma in [0, 1].
+        rescale_eps: eps of the value rescaling h; None for no rescaling (h
+            the identity: Ape-X and plain DQN targets).
+        truncate_at_end: what a row whose n-step window runs past the last
+            row of the sequence gets. True: the rewards up to the last row,
+            bootstrapped from it with gamma^k for the k < n steps taken (a
+            k-step target). With R2D2's burn-in equal to the overlap, a step
+            in the last rows of one sequence is burn-in in the next, so this
+            is the only sequence that trains it. False: no target (only rows
+            with n steps, or an episode end, inside the sequence): Ape-X with
+            seq_len = n + 1 then trains exactly row 0.
+
+    Returns:
+        `NStepTargets`: y_t where ``valid[t]``, and ``valid[t] = mask[t]``
+        and some row follows t in the sequence (and, without
+        ``truncate_at_end``, the window is complete).
+
+    Rewards are used as given: clip them before calling if wanted (R2D2
+    relies on the rescaling instead and does not clip).
+    """
+    if n_step < 1:
+        raise ValueError(f"n_step must be >= 1, got {n_step}")
+    if not 0.0 <= discounting <= 1.0:
+        raise ValueError(f"discounting must be in [0, 1], got {discounting}")
+    for name, tensor in (("rewards", rewards), ("dones", dones), ("mask", mask)):
+        if tensor.shape != online_q.shape[:-1]:
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)}, expected {tuple(online_q.shape[:-1])}"
+            )
+    dtype = _compute_dtype(online_q, target_q, rewards)
+    rewards = rewards.to(dtype)
+    dones = dones.bool()
+    bootstrap = double_q_values(online_q, target_q).to(dtype)
+    if rescale_eps is not None:
+        bootstrap = inverse_value_rescaling(bootstrap, rescale_eps)
+
+    num_rows = rewards.shape[0]
+    rows = torch.arange(num_rows, device=rewards.device).view(-1, *([1] * (rewards.dim() - 1)))
+    rows = rows.expand_as(rewards)
+    returns = torch.zeros_like(rewards)
+    discount = torch.ones_like(rewards)  # gamma^k for the k steps taken so far
+    boot_row = rows.clone()  # the row the bootstrap value comes from
+    ended = torch.zeros_like(dones)  # an episode end was reached in the window
+    steps = torch.zeros_like(rows)  # steps taken, <= n
+    for k in range(1, n_step + 1):
+        if k >= num_rows:
+            break
+        # Row t looks at row t + k; rows in the last k have no such row.
+        reward_k = torch.zeros_like(rewards)
+        reward_k[:-k] = rewards[k:]
+        done_k = torch.zeros_like(dones)
+        done_k[:-k] = dones[k:]
+        in_sequence = rows < num_rows - k
+        active = in_sequence & ~ended
+        returns = torch.where(active, returns + discount * reward_k, returns)
+        discount = torch.where(active, discount * discounting, discount)
+        boot_row = torch.where(active, rows + k, boot_row)
+        steps = torch.where(active, steps + 1, steps)
+        ended = ended | (active & done_k)
+
+    bootstrap_term = discount * bootstrap.gather(0, boot_row)
+    # where, not a multiply by (1 - ended): the terminal row's Q-values are of
+    # another episode, and must not leak in even if they are not finite.
+    targets = returns + torch.where(ended, torch.zeros_like(bootstrap_term), bootstrap_term)
+    if rescale_eps is not None:
+        targets = value_rescaling(targets, rescale_eps)
+    valid = mask.bool() & (steps > 0)
+    if not truncate_at_end:
+        valid = valid & ((steps == n_step) | ended)
+    targets = torch.where(valid, targets, torch.zeros_like(targets))
+    return NStepTargets(targets=targets, valid=valid)
+
+
+def sequence_priorities(td_errors: Tensor, valid: Tensor, eta: float = DEFAULT_ETA) -> Tensor:
+    """``eta * max_t |delta_t| + (1 - eta) * mean_t |delta_t|`` over valid t: [B].
+
+    R2D2 section 2.3: a mix of max and mean, because a mean over a long
+    sequence washes out the few large errors that make it worth replaying.
+    A sequence with no valid step gets priority 0 (nothing in it trains).
+
+    Args:
+        td_errors: float [T, B], delta_t (any sign; detached here).
+        valid: bool [T, B], the steps that count.
+        eta: weight of the max, in [0, 1].
+    """
+    if not 0.0 <= eta <= 1.0:
+        raise ValueError(f"eta must be in [0, 1], got {eta}")
+    if td_errors.shape != valid.shape:
+        raise ValueError(
+            f"td_errors {tuple(td_errors.shape)} and valid {tuple(valid.shape)} differ"
+        )
+    valid = valid.bool()
+    abs_td = torch.where(valid, td_errors.detach().abs(), torch.zeros_like(td_errors))
+    count = valid.sum(dim=0)
+    mean = abs_td.sum(dim=0) / count.clamp(min=1)
+    # |td| >= 0, so zeros at invalid steps never raise the max.
+    return eta * abs_td.max(dim=0).values + (1.0 - eta) * mean
+
+
+class R2D2LossOutput(NamedTuple):
+    """What `r2d2_loss` hands the learner.
+
+    total_loss: differentiable scalar to minimise.
+    stats: detached scalars for logging.
+    priorities: float [B], detached, the sequences' new priorities (before
+        the replay's priority exponent).
+    """
+
+    total_loss: Tensor
+    stats: dict[str, Tensor]
+    priorities: Tensor
+
+
+def r2d2_loss(
+    online_q: Tensor,
+    target_q: Tensor,
+    batch: Mapping[str, Tensor],
+    weights: Tensor,
+    *,
+    burn_in: int,
+    n_step: int,
+    discounting: float,
+    eta: float = DEFAULT_ETA,
+    rescale_eps: float | None = DEFAULT_RESCALE_EPS,
+    truncate_at_end: bool = True,
+) -> R2D2LossOutput:
+    """Importance-weighted n-step double-Q loss over sequences (R2D2; Ape-X).
+
+    Rows before ``burn_in`` only warm the recurrent state up (R2D2 section 3)
+    and get no loss; on the rest, ``delta_t = y_t - Q(x_t, a_t; theta)`` with
+    y_t from `n_step_double_q_targets`, and
+
+        loss = mean_b w_b * mean_{valid t} 0.5 delta_t^2
+
+    (a mean over steps, so long and short sequences weigh the same per
+    sample, then over the batch; a sequence with no valid step adds 0).
+
+    Ape-X is the same call with a feed-forward network, ``burn_in = 0``,
+    sequences of ``n_step + 1`` rows, ``truncate_at_end=False`` and usually
+    ``rescale_eps=None``.
+
+    Args:
+        online_q: float [L, B, A], the online network over all L rows (rows
+            before burn_in may be detached: see `unroll_with_burn_in`).
+        target_q: float [L, B, A], the target network over the same rows.
+        batch: "action" int64 [L, B], "reward" float [L, B], "done" bool
+            [L, B], "mask" bool [L, B] (module docstring).
+        weights: float [B], importance-sampling weights (replay), 0 for a
+            sample to ignore.
+        burn_in: rows at the start that get no loss, 0 <= burn_in < L.
+        n_step, discounting, rescale_eps, truncate_at_end: see
+            `n_step_double_q_targets`.
+        eta: priority mix, see `sequence_priorities`.
+
+    Returns:
+        `R2D2LossOutput`; stats: loss, mean_q (Q(x_t, a_t) over valid steps),
+        mean_target, mean_abs_td, max_abs_td, valid_steps, mean_priority.
+    """
+    num_rows = online_q.shape[0]
+    if not 0 <= burn_in < num_rows:
+        raise ValueError(f"burn_in must be in [0, {num_rows}), got {burn_in}")
+    if weights.shape != online_q.shape[1:2]:
+        raise ValueError(
+            f"weights has shape {tuple(weights.shape)}, expected {tuple(online_q.shape[1:2])}"
+        )
+    online_q, target_q = online_q[burn_in:], target_q[burn_in:]
+    actions, rewards, dones, mask = (
+        batch[key][burn_in:] for key in ("action", "reward", "done", "mask")
+    )
+    targets, valid = n_step_double_q_targets(
+        online_q,
+        target_q,
+        rewards,
+        dones,
+        mask,
+        n_step=n_step,
+        discounting=discounting,
+        rescale_eps=rescale_eps,
+        truncate_at_end=truncate_at_end,
+    )
+    dtype = targets.dtype
+    q_taken = online_q.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1).to(dtype)
+    valid_f = valid.to(dtype)
+    td_errors = (targets - q_taken) * valid_f
+    count = valid_f.sum(dim=0)
+    per_sequence = (0.5 * td_errors.pow(2)).sum(dim=0) / count.clamp(min=1.0)
+    total_loss = (weights.to(dtype) * per_sequence).mean()
+
+    priorities = sequence_priorities(td_errors.detach(), valid, eta)
+    with torch.no_grad():
+        num_valid = valid_f.sum().clamp(min=1.0)
+        abs_td = td_errors.detach().abs()
+        stats = {
+            "loss": total_loss.detach(),
+            "mean_q": (q_taken.detach() * valid_f).sum() / num_valid,
+            "mean_target": (targets * valid_f).sum() / num_valid,
+            "mean_abs_td": abs_td.sum() / num_valid,
+            "max_abs_td": abs_td.max(),
+            "valid_steps": valid_f.sum(),
+            "mean_priority": priorities.mean(),
+        }
+    return R2D2LossOutput(total_loss=total_loss, stats=stats, priorities=priorities)
+
+
+def unroll_with_burn_in(
+    model: nn.Module,
+    inputs: Mapping[str, Tensor],
+    core_state: tuple[Tensor, ...],
+    burn_in: int,
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """Run a Q-network over [L, B] inputs, the first ``burn_in`` rows without gradient.
+
+    R2D2 section 3: the stored state at a sequence's start is stale (an older
+    network produced it), so the first rows only refresh the state and the
+    loss trains on the rest, with gradients that stop at the burned-in state.
+    ``model(inputs, core_state)`` returns ``(output with .q_values [T, B, A],
+    new state)`` (beast.models' convention).
+
+    Returns:
+        q_values [L, B, A] (rows before burn_in detached) and the state after
+        the last row.
+    """
+    num_rows = inputs["obs"].shape[0]
+    if not 0 <= burn_in < num_rows:
+        raise ValueError(f"burn_in must be in [0, {num_rows}), got {burn_in}")
+    parts = []
+    if burn_in > 0:
+        with torch.no_grad():
+            output, core_state = model({k: v[:burn_in] for k, v in inputs.items()}, core_state)
+        parts.append(output.q_values)
+        core_state = tuple(s.detach() for s in core_state)
+    output, core_state = model({k: v[burn_in:] for k, v in inputs.items()}, core_state)
+    parts.append(output.q_values)
+    q_values = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return q_values, core_state
+
+
+def actor_epsilons(num_actors_total: int, eps_base: float = 0.4, alpha: float = 7.0) -> list[float]:
+    """Per-actor exploration rates ``eps_i = eps_base ** (1 + alpha * i / (N - 1))``.
+
+    Ape-X section 4.1 (and R2D2): a fixed spread of epsilons across actors
+    rather than one annealed schedule, so some actors always explore and
+    some nearly act greedily. N counts every environment that acts with its
+    own epsilon (all envs of all actors). With N = 1 the exponent is taken
+    as 1 (the i = 0 end of the spread): eps_base.
+
+    Returns:
+        N floats, from eps_base (i = 0) down to eps_base ** (1 + alpha).
+    """
+    if num_actors_total < 1:
+        raise ValueError(f"num_actors_total must be >= 1, got {num_actors_total}")
+    if not 0.0 <= eps_base <= 1.0:
+        raise ValueError(f"eps_base must be in [0, 1], got {eps_base}")
+    if num_actors_total == 1:
+        return [float(eps_base)]
+    n = num_actors_total - 1
+    return [float(eps_base ** (1.0 + alpha * i / n)) for i in range(num_actors_total)]
+
+
+def epsilon_greedy(
+    q_values: Tensor, epsilons: Tensor | float, generator: torch.Generator | None = None
+) -> Tensor:
+    """Greedy actions, each replaced by a uniform one with probability epsilon.
+
+    Args:
+        q_values: float [..., A].
+        epsilons: float, or a tensor broadcastable to ``q_values.shape[:-1]``
+            (one epsilon per env: `actor_epsilons`).
+        generator: for reproducible exploration.
+
+    Returns:
+        int64 [...] actions.
+    """
+    greedy = q_values.argmax(dim=-1)
+    shape, device = greedy.shape, greedy.device
+    explore = torch.rand(shape, generator=generator, device=device) < torch.as_tensor(
+        epsilons, device=device
+    )
+    random_actions = torch.randint(q_values.shape[-1], shape, generator=generator, device=device)
+    return torch.where(explore, random_actions, greedy)

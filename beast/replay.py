@@ -1,0 +1,499 @@
+"""Prioritized sequence replay in shared memory (R2D2, Ape-X).
+
+Sequences of ``seq_len`` steps, declared once as a spec (field -> per-sequence
+shape, dtype, the `beast.buffers` way) and stored as ONE shared-memory block
+per field, ``[capacity, ...]``, so actor processes write into the same memory
+the learner samples from. A native `SumTree` (beast/native/sum_tree.c) holds
+the priorities: O(log capacity) inserts, updates and samples, safe across
+processes.
+
+A sequence has ``L = seq_len + 1`` rows: ``seq_len`` steps and the step after
+the last, which only supplies its reward, done and bootstrap value (the T + 1
+of `beast.buffers` rollouts). Row t (the rollout alignment of `beast.buffers`):
+
+    obs          [L, *obs_shape]  the observation x_t
+    reward       float32 [L]      received on the transition into row t
+    done         bool [L]         row t starts a new episode
+    last_action  int64 [L]        the action taken before x_t
+    action       int64 [L]        a_t, taken at x_t
+    mask         bool [L]         row t is a real step of this sequence's
+                                  episode (False: terminal row, padding)
+    core_state_i float32 [...]    recurrent state at the sequence's start
+
+`SequenceBuilder` cuts one env's steps into such sequences; R2D2 section 2.3:
+"fixed-length (m = 80) sequences ..., with adjacent sequences overlapping each
+other by 40 time steps, and never crossing episode boundaries".
+
+Priorities (Schaul et al. 2016, PER section 3.3 and 3.4): a sequence with
+priority p is sampled with probability ``P = p^alpha / sum p^alpha``
+(alpha = 0.9 in R2D2), and its loss weighted by ``w = (N P)^-beta``, divided
+by the batch's largest w so weights only ever scale updates down (beta = 0.6).
+New sequences enter with the largest priority in the replay unless the actor
+gives one. Each slot has a generation, bumped on every overwrite: a priority
+update for a sample whose slot was overwritten meanwhile is dropped, and a
+sample whose slot was overwritten while being copied out gets weight 0.
+
+Frame deduplication (``frame_dedup=True``, Atari): consecutive 4-frame stacks
+share 3 frames, so a sequence stores its ``L + 3`` distinct 84x84 frames
+instead of ``L`` stacks and rebuilds the stacks at sample time, about a
+quarter of the bytes (see `replay_footprint`).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from beast.buffers import Field, core_state_key
+from beast.native import SumTree
+
+__all__ = [
+    "STEP_KEYS",
+    "PrioritizedReplay",
+    "ReplayFootprint",
+    "ReplaySample",
+    "SequenceBuilder",
+    "importance_weights",
+    "replay_footprint",
+    "sequence_spec",
+    "storage_spec",
+    "stratified_draws",
+]
+
+# Fields written once per step; the others are "mask" (set by the builder) and
+# the core_state_i fields (once per sequence).
+STEP_KEYS = ("obs", "reward", "done", "last_action", "action")
+# The stored field that replaces "obs" under frame deduplication.
+FRAMES_KEY = "frames"
+
+
+def _torch_dtype(dtype: np.dtype | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    return torch.from_numpy(np.zeros((), dtype=dtype)).dtype
+
+
+def sequence_spec(
+    *,
+    seq_len: int,
+    obs_shape: Sequence[int],
+    obs_dtype: np.dtype | torch.dtype,
+    core_state_shapes: Sequence[Sequence[int]] = (),
+) -> dict[str, Field]:
+    """The layout of one replayed sequence: ``seq_len + 1`` rows (module docstring).
+
+    ``core_state_shapes`` are the per-env recurrent-state shapes
+    (`beast.buffers.core_state_shapes`); the state stored is the one at the
+    sequence's first row.
+    """
+    seq_len = operator.index(seq_len)
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    rows = seq_len + 1
+    spec = {
+        "obs": Field((rows, *obs_shape), _torch_dtype(obs_dtype)),
+        "reward": Field((rows,), torch.float32),
+        "done": Field((rows,), torch.bool),
+        "last_action": Field((rows,), torch.int64),
+        "action": Field((rows,), torch.int64),
+        "mask": Field((rows,), torch.bool),
+    }
+    for i, shape in enumerate(core_state_shapes):
+        spec[core_state_key(i)] = Field(tuple(shape), torch.float32)
+    return spec
+
+
+def _seq_len(spec: Mapping[str, Field]) -> int:
+    """seq_len of a `sequence_spec`: its rows minus the bootstrap row."""
+    return spec["mask"].shape[0] - 1
+
+
+def storage_spec(spec: Mapping[str, Field], frame_dedup: bool) -> dict[str, Field]:
+    """What the replay stores per sequence: the spec, or with ``frame_dedup`` the
+    spec with obs [L, k, H, W] replaced by frames [L + k - 1, H, W].
+
+    Frame t + k - 1 is the newest frame of obs_t, and frames 0..k-2 the older
+    frames of obs_0, so obs_t = frames[t : t + k].
+    """
+    out = dict(spec)
+    if frame_dedup:
+        obs = spec["obs"]
+        if len(obs.shape) != 4:
+            raise ValueError(
+                f"frame_dedup needs frame-stacked image observations [L, k, H, W], got {obs.shape}"
+            )
+        rows, stack, *frame_shape = obs.shape
+        del out["obs"]
+        out[FRAMES_KEY] = Field((rows + stack - 1, *frame_shape), obs.dtype)
+    return out
+
+
+def _nbytes(field: Field) -> int:
+    return math.prod(field.shape) * torch.empty((), dtype=field.dtype).element_size()
+
+
+class ReplayFootprint(NamedTuple):
+    """Memory a replay needs, in bytes.
+
+    per_sequence: one stored sequence, every field.
+    per_stored_step: per_sequence / (seq_len + 1), per row kept in replay.
+    per_env_step: per_sequence / (seq_len - seq_overlap): overlapping
+        sequences store each env step about (seq_len + 1) / (seq_len -
+        overlap) times, so this is the cost of one step of experience.
+    """
+
+    per_sequence: int
+    per_stored_step: float
+    per_env_step: float
+
+
+def replay_footprint(
+    spec: Mapping[str, Field], *, frame_dedup: bool, seq_overlap: int = 0
+) -> ReplayFootprint:
+    """Bytes per stored sequence and step of ``spec``, with or without frame dedup."""
+    seq_len = _seq_len(spec)
+    if not 0 <= seq_overlap < seq_len:
+        raise ValueError(f"seq_overlap must be in [0, {seq_len}), got {seq_overlap}")
+    per_sequence = sum(_nbytes(f) for f in storage_spec(spec, frame_dedup).values())
+    return ReplayFootprint(
+        per_sequence=per_sequence,
+        per_stored_step=per_sequence / (seq_len + 1),
+        per_env_step=per_sequence / (seq_len - seq_overlap),
+    )
+
+
+def stratified_draws(batch_size: int, generator: torch.Generator | None = None) -> Tensor:
+    """float64 [B] draws ``(k + U[0, 1)) / B``, one in each of B equal slices of [0, 1).
+
+    PER (appendix B.2.1) splits the priority mass into B equal ranges and
+    samples one entry from each: the batch covers high and low priorities
+    alike, with the same marginal law as B independent draws.
+    """
+    batch_size = operator.index(batch_size)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    offsets = torch.rand(batch_size, generator=generator, dtype=torch.float64)
+    return (torch.arange(batch_size, dtype=torch.float64) + offsets) / batch_size
+
+
+def importance_weights(probabilities: Tensor, beta: float) -> Tensor:
+    """PER's importance-sampling weights, normalised by their max: float32 [B].
+
+    ``w_i = (N P(i))^-beta / max_j (N P(j))^-beta = (P(i) / min_j P(j))^-beta``
+    over the batch (as seed_rl and R2D2 normalise), so N cancels and the
+    largest weight is exactly 1: weights only scale updates down, which keeps
+    the step size bounded (PER section 3.4).
+
+    Args:
+        probabilities: float [B], each sample's probability of being drawn
+            (positive).
+        beta: the exponent, in [0, 1]; 0 gives all ones.
+    """
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1], got {beta}")
+    probabilities = probabilities.double()
+    if not bool((probabilities > 0).all()):
+        raise ValueError("probabilities must be positive")
+    return (probabilities / probabilities.min()).pow(-beta).float()
+
+
+class SequenceBuilder:
+    """Cuts one env's step stream into replay sequences; pure, one per env.
+
+    Feed every step (row) the env produces, in order, with the recurrent
+    state the actor held when it processed that row (before the row's
+    observation went in; what the model's state was after the previous row).
+    Returns a finished sequence (a dict matching ``spec``, tensors the caller
+    owns) or None.
+
+    Windows start at the first row of an episode and every ``stride =
+    seq_len - seq_overlap`` rows after it; a window is emitted when it has
+    ``seq_len + 1`` rows (its steps and the next one). When an episode ends
+    (a row with done arrives), the open window is completed with that row as
+    its terminal row (mask False: it carries the last transition's reward
+    and done; its observation belongs to the next episode) and padded
+    (zeros, done True, mask False); the done row then starts the next
+    episode's first window. So sequences never cross an episode boundary
+    (R2D2 section 2.3), padding is masked, and the state stored with an
+    episode's first window is whatever the actor held (the model zeroes it
+    at a done row anyway).
+
+    Coverage: a step is trained in rows [burn_in, seq_len) of a window, and
+    the next window starts ``stride`` rows later, so with burn_in =
+    seq_overlap (R2D2: 80, 40, 40) every step is trained in exactly one
+    sequence, except an episode's first burn_in steps, which are only ever
+    burn-in (as in R2D2). At an episode end only the oldest open window is
+    emitted: it holds every step of the episode's tail. Ape-X: seq_len = n,
+    seq_overlap = n - 1 makes every step row 0 of one window. A stream that
+    stops mid-window (actor shutdown) loses that window.
+    """
+
+    def __init__(self, spec: Mapping[str, Field], seq_len: int, seq_overlap: int) -> None:
+        self.spec = dict(spec)
+        self.seq_len = operator.index(seq_len)
+        self.seq_overlap = operator.index(seq_overlap)
+        if _seq_len(spec) != self.seq_len:
+            raise ValueError(f"spec is for seq_len {_seq_len(spec)}, not {self.seq_len}")
+        if not 0 <= self.seq_overlap < self.seq_len:
+            raise ValueError(f"seq_overlap must be in [0, {self.seq_len}), got {seq_overlap}")
+        self.stride = self.seq_len - self.seq_overlap
+        self.rows = self.seq_len + 1
+        missing = [k for k in (*STEP_KEYS, "mask") if k not in spec]
+        if missing:
+            raise ValueError(f"spec lacks fields {missing}")
+        self._rows = {
+            key: torch.zeros(self.spec[key].shape, dtype=self.spec[key].dtype)
+            for key in (*STEP_KEYS, "mask")
+        }
+        self.num_core_state = sum(key.startswith("core_state_") for key in spec)
+        # The state at every row of the window, since row `stride` becomes the
+        # next window's first.
+        self._states = [
+            torch.zeros((self.rows, *spec[core_state_key(i)].shape), dtype=torch.float32)
+            for i in range(self.num_core_state)
+        ]
+        self._count = 0  # rows in the open window
+
+    def reset(self) -> None:
+        """Drop the open window (the env was recreated mid-episode)."""
+        self._count = 0
+
+    def _write(
+        self, row: int, step: Mapping[str, Tensor], core_state: Sequence[Tensor], *, mask: bool
+    ) -> None:
+        for key in STEP_KEYS:
+            self._rows[key][row] = torch.as_tensor(step[key])
+        self._rows["mask"][row] = mask
+        for buffer, state in zip(self._states, core_state, strict=True):
+            buffer[row] = state
+
+    def _emit(self) -> dict[str, Tensor]:
+        """The open window as a sequence, padded past its last row."""
+        count = self._count
+        sequence = {key: rows.clone() for key, rows in self._rows.items()}
+        if count < self.rows:
+            for rows in sequence.values():
+                rows[count:] = 0
+            sequence["done"][count:] = True
+        for i, buffer in enumerate(self._states):
+            sequence[core_state_key(i)] = buffer[0].clone()
+        return sequence
+
+    def append(
+        self, step: Mapping[str, Tensor], core_state: Sequence[Tensor] = ()
+    ) -> dict[str, Tensor] | None:
+        """Add one row; returns the sequence it completed, if any.
+
+        Args:
+            step: the STEP_KEYS of one row, per env (obs [*obs_shape],
+                scalars for the rest; tensors, arrays or numbers).
+            core_state: one tensor per core_state field of the spec, per env
+                (the model's state for this env, batch dim removed).
+        """
+        if len(core_state) != self.num_core_state:
+            raise ValueError(
+                f"got {len(core_state)} core state tensors, the spec has {self.num_core_state}"
+            )
+        sequence = None
+        if self._count > 0 and bool(step["done"]):
+            # This row ends the open window's episode: its terminal row.
+            self._write(self._count, step, core_state, mask=False)
+            self._count += 1
+            sequence = self._emit()
+            self._count = 0
+        self._write(self._count, step, core_state, mask=True)
+        self._count += 1
+        if self._count == self.rows:
+            # rows >= 2, so this cannot be the row that just emitted above.
+            sequence = self._emit()
+            # The next window starts `stride` rows in; it shares the last
+            # seq_overlap + 1 rows (with no overlap, the bootstrap row).
+            keep = self.rows - self.stride
+            for rows in (*self._rows.values(), *self._states):
+                rows[:keep] = rows[self.stride :].clone()
+            self._count = keep
+        return sequence
+
+
+class ReplaySample(NamedTuple):
+    """A sampled batch.
+
+    indices: int64 [B], replay slots (pass back to `update_priorities`).
+    generations: int64 [B], the slots' generations when sampled (ditto).
+    batch: the spec's fields time-major, [L, B, ...]; core_state_i fields
+        [d0, B, ...] (the batch at dim 1, as models hold their state).
+    weights: float32 [B], importance weights normalised by their max; 0 for
+        a sample whose slot was overwritten while it was copied out.
+    probabilities: float64 [B], the probability each sample was drawn with.
+    """
+
+    indices: Tensor
+    generations: Tensor
+    batch: dict[str, Tensor]
+    weights: Tensor
+    probabilities: Tensor
+
+
+class PrioritizedReplay:
+    """Prioritized sequence replay shared by actor processes and the learner.
+
+    Args:
+        spec: per-sequence layout, `sequence_spec`.
+        capacity: sequences held; the oldest is overwritten first (a ring).
+        alpha: priority exponent (R2D2: 0.9).
+        beta: importance-sampling exponent (R2D2: 0.6); `sample` can
+            override it per call (e.g. annealed towards 1).
+        frame_dedup: store frame-stacked observations once per frame (see
+            the module docstring); needs obs [L, k, H, W].
+        min_priority: floor for priorities before the exponent, so a
+            sequence whose TD errors all came out 0 still gets replayed now
+            and then (PER's epsilon).
+        default_priority: the priority of the first sequences, while every
+            stored priority is still 0 (PER uses 1).
+
+    Writers (any process): ``replay.add(sequence)``; capacity must exceed the number of
+    writers adding at once (two writers whose claims land on one slot would interleave
+    their rows), which any useful replay does by orders of magnitude. Learner:
+    ``s = replay.sample(B, generator)``, loss, then
+    ``replay.update_priorities(s.indices, new_priorities, s.generations)``.
+    Picklable to multiprocessing children: the same memory and sum tree.
+    """
+
+    def __init__(
+        self,
+        spec: Mapping[str, Field],
+        capacity: int,
+        *,
+        alpha: float = 0.9,
+        beta: float = 0.6,
+        frame_dedup: bool = False,
+        min_priority: float = 1e-6,
+        default_priority: float = 1.0,
+    ) -> None:
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"beta must be in [0, 1], got {beta}")
+        if not min_priority > 0 or not default_priority > 0:
+            raise ValueError("min_priority and default_priority must be > 0")
+        self.spec = dict(spec)
+        self.seq_len = _seq_len(spec)
+        self.capacity = operator.index(capacity)
+        self.alpha, self.beta = alpha, beta
+        self.frame_dedup = frame_dedup
+        self.min_priority, self.default_priority = min_priority, default_priority
+        self.storage = storage_spec(spec, frame_dedup)
+        self.tree = SumTree(self.capacity)
+        self.tensors = {
+            key: torch.zeros((self.capacity, *f.shape), dtype=f.dtype).share_memory_()
+            for key, f in self.storage.items()
+        }
+
+    def __len__(self) -> int:
+        """Slots written (or being written): min(sequences added, capacity)."""
+        return min(self.tree.stats().claims, self.capacity)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def _scaled(self, priorities: Tensor) -> Tensor:
+        return priorities.double().clamp(min=self.min_priority).pow(self.alpha)
+
+    def _scaled_one(self, priority: float) -> float:
+        return float(self._scaled(torch.tensor([float(priority)], dtype=torch.float64))[0])
+
+    def add(self, sequence: Mapping[str, Tensor], priority: float | None = None) -> int:
+        """Store one sequence (fields as in the spec); returns its slot.
+
+        Enters with ``priority`` (before the exponent) when the actor computed
+        one, else with the largest priority currently stored. Safe to call from
+        several processes at once: each gets its own slot from the sum tree,
+        which keeps the slot unsampleable until its data is fully written.
+        """
+        for key, field in self.spec.items():
+            if tuple(sequence[key].shape) != field.shape:
+                raise ValueError(
+                    f"{key} has shape {tuple(sequence[key].shape)}, expected {field.shape}"
+                )
+        if self.frame_dedup:
+            self._check_frame_stacks(sequence)
+        index, generation = self.tree.claim()
+        for key, tensor in self.tensors.items():
+            if key == FRAMES_KEY:
+                obs = torch.as_tensor(sequence["obs"])
+                stack = obs.shape[1]
+                tensor[index, : stack - 1] = obs[0, :-1]
+                tensor[index, stack - 1 :] = obs[:, -1]
+            else:
+                tensor[index] = torch.as_tensor(sequence[key])
+        if priority is None:
+            scaled = self.tree.max()
+            if scaled <= 0.0:
+                scaled = self._scaled_one(self.default_priority)
+        else:
+            scaled = self._scaled_one(priority)
+        self.tree.update([index], [scaled], [generation])
+        return index
+
+    def _check_frame_stacks(self, sequence: Mapping[str, Tensor]) -> None:
+        """Deduplication is exact only for sliding frame stacks: for every real
+        row t >= 1, obs_t[:-1] must equal obs_{t-1}[1:]. The terminal row and
+        padding are exempt: no loss reads their observations (a terminal row's
+        Q-values never bootstrap), so they are stored by their newest frame only."""
+        obs = torch.as_tensor(sequence["obs"])
+        mask = torch.as_tensor(sequence["mask"]).bool()
+        rows = mask[1:].nonzero().flatten() + 1
+        if len(rows) and not torch.equal(obs[rows, :-1], obs[rows - 1, 1:]):
+            raise ValueError(
+                "frame_dedup: observations are not sliding frame stacks (obs_t[:-1] != "
+                "obs_{t-1}[1:] at some step); store them without frame_dedup"
+            )
+
+    def sample(
+        self,
+        batch_size: int,
+        generator: torch.Generator | None = None,
+        *,
+        beta: float | None = None,
+    ) -> ReplaySample:
+        """Draw ``batch_size`` sequences by priority (stratified), time-major.
+
+        Raises ValueError while the replay holds no sampleable sequence.
+        """
+        beta = self.beta if beta is None else beta
+        drawn = self.tree.sample(stratified_draws(batch_size, generator))
+        indices = drawn.indices
+        batch: dict[str, Tensor] = {}
+        for key, tensor in self.tensors.items():
+            # [B, ...] -> [L, B, ...]; for core states [B, d0, ...] -> [d0, B, ...].
+            rows = tensor.index_select(0, indices)
+            if key == FRAMES_KEY:
+                stack = self.spec["obs"].shape[1]
+                # [B, L + k - 1, H, W] -> windows [B, L, H, W, k] -> [B, L, k, H, W].
+                rows = rows.unfold(1, stack, 1).permute(0, 1, 4, 2, 3)
+                key = "obs"
+            batch[key] = rows.transpose(0, 1).contiguous()
+        # A writer that claimed a slot after it was drawn may have changed
+        # the rows mid-copy (claims bump the generation before any write).
+        fresh = self.tree.generations(indices) == drawn.generations
+        probabilities = drawn.priorities / drawn.total
+        weights = importance_weights(probabilities, beta) * fresh
+        return ReplaySample(indices, drawn.generations, batch, weights, probabilities)
+
+    def update_priorities(self, indices: Tensor, td_priorities: Tensor, generations: Tensor) -> int:
+        """Set sampled sequences' priorities (before the exponent) from the loss.
+
+        Only slots whose generation still matches are changed (the rest were
+        overwritten since they were sampled). Returns how many were. Raises
+        ValueError for a negative or non-finite priority.
+        """
+        td_priorities = torch.as_tensor(td_priorities).detach().cpu().double()
+        if not bool(torch.isfinite(td_priorities).all()) or bool((td_priorities < 0).any()):
+            raise ValueError("td_priorities must be finite and >= 0")
+        return self.tree.update(indices, self._scaled(td_priorities), generations)
