@@ -44,7 +44,10 @@ __all__ = [
 # configs/ at the root of the beast checkout (an editable install, as the README says).
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 # The choices of --algo; `--env` picks the tuned configs/<algo>/<family>.yaml.
-ALGOS = ("impala", "laser")
+ALGOS = ("impala", "laser", "r2d2", "apex")
+# The algos that learn a Q-network from the prioritized sequence replay (beast/replay.py)
+# instead of an actor-critic from rollouts.
+Q_LEARNING_ALGOS = ("r2d2", "apex")
 # What --algo sets for the LASER fields that defaults, the config file and the flags
 # leave unset (None); any other algo leaves replay and trust region off.
 _LASER_DEFAULTS = {"laser": {"replay_ratio": 1.0, "trust_region_threshold": 0.5}}
@@ -120,7 +123,7 @@ class Config:
 
     # Rollouts and batches.
     total_steps: int = _flag(20_000_000, "Agent steps (env steps after frame skip) to train for.")
-    batch_size: int = _flag(8, "Rollouts per learner batch.")
+    batch_size: int = _flag(8, "Rollouts per learner batch (r2d2/apex: sequences).")
     unroll_length: int = _flag(80, "Steps per rollout (T); each rollout slot holds T+1 steps.")
     num_buffers: int | None = _flag(
         None,
@@ -146,13 +149,24 @@ class Config:
         choices=("auto", "fp32", "bf16"),
     )
 
+    compile: bool = _flag(
+        False,
+        "torch.compile the learner's forward pass (a 20-40 s first update; about 20% cheaper"
+        " AtariNet updates on CPU after it). A failed compilation is logged and the learner"
+        " goes on uncompiled. The Atari config turns it on.",
+    )
+
     # Model.
     model: str = _flag(
         "auto",
         "Network: atari (IMPALA shallow), resnet (IMPALA deep), mlp; auto picks by obs shape.",
         choices=("auto", "atari", "resnet", "mlp"),
     )
-    use_lstm: bool = _flag(False, "Add an LSTM core fed with the previous action and reward.")
+    use_lstm: bool = _flag(
+        False,
+        "Add an LSTM core fed with the previous action and reward (r2d2 always has one, apex"
+        " none).",
+    )
     hidden_size: int | None = _flag(
         None,
         "Width of the MLP layers (default 64) and of the LSTM (default 64 for mlp, else 256).",
@@ -171,7 +185,9 @@ class Config:
     algo: str = _flag(
         "impala",
         "Algorithm. laser: IMPALA with --replay_ratio 1 and --trust_region_threshold 0.5"
-        " unless given, and the configs/laser/<family>.yaml for --env.",
+        " unless given, and the configs/laser/<family>.yaml for --env. r2d2: recurrent"
+        " Q-learning on a prioritized replay of sequences; apex: the same with a feed-forward"
+        " Q-network on n-step transitions (see the R2D2 / Ape-X flags).",
         choices=ALGOS,
     )
     replay_ratio: float | None = _flag(
@@ -185,13 +201,74 @@ class Config:
         1000,
         "Rollouts the replay keeps (FIFO), in shared memory: about"
         " (unroll_length+1)*obs bytes each, 2.3 MB for Atari with T=80; the startup line"
-        " prints the total.",
+        " prints the total. r2d2/apex: SEQUENCES the prioritized replay keeps (r2d2:"
+        " seq_len+1 steps each; apex: n_step+1).",
     )
     trust_region_threshold: float | None = _flag(
         None,
         "LASER trust region: a step whose KL(pi || implied policy) exceeds this is left out"
         " of the policy-gradient and baseline terms and cuts V-trace's traces; 0: off."
         " Default: 0.5 with --algo laser, else off.",
+    )
+
+    # R2D2 / Ape-X (Kapturowski et al. 2019; Horgan et al. 2018), --algo r2d2|apex: actors
+    # act epsilon-greedily and write sequences into a prioritized replay that --replay_size
+    # sizes in sequences (beast/sequence_actor.py, beast/replay.py); the learner trains a
+    # dueling Q-network on them with n-step double-Q targets and a target network
+    # (beast/replay_learner.py, beast/algos/r2d2.py). --batch_size counts sequences and
+    # --total_steps env steps the actors take. Adam 1e-4, eps 1e-3 (R2D2's) come from the
+    # configs/r2d2|apex/<family>.yaml files. IMPALA's loss flags do not apply.
+    seq_len: int = _flag(
+        80,
+        "r2d2: steps per replayed sequence (apex stores single n-step transitions: sequences"
+        " of n_step steps, each starting one step after the previous).",
+    )
+    seq_overlap: int = _flag(40, "r2d2: steps that adjacent sequences of an episode share.")
+    burn_in: int = _flag(
+        40,
+        "r2d2: steps at a sequence's start that only refresh the stored LSTM state (no loss,"
+        " no gradient).",
+    )
+    n_step: int = _flag(
+        5, "r2d2/apex: rewards summed before bootstrapping from the target network."
+    )
+    target_update_period: int = _flag(
+        2500, "r2d2/apex: learner updates between copies of the online into the target network."
+    )
+    min_replay_size: int = _flag(
+        1000, "r2d2/apex: sequences in the replay before the learner starts sampling."
+    )
+    priority_exponent: float = _flag(
+        0.9, "r2d2/apex: a sequence of priority p is sampled with probability ~ p**this."
+    )
+    importance_sampling_exponent: float = _flag(
+        0.6,
+        "r2d2/apex: a sample's loss is weighted by (N*P)**-this, normalised by the batch's max.",
+    )
+    eps_base: float = _flag(
+        0.4,
+        "r2d2/apex: env i of all N envs of all actors explores with epsilon"
+        " eps_base**(1 + eps_alpha*i/(N-1)) (Ape-X).",
+    )
+    eps_alpha: float = _flag(7.0, "r2d2/apex: the spread of the actors' epsilons, see --eps_base.")
+    value_rescaling: bool = _flag(
+        True,
+        "r2d2/apex: learn h(Q), h(x) = sign(x)(sqrt(|x|+1)-1) + 0.001x (Pohlen et al. 2018),"
+        " rather than Q; rewards still go through --reward_clipping.",
+    )
+    frame_dedup: bool = _flag(
+        False,
+        "r2d2/apex: store each frame of frame-stacked (Atari) observations once instead of in 4"
+        " stacks: about a quarter of the replay's memory.",
+    )
+    samples_per_insert: float = _flag(
+        0.0,
+        "r2d2/apex: actors pause when they insert sequences faster than the learner samples"
+        " this many per insert (beyond --min_replay_size and one batch of slack), so learning"
+        " per env step does not depend on the machine's speed; 0: never pause.",
+    )
+    test_epsilon: float = _flag(
+        0.001, "--mode test of an r2d2/apex run: the greedy policy's epsilon."
     )
 
     # Optimizer. Defaults are the IMPALA paper's Atari settings (RMSProp, lr 6e-4,
@@ -341,6 +418,40 @@ class Config:
                 raise ConfigError(
                     f"--replay_size {self.replay_size} is too small: each batch replays"
                     f" {num_replayed} rollouts, so use --replay_size >= {num_replayed}"
+                )
+        # R2D2 / Ape-X.
+        for name in ("seq_len", "n_step", "target_update_period", "min_replay_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.seq_overlap < self.seq_len:
+            raise ConfigError(
+                f"--seq_overlap must be in [0, --seq_len {self.seq_len}), got {self.seq_overlap}"
+            )
+        if not 0 <= self.burn_in < self.seq_len:
+            raise ConfigError(
+                f"--burn_in must be in [0, --seq_len {self.seq_len}) so that some steps train,"
+                f" got {self.burn_in}"
+            )
+        for name in ("priority_exponent", "eps_alpha", "samples_per_insert"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("importance_sampling_exponent", "eps_base", "test_epsilon"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"--{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.algo in Q_LEARNING_ALGOS:
+            if self.policy == "central":
+                raise ConfigError(
+                    f"--policy central is not supported with --algo {self.algo}: its actors act"
+                    " with a local copy of the Q-network (use --policy local or auto)"
+                )
+            if self.algo == "apex" and self.use_lstm:
+                raise ConfigError(
+                    "--algo apex has a feed-forward Q-network; use --algo r2d2 for an LSTM"
+                )
+            if self.min_replay_size > self.replay_size:
+                raise ConfigError(
+                    f"--min_replay_size {self.min_replay_size} exceeds --replay_size"
+                    f" {self.replay_size}: learning would never start"
                 )
 
     def finalize(self) -> Config:

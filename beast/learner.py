@@ -152,6 +152,7 @@ class Learner:
         on_update: Callable[[UpdateStats], None],
         progress: TrainingProgress | None = None,
         precision: str = "fp32",
+        forward: Callable[..., Any] | None = None,
         reduce_gradients: Callable[[nn.Module, bool], bool] | None = None,
         replay: RolloutReplay | None = None,
         num_replayed: int = 0,
@@ -161,6 +162,8 @@ class Learner:
                 f"with a replay, num_replayed must be in [1, batch_size), got {num_replayed}"
             )
         self.model = model
+        # What the update calls for the forward pass: the model, or a compiled wrapper.
+        self.forward = forward or model
         self.actor_model = actor_model
         self.buffers = buffers
         self.optimizer = optimizer
@@ -304,7 +307,7 @@ class Learner:
         if num_fresh is None:
             num_fresh = batch["reward"].shape[1]
         loss, grad_norm = compute_gradients(
-            self.model,
+            self.forward,
             self.loss_fn,
             self.model,
             self.optimizer,

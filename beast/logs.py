@@ -272,7 +272,7 @@ class RunLog:
             then, then_step = self._last_line
             sps = (self.step - then_step) / max(now - then, 1e-9)
             self._last_line = (now, self.step)
-            remaining = (self.total_steps - self.step) / sps if sps > 0 else float("inf")
+            remaining = max(0, self.total_steps - self.step) / sps if sps > 0 else float("inf")
             returns = (
                 f"return {sum(self._returns) / len(self._returns):.2f}"
                 f" (last {len(self._returns)} of {self.num_episodes} eps)"
