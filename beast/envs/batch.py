@@ -1,0 +1,496 @@
+"""K environments stepped as one batch: what an actor steps, as batched numpy arrays.
+
+    batch = make_env_batch("PongNoFrameskip-v4", num_envs=8, first_seed=0, episodic_life=False)
+    batch.step(actions)        # int [K]; then read batch.obs, batch.reward, batch.done, ...
+    batch.close()
+
+Every backend exposes the same arrays, updated in place by `step` (actors keep
+`torch.from_numpy` views of them, so they are never reallocated):
+
+    obs             [K, *obs_shape]  obs_dtype (uint8 [K, 4, 84, 84] for Atari)
+    reward          [K] float32      the step's raw reward (losses clip it)
+    done            [K] bool         the step ended the agent's episode (a lost life too,
+                                     with episodic life); True for all K before the first step
+    episode_end     [K] bool         the step ended a real episode (game over or truncation)
+    episode_return  [K] float32      that episode's raw undiscounted return; kept until the
+                                     next real episode end of the same env
+    episode_step    [K] int32        that episode's length in agent steps; kept likewise
+
+Auto-reset: the `obs` returned with `done=True` is already the first observation of the
+next episode; `reward` and `done` are the step's own. (Gymnasium 1.x vector envs default
+to the opposite, "next-step" autoreset; the ALE backend is run in "same-step" mode, which
+is this contract.)
+
+Backends (`make_env_batch(..., backend=)`):
+
+    "loop"        K envs from `beast.envs.make`, stepped one after the other in Python.
+                  Any env beast supports.
+    "ale_vector"  ale-py's `AtariVectorEnv`: the K Atari games and their DeepMind
+                  preprocessing run in C++ worker threads, one call per batch step.
+                  Registered pixel Atari ids only (see `ale_vector_supports`).
+    "auto"        "ale_vector" where it is supported, if `AUTO_PREFERS_ALE_VECTOR`
+                  (off: it measured no faster than "loop"), else "loop".
+
+How "ale_vector" matches `beast.envs.atari` (frame skip 4 with max-pool of the last two
+frames, ALE grayscale palette, INTER_AREA resize to 84x84, 4-frame stack, unclipped
+rewards, the id's action set, sticky-action probability and frame limit, no FIRE on
+reset, as beast's loop does none), and where it cannot:
+
+- No-op starts: the ALE draws 0..noop_max-1 no-op frames, beast 1..noop_max; both give
+  30 distinct starts, shifted by one frame.
+- Seeds: both seed env i with `first_seed + i`, but through different generators, so
+  the same seed does not give the same no-op count or sticky-action draws. With no-op
+  starts and sticky actions off, both backends play identical frames
+  (tests/test_env_batch.py compares them pixel for pixel).
+- Frame stack after a reset: the ALE pads with zero frames; this module overwrites the
+  padding with copies of the first frame, as beast's `FrameStack` does, for the three
+  steps the padding lasts. After a lost life (episodic life) the stack is refilled with
+  copies of the current frame, as beast's soft reset does.
+- Episodic life: beast's soft reset plays one 4-frame no-op after a lost life and
+  returns its frame; the ALE batch cannot step one env alone, so here the obs returned
+  with the life-loss `done` is the frame where the life was lost and the next agent
+  action follows it directly. Life loss is decided as beast decides it (lives went down,
+  some are left, the game is not over); the ALE's own `episodic_life` option is not
+  used, because it restarts the whole game at every lost life.
+- Truncation: both cut a game at the id's `max_num_frames_per_episode` (108000 frames);
+  the ALE counts from after the no-op start, beast's ALE from before it (up to 30
+  frames, i.e. 8 agent steps, later here).
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, Self
+
+import gymnasium
+import numpy as np
+from ale_py.env import AtariEnv
+from gymnasium.envs.registration import load_env_creator
+
+from beast.envs import factory
+from beast.envs.factory import make
+from beast.envs.spec import EnvError, EnvSpec, env_spec
+
+try:  # ale-py >= 0.11 ships the C++ vector env; older releases fall back to "loop"
+    from ale_py.vector_env import AtariVectorEnv
+except ImportError:  # pragma: no cover - depends on the installed ale-py
+    AtariVectorEnv = None
+
+__all__ = [
+    "AUTO_PREFERS_ALE_VECTOR",
+    "AleVectorEnvBatch",
+    "Backend",
+    "DEFAULT_ALE_THREADS",
+    "EnvBatch",
+    "LoopEnvBatch",
+    "ale_vector_supports",
+    "make_env_batch",
+]
+
+Backend = Literal["auto", "loop", "ale_vector"]
+
+# Whether backend="auto" picks "ale_vector" for the Atari ids it supports: no, because it
+# was not faster. `python -m benchmarks.env_batch --repeats 7 --seconds 3 --warmup 1
+# --paired_rounds 40` (PongNoFrameskip-v4, K=8 envs per process, random actions, 2-core
+# shared EPYC at load average 9-20, see benchmarks/RESULTS.md): CPU time per agent step,
+# ale_vector / loop, 1.01 (1 process, 1 thread), 0.98 (2 processes, 1 thread each), 1.03
+# (2 processes, 2 threads each); one process alternating 40 rounds between the two
+# backends: 0.99 (2,801 vs 2,797 steps per CPU-second). Most of a step is the emulator
+# (~255 us of ~330 us, timed alone), the same C++ in both; the Python the vector env
+# saves is evidently matched by its own per-step costs (not profiled further). Wall-clock
+# steps/s at that load swung 0.4-13x from run to run and decides nothing. Being no
+# faster, it loses on fidelity: its no-op starts are one frame off and its episodic life
+# has no soft-reset no-op (module docstring). Re-measure on a quiet machine before
+# turning this on.
+AUTO_PREFERS_ALE_VECTOR = False
+
+# C++ worker threads per AtariVectorEnv. One: with one actor process per core, a second
+# thread adds no core (2 processes x 2 threads: 1.03x the loop's CPU time per step, the
+# same as 1 thread). A second thread only pays for a lone process with an idle core,
+# where it steps the K games in parallel.
+DEFAULT_ALE_THREADS = 1
+
+# The ALE reads seeds as C int; larger seeds are folded into range.
+_ALE_SEED_MODULUS = 2**31 - 1
+# Frame limit passed when an id sets none: effectively unlimited, and `limit + 1`
+# (the ALE's initial step count) still fits a C int.
+_NO_FRAME_LIMIT = 2**30
+# AtariEnv keyword arguments whose values `ale_vector_supports` can reproduce: each
+# name maps to the values allowed (None: any value).
+_SUPPORTED_ATARI_KWARGS: dict[str, tuple[Any, ...] | None] = {
+    "game": None,
+    "obs_type": ("rgb", "grayscale"),  # beast reads the ALE's grayscale screen for both
+    "frameskip": None,  # beast replaces it with its own skip of 4
+    "repeat_action_probability": None,
+    "full_action_space": None,
+    "max_num_frames_per_episode": None,
+    "mode": (None,),
+    "difficulty": (None,),
+    "continuous": (False,),
+    "continuous_action_threshold": None,  # only read by continuous action spaces
+    "render_mode": (None,),
+    "sound_obs": (False,),
+}
+
+
+class EnvBatch(abc.ABC):
+    """K environments and their latest outputs as batched numpy arrays (see module doc).
+
+    Attributes:
+        env_name: the name the batch was made from, for error messages.
+        num_envs: K.
+        spec: observation shape and dtype and number of actions of each env.
+        obs_shape: `spec.obs_shape`, one observation without the batch axis.
+        obs, reward, done, episode_end, episode_return, episode_step: the arrays of the
+            module docstring, overwritten in place by every `step`.
+    """
+
+    env_name: str
+    num_envs: int
+    spec: EnvSpec
+    obs_shape: tuple[int, ...]
+    obs: np.ndarray
+    reward: np.ndarray
+    done: np.ndarray
+    episode_end: np.ndarray
+    episode_return: np.ndarray
+    episode_step: np.ndarray
+
+    def _allocate(self, env_name: str, num_envs: int, spec: EnvSpec) -> None:
+        """Create the output arrays; `done` starts True: the first obs starts an episode."""
+        self.env_name = env_name
+        self.num_envs = num_envs
+        self.spec = spec
+        self.obs_shape = spec.obs_shape
+        self.obs = np.zeros((num_envs, *spec.obs_shape), dtype=spec.obs_dtype)
+        self.reward = np.zeros(num_envs, dtype=np.float32)
+        self.done = np.ones(num_envs, dtype=bool)
+        self.episode_end = np.zeros(num_envs, dtype=bool)
+        self.episode_return = np.zeros(num_envs, dtype=np.float32)
+        self.episode_step = np.zeros(num_envs, dtype=np.int32)
+
+    @abc.abstractmethod
+    def step(self, actions: np.ndarray) -> None:
+        """Step all K envs with `actions` (int [K], 0..num_actions-1); update the arrays."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the envs (and threads); idempotent."""
+
+    def _actions(self, actions: np.ndarray) -> np.ndarray:
+        """`actions` as int64 [K]; a [1, K] array (time-major, T=1) is accepted too."""
+        actions = np.asarray(actions)
+        if actions.size != self.num_envs or actions.dtype.kind not in "iu":
+            raise ValueError(
+                f"expected {self.num_envs} integer actions for {self.env_name}, "
+                f"got an array of shape {actions.shape} and dtype {actions.dtype}"
+            )
+        return actions.reshape(self.num_envs).astype(np.int64, copy=False)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class LoopEnvBatch(EnvBatch):
+    """K envs from `beast.envs.make` stepped in a Python for-loop, with per-step checks.
+
+    Env i is made with `seed=first_seed + i`. Observations of the wrong shape and
+    non-finite rewards are refused with the env's name, since custom envs may return
+    anything. Each env's episode statistics come from the `info["episode"]` that `make`'s
+    wrappers put on the step that ends a real episode.
+    """
+
+    def __init__(
+        self, env_name: str, num_envs: int, first_seed: int | None, episodic_life: bool
+    ) -> None:
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+        self.envs: list[gymnasium.Env] = []
+        try:
+            for i in range(num_envs):
+                seed = None if first_seed is None else first_seed + i
+                self.envs.append(make(env_name, seed=seed, episodic_life=episodic_life))
+            self._allocate(env_name, num_envs, env_spec(self.envs[0]))
+            for i, env in enumerate(self.envs):
+                self.obs[i] = self._checked(env.reset()[0], "reset")
+        except BaseException:
+            self.close()
+            raise
+
+    def step(self, actions: np.ndarray) -> None:
+        actions = self._actions(actions)
+        self.episode_end[:] = False
+        for i, env in enumerate(self.envs):
+            obs, reward, terminated, truncated, info = env.step(int(actions[i]))
+            if not math.isfinite(reward):
+                raise ValueError(f"env {self.env_name} returned a non-finite reward {reward}")
+            done = terminated or truncated
+            if "episode" in info:
+                self.episode_end[i] = True
+                self.episode_return[i] = info["episode"]["r"]
+                self.episode_step[i] = info["episode"]["l"]
+            if done:
+                obs, _ = env.reset()
+            self.obs[i] = self._checked(obs, "step")
+            self.reward[i] = reward
+            self.done[i] = done
+
+    def _checked(self, obs: np.ndarray, call: str) -> np.ndarray:
+        shape = np.shape(obs)
+        if shape != self.obs_shape:
+            raise ValueError(
+                f"env {self.env_name} returned an observation of shape {shape} from {call}(),"
+                f" but its observation_space has shape {self.obs_shape}"
+            )
+        return obs
+
+    def close(self) -> None:
+        envs, self.envs = self.envs, []
+        for env in envs:
+            env.close()
+
+
+@dataclass(frozen=True)
+class _AleVectorConfig:
+    """What `AtariVectorEnv` needs from a Gymnasium Atari id, read from its registration."""
+
+    game: str
+    repeat_action_probability: float
+    full_action_space: bool
+    max_num_frames_per_episode: int
+
+
+def _ale_vector_config(env_name: str) -> _AleVectorConfig | str:
+    """The id's settings for `AtariVectorEnv`, or a reason it cannot reproduce `make`."""
+    if AtariVectorEnv is None:
+        return "the installed ale-py has no AtariVectorEnv (needs ale-py >= 0.11)"
+    if ":" in env_name or factory.env_family(env_name) != "atari":
+        return f"'{env_name}' is not a registered Gymnasium Atari id with pixel observations"
+    spec = gymnasium.spec(env_name)
+    entry_point = spec.entry_point
+    creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+    if creator is not AtariEnv:  # a subclass may change what a step does
+        return f"'{env_name}' is made by {creator!r}, not ale_py's AtariEnv itself"
+    defaults = {
+        name: param.default
+        for name, param in inspect.signature(AtariEnv.__init__).parameters.items()
+        if param.default is not inspect.Parameter.empty
+    }
+    kwargs = {**defaults, **spec.kwargs}
+    for name, value in kwargs.items():
+        if name not in _SUPPORTED_ATARI_KWARGS:
+            return f"'{env_name}' sets {name}={value!r}, which AtariVectorEnv does not take"
+        allowed = _SUPPORTED_ATARI_KWARGS[name]
+        if allowed is not None and value not in allowed:
+            return f"'{env_name}' sets {name}={value!r}, which AtariVectorEnv cannot reproduce"
+    # The id's frame limit, and its TimeLimit (agent steps of FRAME_SKIP frames) if any:
+    # `make` applies both, so the tighter one ends the game.
+    limits = [kwargs["max_num_frames_per_episode"]]
+    if spec.max_episode_steps is not None:
+        limits.append(spec.max_episode_steps * factory.FRAME_SKIP)
+    limits = [int(limit) for limit in limits if limit is not None and limit > 0]
+    return _AleVectorConfig(
+        game=kwargs["game"],
+        repeat_action_probability=float(kwargs["repeat_action_probability"]),
+        full_action_space=bool(kwargs["full_action_space"]),
+        max_num_frames_per_episode=min(limits, default=_NO_FRAME_LIMIT),
+    )
+
+
+def ale_vector_supports(env_name: str) -> bool:
+    """Whether the "ale_vector" backend can run `env_name` the way `make` preprocesses it.
+
+    True for registered Gymnasium ids made by ale_py's `AtariEnv` with pixel
+    observations and default game mode and difficulty (every `*NoFrameskip-v4`, `*-v4`
+    and `ALE/*-v5` id), when the installed ale-py has `AtariVectorEnv`.
+    """
+    return isinstance(_ale_vector_config(env_name), _AleVectorConfig)
+
+
+class AleVectorEnvBatch(EnvBatch):
+    """K Atari games in ale-py's `AtariVectorEnv`: C++ worker threads, DeepMind preprocessing.
+
+    The vector env runs synchronously (every step steps all K) in same-step autoreset
+    mode, with no reward clipping, no FIRE on reset and none of the ALE's own life-loss
+    handling; episode statistics, life loss and the frame-stack padding are done here in
+    numpy (see the module docstring for how this matches and differs from "loop").
+
+    Args:
+        env_name: a registered Atari id (`ale_vector_supports(env_name)`).
+        num_envs: K.
+        first_seed: env i is seeded with `first_seed + i` (mod 2**31 - 1); None draws
+            seeds from the OS.
+        episodic_life: a lost life sets `done` (not `episode_end`); the game goes on.
+        num_threads: C++ worker threads stepping the K games.
+        noop_max: no-op starts draw 0..noop_max-1 frames; 0 turns them off (tests use
+            this to compare backends frame for frame).
+    """
+
+    def __init__(
+        self,
+        env_name: str,
+        num_envs: int,
+        first_seed: int | None,
+        episodic_life: bool,
+        *,
+        num_threads: int = DEFAULT_ALE_THREADS,
+        noop_max: int | None = None,
+    ) -> None:
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+        if num_threads < 1:
+            raise ValueError(f"num_threads must be at least 1, got {num_threads}")
+        config = _ale_vector_config(env_name)
+        if isinstance(config, str):
+            raise EnvError(f"the ale_vector env backend cannot run this env: {config}")
+        self._vector_env: Any = AtariVectorEnv(
+            config.game,
+            num_envs,
+            num_threads=num_threads,
+            thread_affinity_offset=-1,  # no pinning: cores are shared with other actors
+            max_num_frames_per_episode=config.max_num_frames_per_episode,
+            repeat_action_probability=config.repeat_action_probability,
+            full_action_space=config.full_action_space,
+            autoreset_mode="SameStep",
+            img_height=factory.SCREEN_SIZE,
+            img_width=factory.SCREEN_SIZE,
+            grayscale=True,
+            stack_num=factory.FRAME_STACK,
+            frameskip=factory.FRAME_SKIP,
+            maxpool=True,
+            noop_max=factory.NOOP_MAX if noop_max is None else noop_max,
+            episodic_life=False,
+            life_loss_info=False,
+            reward_clipping=False,
+            use_fire_reset=False,
+        )
+        self._num_actions = int(self._vector_env.single_action_space.n)
+        spec = EnvSpec(
+            obs_shape=tuple(int(d) for d in self._vector_env.single_observation_space.shape),
+            obs_dtype=np.dtype(np.uint8),
+            num_actions=self._num_actions,
+        )
+        self._allocate(env_name, num_envs, spec)
+        self._episodic_life = episodic_life
+        # Running totals of the current real episode: float64 so a long game's sum of
+        # small rewards is exact, as in EpisodeStatistics' Python float.
+        self._running_return = np.zeros(num_envs, dtype=np.float64)
+        self._running_length = np.zeros(num_envs, dtype=np.int64)
+        # Steps since each env's stack was (re)started; frames older than that are the
+        # ALE's zero padding (or, after a lost life, the previous life's frames).
+        self._age = np.zeros(num_envs, dtype=np.int64)
+
+        seeds = None
+        if first_seed is not None:
+            seeds = (first_seed + np.arange(num_envs, dtype=np.int64)) % _ALE_SEED_MODULUS
+        obs, info = self._vector_env.reset(seed=seeds)
+        if obs.shape != self.obs.shape:
+            self.close()
+            raise EnvError(
+                f"AtariVectorEnv returned observations of shape {obs.shape} for "
+                f"{env_name}, expected {self.obs.shape}"
+            )
+        np.copyto(self.obs, obs)
+        self._lives = info["lives"].copy()
+        self._pad_young_stacks()
+
+    def step(self, actions: np.ndarray) -> None:
+        actions = self._actions(actions)
+        # The C++ worker skips an out-of-range action with a log line and never answers,
+        # which would hang the batch: refuse it here.
+        if actions.min() < 0 or actions.max() >= self._num_actions:
+            raise ValueError(
+                f"actions for {self.env_name} must be in 0..{self._num_actions - 1}, "
+                f"got {actions.tolist()}"
+            )
+        obs, reward, terminated, truncated, info = self._vector_env.step(actions)
+        np.copyto(self.obs, obs)
+        self.reward[:] = reward
+        # The ALE's own episodic life is off, so these are real episode ends (the game is
+        # over or hit its frame limit), and `obs` is already the next game's first frame.
+        game_over = terminated | truncated
+        self._running_return += reward
+        self._running_length += 1
+        self._age += 1
+        np.copyto(self.episode_end, game_over)
+        if game_over.any():
+            self.episode_return[game_over] = self._running_return[game_over]
+            self.episode_step[game_over] = self._running_length[game_over]
+            self._running_return[game_over] = 0.0
+            self._running_length[game_over] = 0
+            self._age[game_over] = 0
+        lives = info["lives"]
+        if self._episodic_life:
+            # beast's EpisodicLife rule: lives went down, some are left, game not over.
+            # After a game over `lives` is the new game's, so the comparison restarts.
+            life_lost = ~game_over & (lives > 0) & (lives < self._lives)
+            self._age[life_lost] = 0
+            np.logical_or(game_over, life_lost, out=self.done)
+        else:
+            np.copyto(self.done, game_over)
+        self._lives[:] = lives
+        self._pad_young_stacks()
+
+    def _pad_young_stacks(self) -> None:
+        """Fill stack slots older than the env's (re)start with its first frame.
+
+        At age a (steps since the reset or lost life) the newest a + 1 frames are this
+        episode's; the older ones become copies of the oldest of those, as beast's
+        FrameStack holds copies of the first frame after a reset.
+        """
+        last = self.obs_shape[0] - 1
+        for i in np.flatnonzero(self._age < last).tolist():
+            first = last - int(self._age[i])
+            self.obs[i, :first] = self.obs[i, first]
+
+    def close(self) -> None:
+        vector_env, self._vector_env = getattr(self, "_vector_env", None), None
+        if vector_env is not None:
+            # The C++ threads stop when the interface is destroyed, not on close():
+            # dropping the last reference is what releases them.
+            vector_env.close()
+            del vector_env
+
+
+def make_env_batch(
+    env_name: str,
+    num_envs: int,
+    first_seed: int | None,
+    episodic_life: bool,
+    backend: Backend = "auto",
+    *,
+    num_threads: int = DEFAULT_ALE_THREADS,
+) -> EnvBatch:
+    """K envs of `env_name` as one batch (see the module docstring for the contract).
+
+    Args:
+        env_name: anything `beast.envs.make` accepts.
+        num_envs: K.
+        first_seed: env i is seeded with `first_seed + i`; None leaves seeds to entropy.
+        episodic_life: Atari only; a lost life ends the agent's episode (`done`) but not
+            the game (`episode_end`).
+        backend: "loop", "ale_vector" or "auto" ("ale_vector" for the Atari ids it
+            supports when `AUTO_PREFERS_ALE_VECTOR`, else "loop"; non-Atari envs always
+            use "loop").
+        num_threads: C++ worker threads of the "ale_vector" backend.
+
+    Raises:
+        EnvError: the env cannot be made, or backend="ale_vector" for an env it cannot run.
+        ValueError: unknown backend, num_envs < 1.
+    """
+    if backend == "auto":
+        use_ale = AUTO_PREFERS_ALE_VECTOR and ale_vector_supports(env_name)
+        backend = "ale_vector" if use_ale else "loop"
+    if backend == "loop":
+        return LoopEnvBatch(env_name, num_envs, first_seed, episodic_life)
+    if backend == "ale_vector":
+        return AleVectorEnvBatch(
+            env_name, num_envs, first_seed, episodic_life, num_threads=num_threads
+        )
+    raise ValueError(f"unknown env batch backend {backend!r}; use 'auto', 'loop' or 'ale_vector'")
