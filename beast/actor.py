@@ -26,7 +26,6 @@ decides whether to replace the actor.
 from __future__ import annotations
 
 import functools
-import math
 import os
 import queue
 import signal
@@ -34,15 +33,15 @@ import sys
 import traceback
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
-from beast import envs
 from beast.buffers import RolloutBuffers, core_state_key
+from beast.envs.batch import EnvBatch, make_env_batch
 from beast.inference import CentralPolicy, InferenceTable, LocalPolicy
 from beast.native import QueueClosed
 from beast.profile import ACTOR_PHASES, PhaseClock
+from beast.sequence_actor import SequenceSink, run_sequence_actor
 
 __all__ = ["ActorSettings", "ERROR_BOARD_BYTES", "run_actor"]
 
@@ -93,61 +92,18 @@ def _take_free_slots(
     return slots
 
 
-class _EnvBatch:
-    """K environments and their latest outputs as batched numpy arrays."""
-
-    def __init__(self, settings: ActorSettings, actor_index: int, incarnation: int) -> None:
-        k = settings.num_envs
-        first_seed = settings.seed + actor_index * k + incarnation * _INCARNATION_SEED_STRIDE
-        self.env_name = settings.env
-        self.envs = [
-            envs.make(settings.env, seed=first_seed + i, episodic_life=settings.episodic_life)
-            for i in range(k)
-        ]
-        self.obs_shape = envs.env_spec(self.envs[0]).obs_shape
-        self.obs = np.stack([self._checked(env.reset()[0], "reset") for env in self.envs])
-        self.reward = np.zeros(k, dtype=np.float32)
-        self.done = np.ones(k, dtype=bool)  # the first observation starts an episode
-        self.episode_end = np.zeros(k, dtype=bool)
-        self.episode_return = np.zeros(k, dtype=np.float32)
-        self.episode_step = np.zeros(k, dtype=np.int32)
-
-    def step(self, actions: np.ndarray) -> None:
-        self.episode_end[:] = False
-        for i, env in enumerate(self.envs):
-            obs, reward, terminated, truncated, info = env.step(int(actions[i]))
-            if not math.isfinite(reward):
-                raise ValueError(f"env {self.env_name} returned a non-finite reward {reward}")
-            done = terminated or truncated
-            if "episode" in info:
-                self.episode_end[i] = True
-                self.episode_return[i] = info["episode"]["r"]
-                self.episode_step[i] = info["episode"]["l"]
-            if done:
-                obs, _ = env.reset()
-            self.obs[i] = self._checked(obs, "step")
-            self.reward[i] = reward
-            self.done[i] = done
-
-    def _checked(self, obs: np.ndarray, call: str) -> np.ndarray:
-        shape = np.shape(obs)
-        if shape != self.obs_shape:
-            raise ValueError(
-                f"env {self.env_name} returned an observation of shape {shape} from {call}(),"
-                f" but its observation_space has shape {self.obs_shape}"
-            )
-        return obs
-
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
+def _env_batch(settings: ActorSettings, actor_index: int, incarnation: int) -> EnvBatch:
+    """This actor's K environments; a replacement actor gets fresh seeds."""
+    k = settings.num_envs
+    first_seed = settings.seed + actor_index * k + incarnation * _INCARNATION_SEED_STRIDE
+    return make_env_batch(settings.env, k, first_seed, settings.episodic_life)
 
 
 def run_actor(
     actor_index: int,
     incarnation: int,
     settings: ActorSettings,
-    buffers: RolloutBuffers,
+    buffers: RolloutBuffers | SequenceSink,
     policy_source: nn.Module | InferenceTable,
     learner_pid: int,
     error_board: torch.Tensor,
@@ -155,6 +111,8 @@ def run_actor(
 ) -> None:
     """Process entry point. Exits 0 on shutdown, 1 after posting its error.
 
+    buffers: the rollout slots (IMPALA, LASER), or for R2D2 / Ape-X the
+    sequence sink, which runs beast/sequence_actor.py's loop instead.
     policy_source: the shared-memory model (local policy) or the request
     table of the learner's inference server (central policy).
     phase_seconds: shared float64 [num_actors, len(ACTOR_PHASES)]; this actor
@@ -167,7 +125,17 @@ def run_actor(
         if phase_seconds is None:
             phase_seconds = torch.zeros((actor_index + 1, len(ACTOR_PHASES)), dtype=torch.float64)
         clock = PhaseClock(phase_seconds[actor_index], ACTOR_PHASES)
-        _act(actor_index, incarnation, settings, buffers, policy_source, learner_pid, clock)
+        if isinstance(buffers, SequenceSink):
+            run_sequence_actor(
+                actor_index,
+                buffers,
+                policy_source,
+                functools.partial(_env_batch, settings, actor_index, incarnation),
+                functools.partial(_learner_alive, learner_pid),
+                clock,
+            )
+        else:
+            _act(actor_index, incarnation, settings, buffers, policy_source, learner_pid, clock)
     except Exception:
         report = traceback.format_exc().encode("utf-8")[-(ERROR_BOARD_BYTES - 1) :]
         row = error_board[actor_index]
@@ -186,7 +154,7 @@ def _act(
     clock: PhaseClock,
 ) -> None:
     k, unroll_length = settings.num_envs, settings.unroll_length
-    env_batch = _EnvBatch(settings, actor_index, incarnation)
+    env_batch = _env_batch(settings, actor_index, incarnation)
     if isinstance(policy_source, InferenceTable):
         alive = functools.partial(_learner_alive, learner_pid)
         policy = CentralPolicy(policy_source, actor_index, alive)

@@ -11,6 +11,12 @@ unlinks at creation, so no /dev/shm segment outlives the processes.
 A run whose directory already holds a checkpoint resumes from it: model,
 optimizer, scheduler, step counters and RNG state; flags that define the
 model must match.
+
+R2D2 and Ape-X (`--algo r2d2|apex`) swap the rollout slots and the learner
+for a prioritized sequence replay that the actors fill themselves
+(`build_sequence_sink`, beast/sequence_actor.py) and a `ReplayLearner`
+(`build_replay_learner`) with a target network, which the checkpoint keeps
+beside the model; the rest of the run is the same.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from beast import envs
 from beast.actor import ActorSettings
 from beast.algos.impala import LossOutput, impala_loss
 from beast.algos.laser import laser_loss
+from beast.algos.r2d2 import DEFAULT_RESCALE_EPS, r2d2_loss
 from beast.buffers import RolloutBuffers, core_state_shapes, rollout_spec
 from beast.checkpoint import (
     CheckpointError,
@@ -37,13 +44,17 @@ from beast.checkpoint import (
     load_latest_checkpoint,
     save_checkpoint,
 )
-from beast.config import Config, ConfigError
+from beast.compile import CompiledForward
+from beast.config import Q_LEARNING_ALGOS, Config, ConfigError
 from beast.inference import InferenceServer, InferenceTable
 from beast.learner import Learner, NonFiniteError, TrainingProgress
 from beast.logs import RunLog
-from beast.models import build_model
+from beast.models import build_model, build_q_model
 from beast.profile import format_profile
+from beast.replay import PrioritizedReplay, replay_footprint, sequence_spec
+from beast.replay_learner import ReplayLearner
 from beast.rollout_replay import RolloutReplay
+from beast.sequence_actor import SequenceSink
 from beast.supervisor import ActorPool
 
 __all__ = [
@@ -51,7 +62,9 @@ __all__ = [
     "build_inference",
     "build_loss",
     "build_replay",
+    "build_replay_learner",
     "build_run_model",
+    "build_sequence_sink",
     "select_device",
     "select_policy",
     "train",
@@ -90,6 +103,8 @@ def select_policy(config: Config, device: torch.device) -> str:
     """
     if config.policy != "auto":
         return config.policy
+    if config.algo in Q_LEARNING_ALGOS:
+        return "local"  # R2D2 / Ape-X actors act with a local Q-network only
     return "central" if device.type == "cuda" else "local"
 
 
@@ -128,6 +143,16 @@ def build_inference(
 
 
 def build_run_model(config: Config, spec: envs.EnvSpec) -> torch.nn.Module:
+    """The run's network: a dueling Q-network for r2d2 (with an LSTM, always) and apex
+    (feed-forward), else an actor-critic."""
+    if config.algo in Q_LEARNING_ALGOS:
+        return build_q_model(
+            config.model,
+            spec.obs_shape,
+            spec.num_actions,
+            use_lstm=config.algo == "r2d2",
+            hidden_size=config.hidden_size,
+        )
     return build_model(
         config.model,
         spec.obs_shape,
@@ -160,6 +185,129 @@ def build_replay(config: Config, buffers: RolloutBuffers) -> RolloutReplay | Non
     return RolloutReplay(buffers.spec, config.replay_size, seed=config.seed)
 
 
+def sequence_layout(config: Config) -> tuple[int, int, int]:
+    """(seq_len, seq_overlap, burn_in) of the replayed sequences.
+
+    r2d2: the flags (80, 40, 40 by default). apex: n_step, n_step - 1, 0: every step
+    starts one sequence of n_step + 1 rows, an n-step transition with its bootstrap row
+    (the layout beast.replay.SequenceBuilder and r2d2_loss document for Ape-X).
+    """
+    if config.algo == "apex":
+        return config.n_step, config.n_step - 1, 0
+    return config.seq_len, config.seq_overlap, config.burn_in
+
+
+def build_sequence_sink(
+    config: Config, spec: envs.EnvSpec, actor_model: torch.nn.Module
+) -> SequenceSink:
+    """R2D2 / Ape-X: the shared prioritized replay of --replay_size sequences and the
+    actors' counters, what the sequence actors write into instead of rollout slots."""
+    seq_len, seq_overlap, _ = sequence_layout(config)
+    layout = sequence_spec(
+        seq_len=seq_len,
+        obs_shape=spec.obs_shape,
+        obs_dtype=spec.obs_dtype,
+        core_state_shapes=core_state_shapes(actor_model.initial_state(1)),
+    )
+    try:
+        replay = PrioritizedReplay(
+            layout,
+            config.replay_size,
+            alpha=config.priority_exponent,
+            beta=config.importance_sampling_exponent,
+            frame_dedup=config.frame_dedup,
+        )
+    except ValueError as error:  # frame dedup of observations that are not frame stacks
+        raise ConfigError(f"--frame_dedup does not fit {config.env}: {error}") from error
+    return SequenceSink(
+        replay,
+        num_actors=config.num_actors,
+        num_envs=config.num_envs_per_actor,
+        seq_len=seq_len,
+        seq_overlap=seq_overlap,
+        eps_base=config.eps_base,
+        eps_alpha=config.eps_alpha,
+        samples_per_insert=config.samples_per_insert,
+        min_replay_size=config.min_replay_size,
+        batch_size=config.batch_size,
+    )
+
+
+def build_replay_learner(
+    config: Config,
+    *,
+    model: torch.nn.Module,
+    target_model: torch.nn.Module,
+    actor_model: torch.nn.Module,
+    sink: SequenceSink,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    precision: str,
+    progress: TrainingProgress,
+    on_update: Callable,
+) -> ReplayLearner:
+    """R2D2 / Ape-X: the learner over the sink's replay, with the loss's constants bound."""
+    _, _, burn_in = sequence_layout(config)
+    loss_fn = functools.partial(
+        r2d2_loss,
+        burn_in=burn_in,
+        n_step=config.n_step,
+        discounting=config.discounting,
+        rescale_eps=DEFAULT_RESCALE_EPS if config.value_rescaling else None,
+        # R2D2: a step in a sequence's last n rows is burn-in in the next sequence, so it
+        # trains here with the shorter return there is. Ape-X: each transition trains its
+        # first row only, with a full n-step return or an episode end.
+        truncate_at_end=config.algo == "r2d2",
+    )
+    return ReplayLearner(
+        model=model,
+        target_model=target_model,
+        actor_model=actor_model,
+        sink=sink,
+        optimizer=optimizer,
+        loss_fn=loss_fn,
+        device=device,
+        batch_size=config.batch_size,
+        burn_in=burn_in,
+        total_steps=config.total_steps,
+        learning_rate=config.learning_rate,
+        lr_schedule=config.lr_schedule,
+        grad_norm_clipping=config.grad_norm_clipping,
+        target_update_period=config.target_update_period,
+        min_replay_size=config.min_replay_size,
+        num_learner_threads=config.num_learner_threads,
+        max_nonfinite_updates=config.max_nonfinite_updates,
+        on_update=on_update,
+        progress=progress,
+        precision=precision,
+        clip_rewards=config.reward_clipping == "abs_one",
+        seed=config.seed,
+    )
+
+
+def _storage_description(
+    config: Config, buffers: RolloutBuffers | SequenceSink, replay: RolloutReplay | None
+) -> str:
+    """The startup line's account of the run's shared memory."""
+    if isinstance(buffers, SequenceSink):
+        seq_len, seq_overlap, _ = sequence_layout(config)
+        footprint = replay_footprint(
+            buffers.replay.spec, frame_dedup=config.frame_dedup, seq_overlap=seq_overlap
+        )
+        return (
+            f"prioritized replay of {config.replay_size:,} sequences of {seq_len} steps"
+            f" ({buffers.nbytes() / 2**20:,.0f} MiB, {footprint.per_env_step:,.0f} B per env"
+            f" step{', frame dedup' if config.frame_dedup else ''}), learning from"
+            f" {config.min_replay_size:,}"
+        )
+    return f"{config.num_buffers} rollout slots ({buffers.nbytes() / 2**20:.0f} MiB)" + (
+        f", LASER replay of {config.replay_size} rollouts ({replay.nbytes() / 2**20:,.0f}"
+        f" MiB, {config.num_replayed} of each batch's {config.batch_size} rollouts)"
+        if replay is not None
+        else ""
+    )
+
+
 def _optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
     if config.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=config.learning_rate, eps=config.epsilon)
@@ -177,7 +325,9 @@ def _scheduler(config: Config, optimizer: torch.optim.Optimizer):
     steps_per_update = config.unroll_length * (config.batch_size - config.num_replayed)
 
     def linear_decay(num_updates: int) -> float:
-        if config.lr_schedule == "constant":
+        # r2d2/apex: the ReplayLearner sets the rate from env steps itself and never steps
+        # this scheduler; it is only checkpointed.
+        if config.lr_schedule == "constant" or config.algo in Q_LEARNING_ALGOS:
             return 1.0
         return 1.0 - min(num_updates * steps_per_update, config.total_steps) / config.total_steps
 
@@ -195,6 +345,11 @@ def _check_resumable(saved: dict[str, Any], config: Config, path: str) -> list[s
         for key in _RESUME_MUST_MATCH
         if saved.get(key) != getattr(config, key)
     ]
+    # A Q-network and an actor-critic do not fit each other's checkpoints (checkpoints
+    # older than --algo are IMPALA's); impala and laser share one model.
+    saved_algo = saved.get("algo", "impala")
+    if saved_algo != config.algo and {saved_algo, config.algo} & set(Q_LEARNING_ALGOS):
+        mismatched.append(f"--algo {saved_algo!r} in the checkpoint, {config.algo!r} now")
     if mismatched:
         raise ConfigError(
             f"cannot resume from {path}: {'; '.join(mismatched)} (use a new --xpid to start over)"
@@ -228,6 +383,10 @@ def select_precision(config: Config, device: torch.device, spec: envs.EnvSpec) -
     """
     if config.precision != "auto":
         return config.precision
+    if config.algo in Q_LEARNING_ALGOS:
+        # Q-values regress onto targets whose TD errors, late in training, are as small as
+        # bf16's resolution near them (8 mantissa bits: 0.016 at Q = 3).
+        return "fp32"
     if len(spec.obs_shape) != 3:
         return "fp32"
     if device.type == "cuda":
@@ -265,7 +424,12 @@ def train(config: Config) -> None:
     num_threads = learner_threads(config, device, precision)
     if num_threads:
         torch.set_num_threads(num_threads)
+    q_learning = config.algo in Q_LEARNING_ALGOS
     model = build_run_model(config, spec).to(device)
+    # R2D2 / Ape-X: the target network, checkpointed beside the model.
+    target_model = build_run_model(config, spec).to(device) if q_learning else None
+    if target_model is not None:
+        target_model.load_state_dict(model.state_dict())
     optimizer = _optimizer(config, model)
     scheduler = _scheduler(config, optimizer)
     progress = TrainingProgress()
@@ -280,6 +444,8 @@ def train(config: Config) -> None:
         changed = _check_resumable(payload["config"], config, path)
         try:
             model.load_state_dict(payload["model_state_dict"])
+            if target_model is not None:
+                target_model.load_state_dict(payload["target_model_state_dict"])
             optimizer.load_state_dict(payload["optimizer_state_dict"])
             scheduler.load_state_dict(payload["scheduler_state_dict"])
         except (RuntimeError, ValueError, KeyError) as error:
@@ -294,17 +460,20 @@ def train(config: Config) -> None:
     actor_model.share_memory()
     actor_model.eval()
 
-    core_shapes = core_state_shapes(actor_model.initial_state(1))
-    buffers = RolloutBuffers(
-        rollout_spec(
-            unroll_length=config.unroll_length,
-            obs_shape=spec.obs_shape,
-            obs_dtype=spec.obs_dtype,
-            num_actions=spec.num_actions,
-            core_state_shapes=core_shapes,
-        ),
-        config.num_buffers,
-    )
+    buffers: RolloutBuffers | SequenceSink
+    if q_learning:
+        buffers = build_sequence_sink(config, spec, actor_model)
+    else:
+        buffers = RolloutBuffers(
+            rollout_spec(
+                unroll_length=config.unroll_length,
+                obs_shape=spec.obs_shape,
+                obs_dtype=spec.obs_dtype,
+                num_actions=spec.num_actions,
+                core_state_shapes=core_state_shapes(actor_model.initial_state(1)),
+            ),
+            config.num_buffers,
+        )
     log = _open_run_log(config)
     log.start_from(progress.step)
     if resumed_from is not None:
@@ -316,59 +485,68 @@ def train(config: Config) -> None:
             f" ({progress.num_updates:,} updates)"
             + (f"; changed flags: {', '.join(changed)}" if changed else "")
         )
-    loss_fn = build_loss(config)
-    replay = build_replay(config, buffers)
-    learner = Learner(
-        model=model,
-        actor_model=actor_model,
-        buffers=buffers,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        loss_fn=loss_fn,
-        device=device,
-        batch_size=config.batch_size,
-        total_steps=config.total_steps,
-        grad_norm_clipping=config.grad_norm_clipping,
-        num_learner_threads=config.num_learner_threads,
-        max_nonfinite_updates=config.max_nonfinite_updates,
-        precision=precision,
-        on_update=log.record,
-        progress=progress,
-        replay=replay,
-        num_replayed=config.num_replayed,
-    )
+    replay: RolloutReplay | None = None
+    learner: Learner | ReplayLearner
+    if isinstance(buffers, SequenceSink):
+        learner = build_replay_learner(
+            config,
+            model=model,
+            target_model=target_model,
+            actor_model=actor_model,
+            sink=buffers,
+            optimizer=optimizer,
+            device=device,
+            precision=precision,
+            progress=progress,
+            on_update=log.record,
+        )
+    else:
+        replay = build_replay(config, buffers)
+        learner = Learner(
+            model=model,
+            actor_model=actor_model,
+            buffers=buffers,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            loss_fn=build_loss(config),
+            device=device,
+            batch_size=config.batch_size,
+            total_steps=config.total_steps,
+            grad_norm_clipping=config.grad_norm_clipping,
+            num_learner_threads=config.num_learner_threads,
+            max_nonfinite_updates=config.max_nonfinite_updates,
+            precision=precision,
+            on_update=log.record,
+            progress=progress,
+            forward=CompiledForward(model, log.print) if config.compile else None,
+            replay=replay,
+            num_replayed=config.num_replayed,
+        )
 
     def checkpoint() -> None:
         with learner.lock:
             if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
                 log.print("the model has non-finite weights: keeping the previous checkpoint")
                 return
-            save_checkpoint(
-                config.run_dir,
-                {
-                    "model_state_dict": model.state_dict(),
-                    "optimizer_state_dict": optimizer.state_dict(),
-                    "scheduler_state_dict": scheduler.state_dict(),
-                    "config": config.to_dict(),
-                    "progress": dataclasses.asdict(progress),
-                    "torch_rng_state": torch.get_rng_state(),
-                    # Kept at the top level for tools that only want the step.
-                    "step": progress.step,
-                },
-            )
+            payload = {
+                "model_state_dict": model.state_dict(),
+                "optimizer_state_dict": optimizer.state_dict(),
+                "scheduler_state_dict": scheduler.state_dict(),
+                "config": config.to_dict(),
+                "progress": dataclasses.asdict(progress),
+                "torch_rng_state": torch.get_rng_state(),
+                # Kept at the top level for tools that only want the step.
+                "step": progress.step,
+            }
+            if target_model is not None:
+                payload["target_model_state_dict"] = target_model.state_dict()
+            save_checkpoint(config.run_dir, payload)
 
     log.print(
         f"run {config.xpid} in {config.run_dir}: env {config.env} (obs {spec.obs_shape}"
         f" {spec.obs_dtype}, {spec.num_actions} actions), {config.num_actors} actors x"
-        f" {config.num_envs_per_actor} envs, {config.num_buffers} rollout slots"
-        f" ({buffers.nbytes() / 2**20:.0f} MiB)"
-        + (
-            f", LASER replay of {config.replay_size} rollouts ({replay.nbytes() / 2**20:,.0f}"
-            f" MiB, {config.num_replayed} of each batch's {config.batch_size} rollouts)"
-            if replay is not None
-            else ""
-        )
-        + f", learner on {device} in {precision}"
+        f" {config.num_envs_per_actor} envs, {_storage_description(config, buffers, replay)}"
+        f", learner on {device} in {precision}"
         f" with {torch.get_num_threads()} thread(s)"
     )
     if progress.step >= config.total_steps:
