@@ -29,7 +29,16 @@ setup(
         "matplotlib>=3.7",  # beast.plot, sweep plots
     ],
     extras_require={
-        "test": ["pytest>=7", "ruff>=0.5", "imageio>=2.30", "imageio-ffmpeg>=0.4.9"],
+        "test": [
+            "pytest>=7",
+            "ruff>=0.5",
+            "imageio>=2.30",
+            "imageio-ffmpeg>=0.4.9",
+            "ray>=2.60,<3",
+        ],
+        # polybeast.py: Ray 2.x (an ~80 MB wheel; its other dependencies are mostly
+        # already here). tests/test_polybeast.py skips itself without it.
+        "ray": ["ray>=2.60,<3"],
         # --record_video: imageio-ffmpeg ships its own ffmpeg binary (no system ffmpeg),
         # but its wheel is ~70 MB, so it is opt-in.
         "video": ["imageio>=2.30", "imageio-ffmpeg>=0.4.9"],

@@ -1,0 +1,501 @@
+"""PolyBeast training: one or more learners fed by env servers on Ray.
+
+`train(config)` starts (or joins) Ray, then runs the learners:
+
+- one learner (the default) runs in the driver process itself, as monobeast's
+  does: Ctrl-C and SIGTERM reach it directly;
+- with `--num_learners N > 1`, Ray starts N `LearnerNode` actors (one CPU,
+  and one GPU each when the driver sees one): rank 0 pinned to the driver's
+  node, where the run directory is, the others spread. They form a
+  torch.distributed group (beast/poly/distributed.py) through a file store
+  on a private instance (no TCP store, which would listen on every
+  interface) or a TCP store on rank 0's node in a cluster. Ray rather than
+  torchrun starts them because Ray already places processes on the
+  cluster's nodes and owns the env servers: one launcher, one way to stop.
+
+A `LearnerNode` holds what monobeast's learner process holds: rollout slots
+(`beast.buffers.RolloutBuffers`), the unchanged `beast.learner.Learner`,
+the model, optimizer, schedule, checkpoints and run log (rank 0), plus its
+share of the env servers (servers r, r+N, r+2N, ...) and the feeder thread
+that commits their whole rollouts into free slots (beast/poly/feeders.py).
+The learning code is monobeast's; only where the slots are filled from
+differs.
+
+Shutdown, however the run ends: the learner stops, the feeder stops, the
+slot queues close, rank 0 writes the final checkpoint, then `ray_session`
+shuts Ray down: a private instance's processes all exit, and on a cluster
+the env servers die with their owner (the driver, or a learner actor the
+driver kills). With several learners a stop is agreed at an update
+(see GradientReducer), so no learner is left in a collective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from beast import envs
+from beast.buffers import RolloutBuffers
+from beast.checkpoint import (
+    CheckpointError,
+    has_checkpoint,
+    load_latest_checkpoint,
+    save_checkpoint,
+)
+from beast.config import Config, ConfigError
+from beast.learner import Learner, NonFiniteError, TrainingProgress, UpdateStats
+from beast.logs import RunLog
+from beast.poly.cluster import ray_session
+from beast.poly.config import PolyConfig
+from beast.poly.distributed import GradientReducer, broadcast_parameters, init_process_group
+from beast.poly.env_server import poly_rollout_spec
+from beast.poly.feeders import CentralInference, RolloutReceiver, ServerPool, WeightsBroadcast
+from beast.runner import (
+    TrainingError,
+    _check_resumable,
+    _open_run_log,
+    _optimizer,
+    _raise_keyboard_interrupt,
+    _scheduler,
+    build_loss,
+    build_run_model,
+    learner_threads,
+    select_device,
+    select_precision,
+)
+
+__all__ = ["LearnerNode", "train"]
+
+# How often the monitor loop checks on the learner, feeder and servers.
+_MONITOR_SECONDS = 0.5
+# Seconds learner threads get to finish an update in flight.
+_LEARNER_STOP_SECONDS = 3.0
+# Seconds a feeder thread gets to notice the stop flag.
+_FEEDER_STOP_SECONDS = 5.0
+# Several learners: how long a stop request waits for the learners to agree on a
+# last update before each stops on its own (no update is coming: servers lost).
+_AGREED_STOP_SECONDS = 10.0
+# Several learners: bound on each collective, so a learner whose peer died fails.
+_COLLECTIVE_TIMEOUT_SECONDS = 120.0
+# Several learners: how long Ray gets to forward their last lines to the driver.
+_LOG_FLUSH_SECONDS = 1.0
+# Several learners: how long the driver waits for them to finish after a stop.
+_LEARNERS_STOP_SECONDS = 60.0
+
+
+class _Console:
+    """A RunLog's print() for learners other than rank 0 (Ray forwards their stdout)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def print(self, message: str) -> None:
+        print(f"[beast learner {self.rank}] {message}", flush=True)
+
+
+class LearnerNode:
+    """One learner with its slots, its env servers and the thread that feeds it."""
+
+    def __init__(
+        self,
+        config: PolyConfig,
+        rank: int = 0,
+        world_size: int = 1,
+        init_method: str | None = None,
+    ) -> None:
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.init_method = init_method
+        self.stop_requested = threading.Event()
+        self._agreed_stop = threading.Event()
+
+    def request_stop(self) -> None:
+        """Ask this learner to stop (the driver's Ctrl-C, with several learners)."""
+        self.stop_requested.set()
+
+    def run(self) -> str | None:
+        """Train until total_steps or a stop; returns why the run failed, or None."""
+        config, rank, world = self.config, self.rank, self.world_size
+        torch.manual_seed(config.seed)
+        probe = envs.make(config.env, seed=config.seed, episodic_life=config.episodic_life)
+        spec = envs.env_spec(probe)
+        probe.close()
+        device = select_device(config)
+        precision = select_precision(config, device, spec)
+        num_threads = learner_threads(config, device, precision)
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        if world > 1:
+            if config.ray_address is None:
+                # Gloo's connections on loopback too (a private instance is one machine).
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            init_process_group(self.init_method, rank, world, device, _COLLECTIVE_TIMEOUT_SECONDS)
+        # Each learner counts its own batches; together they consume total_steps.
+        local_total = max(1, config.total_steps // world)
+        local_config = dataclasses.replace(config, total_steps=local_total)
+        model = build_run_model(config, spec).to(device)
+        optimizer = _optimizer(config, model)
+        scheduler = _scheduler(local_config, optimizer)
+        progress = TrainingProgress()
+        log: Any = self._open_log(config) if rank == 0 else _Console(rank)
+        payload: Any = None
+        if rank == 0:
+            try:
+                payload = self._resume_payload(config, log)
+            except ConfigError as error:
+                if world == 1:
+                    raise
+                payload = {"error": str(error)}  # the other learners must hear of it too
+        if world > 1:
+            box = [payload]
+            torch.distributed.broadcast_object_list(box, src=0)
+            payload = box[0]
+            if payload is not None and "error" in payload:
+                raise ConfigError(payload["error"])
+        if payload is not None:
+            model.load_state_dict(payload["model_state_dict"])
+            optimizer.load_state_dict(payload["optimizer_state_dict"])
+            scheduler.load_state_dict(payload["scheduler_state_dict"])
+            saved = dict(payload["progress"])
+            saved["step"] //= world
+            progress = TrainingProgress(**saved)
+            torch.set_rng_state(payload["torch_rng_state"])
+        if world > 1:
+            broadcast_parameters(list(model.state_dict().values()))
+        if rank == 0:
+            log.start_from(progress.step * world)  # SPS counts this run's steps only
+
+        central = config.resolved_policy == "central"
+        actor_model = build_run_model(config, spec)
+        actor_model.load_state_dict(model.state_dict())
+        actor_model.eval()
+        if central:
+            actor_model.to(device)
+        buffers = RolloutBuffers(
+            poly_rollout_spec(config, spec, actor_model), int(config.num_buffers or 0)
+        )
+        reducer = None
+        learner_box: list[Learner] = []
+        pools: list[ServerPool] = []
+        if world > 1:
+            reducer = GradientReducer(
+                config.grad_norm_clipping,
+                self.stop_requested,
+                lambda: self._last_update(learner_box[0]),
+            )
+
+        def on_update(stats: UpdateStats) -> None:
+            if rank != 0:
+                return
+            losses = dict(stats.losses)
+            if reducer is not None:
+                losses["grad_norm"] = reducer.global_grad_norm
+            # This learner's servers (all of them with one learner), in logs.csv too.
+            losses["env_server_restarts"] = pools[0].total_restarts if pools else 0
+            log.record(dataclasses.replace(stats, step=stats.step * world, losses=losses))
+
+        learner = Learner(
+            model=model,
+            actor_model=actor_model,
+            buffers=buffers,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            loss_fn=build_loss(config),
+            device=device,
+            batch_size=config.batch_size,
+            total_steps=local_total,
+            # With several learners the reducer clips the combined gradient instead.
+            grad_norm_clipping=config.grad_norm_clipping if reducer is None else 0.0,
+            num_learner_threads=config.num_learner_threads,
+            max_nonfinite_updates=config.max_nonfinite_updates,
+            precision=precision,
+            on_update=on_update,
+            progress=progress,
+            reduce_gradients=reducer,
+        )
+        learner_box.append(learner)
+
+        def checkpoint(wait: float = -1) -> None:
+            if rank != 0:
+                return
+            if not learner.lock.acquire(timeout=wait):
+                log.print("an update is stuck (a learner peer is gone): no final checkpoint")
+                return
+            try:
+                if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+                    log.print("the model has non-finite weights: keeping the previous checkpoint")
+                    return
+                saved_progress = dataclasses.asdict(progress)
+                saved_progress["step"] = progress.step * world
+                save_checkpoint(
+                    config.run_dir,
+                    {
+                        "model_state_dict": model.state_dict(),
+                        "optimizer_state_dict": optimizer.state_dict(),
+                        "scheduler_state_dict": scheduler.state_dict(),
+                        # Monobeast's fields only, so that tools reading checkpoints as a
+                        # Config (--mode test, monobeast resuming the run) accept it; the
+                        # cluster flags are in the run's config.yaml.
+                        "config": _base_config_dict(config),
+                        "progress": saved_progress,
+                        "torch_rng_state": torch.get_rng_state(),
+                        "step": progress.step * world,
+                    },
+                )
+            finally:
+                learner.lock.release()
+
+        log.print(
+            f"learner {rank}/{world} on {device} in {precision}"
+            f" ({torch.get_num_threads()} thread(s)): env {config.env} (obs {spec.obs_shape}"
+            f" {spec.obs_dtype}, {spec.num_actions} actions), policy {config.resolved_policy},"
+            f" {config.num_buffers} rollout slots ({buffers.nbytes() / 2**20:.0f} MiB)"
+        )
+        if progress.step >= local_total:
+            log.print(
+                f"already at total_steps {config.total_steps:,}; raise --total_steps to go on"
+            )
+            if rank == 0:
+                log.close()
+            return None
+
+        pool = ServerPool(config, list(range(rank, config.servers, world)), log.print)
+        pools.append(pool)
+        stop = threading.Event()
+        if central:
+            feeder: Any = CentralInference(
+                pool,
+                buffers,
+                stop,
+                actor_model,
+                buffers.spec,
+                config.unroll_length,
+                config.servers_envs,
+            )
+        else:
+            weights = WeightsBroadcast(
+                actor_model,
+                learner.lock,
+                lambda: learner.progress.num_updates,
+                config.weights_interval,
+            )
+            feeder = RolloutReceiver(pool, buffers, stop, weights, config.rollouts_in_flight)
+        failure: str | None = None
+        try:
+            pool.start()
+            feeder.start()
+            learner.start()
+            failure = self._monitor(learner, pool, feeder, log, checkpoint)
+        except KeyboardInterrupt:
+            log.print("interrupted: stopping env servers and learner, writing a final checkpoint")
+        except CheckpointError as error:
+            failure = str(error)
+        except RuntimeError as error:  # servers that cannot start
+            failure = str(error)
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                # A bounded shutdown that a second Ctrl-C must not cut short.
+                _ignore_signals((signal.SIGINT, signal.SIGTERM))
+            try:
+                learner.stop(_LEARNER_STOP_SECONDS)
+                stop.set()
+                buffers.close()
+                feeder.join(_FEEDER_STOP_SECONDS)
+                # The servers die with their owner (this process's Ray connection, or
+                # this learner actor); killing them here, with calls in flight, only
+                # made Ray log a retry warning per call.
+                log.print(
+                    f"feeder: {feeder.stats.line()}; env-server restarts: {pool.total_restarts}"
+                )
+                checkpoint(wait=_LEARNER_STOP_SECONDS)
+                if rank == 0:
+                    log.print(f"checkpoint at step {progress.step * world:,} in {config.run_dir}")
+            except CheckpointError as error:
+                failure = failure or str(error)
+            finally:
+                if rank == 0:
+                    log.close()
+                if world > 1 and torch.distributed.is_initialized():
+                    torch.distributed.destroy_process_group()
+        return failure
+
+    def _last_update(self, learner: Learner) -> None:
+        """Several learners agreed that the update in progress is the last one."""
+        learner.total_steps = min(learner.total_steps, learner.progress.step + 1)
+        self._agreed_stop.set()
+
+    def _open_log(self, config: PolyConfig) -> RunLog:
+        return _open_run_log(config)
+
+    def _resume_payload(self, config: PolyConfig, log: RunLog) -> dict[str, Any] | None:
+        """The checkpoint to resume from (rank 0 reads it, the others get a copy), or None."""
+        if config.resume and not has_checkpoint(config.run_dir):
+            raise ConfigError(f"--resume: no checkpoint in {config.run_dir}")
+        if not has_checkpoint(config.run_dir):
+            return None
+        try:
+            payload, path, skipped = load_latest_checkpoint(config.run_dir, "cpu")
+        except CheckpointError as error:
+            raise ConfigError(f"{error} (use a new --xpid to start over)") from error
+        changed = _check_resumable(payload["config"], config, path)
+        if skipped:
+            log.print(f"the newest checkpoint is unusable ({skipped}); using the previous one")
+        log.print(
+            f"resuming {config.xpid} from {path} at step {payload['progress']['step']:,}"
+            + (f"; changed flags: {', '.join(changed)}" if changed else "")
+        )
+        return payload
+
+    def _monitor(self, learner: Learner, pool: ServerPool, feeder, log, checkpoint) -> str | None:
+        """Progress lines, periodic checkpoints, restarts and failures; until the end."""
+        config = self.config
+        last_line = last_checkpoint = time.monotonic()
+        stop_asked_at: float | None = None
+        while not learner.finished.wait(_MONITOR_SECONDS):
+            failure = feeder.failure or pool.check()
+            if failure:
+                return failure
+            now = time.monotonic()
+            if self.stop_requested.is_set():
+                if self.world_size == 1:
+                    raise KeyboardInterrupt
+                stop_asked_at = stop_asked_at or now
+                if now - stop_asked_at > _AGREED_STOP_SECONDS:
+                    log.print("no update to agree a stop on: stopping this learner alone")
+                    return None
+            if self.rank == 0 and now - last_line >= config.log_interval:
+                log.report_progress()
+                last_line = now
+            if self.rank == 0 and now - last_checkpoint >= config.checkpoint_interval:
+                checkpoint()
+                last_checkpoint = now
+        if learner.error is not None:
+            error = learner.error
+            if isinstance(error, NonFiniteError):
+                return str(error)
+            log.print("learner failed:\n" + "".join(traceback.format_exception(error)).rstrip())
+            return f"learner failed: {type(error).__name__}: {error}"
+        if self.rank == 0:
+            log.report_progress()
+            if self._agreed_stop.is_set():
+                log.print("the learners agreed to stop")
+            else:
+                log.print(f"reached total_steps {config.total_steps:,}")
+        return None
+
+
+def _base_config_dict(config: PolyConfig) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(Config)}
+    return {key: value for key, value in config.to_dict().items() if key in names}
+
+
+def _ignore_signals(signums) -> None:
+    for signum in signums:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _run_learner_actors(config: PolyConfig) -> str | None:
+    """Several learners as Ray actors; returns the first failure, or None."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    world = config.num_learners
+    num_gpus = 1 if select_device(config).type == "cuda" else 0
+    if config.ray_address is None:
+        store = tempfile.NamedTemporaryFile(prefix="beast-dist-", delete=False)  # noqa: SIM115
+        store.close()
+        os.unlink(store.name)  # the file store creates it; it must not exist yet
+        init_method = f"file://{store.name}"
+    else:
+        init_method = f"tcp://{ray.util.get_node_ip_address()}:{_free_port()}"
+    remote = ray.remote(LearnerNode)
+    here = ray.get_runtime_context().get_node_id()
+    nodes = [
+        remote.options(
+            num_cpus=1,
+            num_gpus=num_gpus,
+            max_concurrency=2,  # run() in one thread, request_stop() in another
+            scheduling_strategy=(
+                NodeAffinitySchedulingStrategy(node_id=here, soft=False) if rank == 0 else "SPREAD"
+            ),
+        ).remote(config, rank, world, init_method)
+        for rank in range(world)
+    ]
+    runs = [node.run.remote() for node in nodes]
+    try:
+        results = ray.get(runs)
+    except KeyboardInterrupt:
+        print(f"[beast] interrupted: stopping {world} learners", flush=True)
+        for node in nodes:
+            node.request_stop.remote()
+        done, _ = ray.wait(runs, num_returns=len(runs), timeout=_LEARNERS_STOP_SECONDS)
+        results = [ray.get(ref) for ref in done]
+    except ray.exceptions.RayError as error:
+        for node in nodes:
+            node.request_stop.remote()
+        return f"a learner failed: {str(error).strip().splitlines()[-1]}"
+    finally:
+        if init_method.startswith("file://"):
+            path = init_method.removeprefix("file://")
+            if os.path.exists(path):
+                os.unlink(path)
+    for node in nodes:
+        ray.kill(node, no_restart=True)
+    # Ray forwards the learners' stdout asynchronously: let their last lines arrive.
+    time.sleep(_LOG_FLUSH_SECONDS)
+    failures = [result for result in results if result]
+    return failures[0] if failures else None
+
+
+def train(config: PolyConfig) -> None:
+    """Train until total_steps; returns normally after a clean shutdown."""
+    # Fail on a bad env before starting Ray (seconds) and any process.
+    probe = envs.make(config.env, seed=config.seed, episodic_life=config.episodic_life)
+    probe.close()
+    # Installed explicitly: a shell starts background jobs with SIGINT ignored, and
+    # `kill -INT` must still stop the run cleanly.
+    previous = {
+        signum: signal.signal(signum, _raise_keyboard_interrupt)
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    failure: str | None = None
+    try:
+        with ray_session(config) as where:
+            # ray.init installs a SIGTERM handler that exits without a checkpoint.
+            signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+            try:
+                print(
+                    f"[beast] polybeast on {where}: {config.servers} env servers x"
+                    f" {config.servers_envs} envs, {config.num_learners} learner(s)",
+                    flush=True,
+                )
+                if config.num_learners == 1:
+                    failure = LearnerNode(config).run()
+                else:
+                    failure = _run_learner_actors(config)
+            except KeyboardInterrupt:
+                print("[beast] interrupted", flush=True)
+            finally:
+                # Shutting Ray down must not be cut short by a second Ctrl-C.
+                _ignore_signals(previous)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if failure:
+        raise TrainingError(failure)
