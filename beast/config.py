@@ -498,7 +498,8 @@ def build_parser(
     )
     for f in dataclasses.fields(config_class):
         kind = _arg_type(f.type)
-        help_text = f.metadata["help"]
+        # argparse formats help with %-interpolation: a literal "20%" must reach it as "20%%".
+        help_text = f.metadata["help"].replace("%", "%%")
         if kind is bool:
             parser.add_argument(
                 f"--{f.name}",

@@ -2,10 +2,12 @@
 
 The checkpoint's own flags decide the environment and the network, so
 `--mode test --xpid RUN` evaluates RUN as it was trained, whatever the
-other defaults are now. `--record_video` writes the first episode as an
-mp4 with imageio-ffmpeg, which bundles its own ffmpeg (no system package):
-Atari frames come straight from the emulator's RGB screen, other envs need
-to render `rgb_array` frames.
+other defaults are now. An actor-critic samples from its policy; an R2D2 or
+Ape-X Q-network acts greedily, with `--test_epsilon` (default 0.001) random
+actions so that a deterministic policy cannot stall an episode forever.
+`--record_video` writes the first episode as an mp4 with imageio-ffmpeg,
+which bundles its own ffmpeg (no system package): Atari frames come straight
+from the emulator's RGB screen, other envs need to render `rgb_array` frames.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import statistics
 import torch
 
 from beast import envs
+from beast.algos.r2d2 import epsilon_greedy
 from beast.checkpoint import (
     CHECKPOINT_NAME,
     CheckpointError,
     has_checkpoint,
     load_latest_checkpoint,
 )
-from beast.config import Config, ConfigError
+from beast.config import Q_LEARNING_ALGOS, Config, ConfigError
 from beast.inference import sample_actions
 
 __all__ = ["test", "VIDEO_NAME"]
@@ -107,7 +110,10 @@ def test(config: Config) -> list[float]:
         while len(returns) < config.num_test_episodes:
             inputs["obs"] = torch.from_numpy(obs).view(1, 1, *spec.obs_shape)
             output, state = model(inputs, state)
-            action = sample_actions(output.policy_logits)
+            if trained.algo in Q_LEARNING_ALGOS:
+                action = epsilon_greedy(output.q_values, config.test_epsilon)
+            else:
+                action = sample_actions(output.policy_logits)
             obs, reward, terminated, truncated, info = env.step(int(action))
             inputs["last_action"] = action
             inputs["reward"] = torch.tensor([[reward]], dtype=torch.float32)

@@ -1,11 +1,16 @@
 """The R2D2 / Ape-X learner: sample sequences, n-step double-Q update, new priorities.
 
 Actors (beast/sequence_actor.py) write sequences straight into the shared
-prioritized replay; this learner only samples. Sampler threads (one per
-learner thread) draw batches by priority and move them to the learning
-device, so a learner thread never waits on the replay's copy-out. Learner
-threads, serialised by one lock as in beast/learner.py (the parameters are
-updated in place), run one update per batch:
+prioritized replay; this learner only samples. Each learner thread draws
+its batch by priority and moves it to the learning device itself, outside
+the update lock, so with several threads one samples while another
+updates. (A sampler thread per learner thread, as beast/learner.py has
+batch threads, measured slower on 2 cores: both threads make many small
+torch calls and hand the GIL back and forth; the Ape-X CartPole update ran
+161-172 updates/s that way against 173-203 inline, and in full runs the
+learner waited for batches about 40% of its time.) The updates are serialised
+by one lock as in beast/learner.py (the parameters are updated in place);
+one update per batch:
 
     1. burn-in: the online network unrolls the first `burn_in` rows from the
        sequence's stored LSTM state without gradient, then the rest with it
@@ -36,7 +41,6 @@ on_update), so the monitor, logs and checkpoints work unchanged.
 from __future__ import annotations
 
 import functools
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -82,7 +86,7 @@ class ReplayLearner:
         target_update_period: updates between target-network copies.
         min_replay_size: sequences in the replay before sampling starts.
         clip_rewards: clip rewards to [-1, 1] for the targets (--reward_clipping).
-        seed: seeds the sampler threads' generators.
+        seed: seeds the learner threads' sampling generators.
     """
 
     def __init__(
@@ -149,25 +153,14 @@ class ReplayLearner:
         self.finished = threading.Event()  # total_steps reached, or a thread failed
         self.error: BaseException | None = None
         self._stop = threading.Event()
-        # Sampled batches waiting for a learner thread; small, so priorities are at most
-        # a couple of updates stale.
-        self._batches: queue.Queue[ReplaySample] = queue.Queue(maxsize=2)
-        self._threads = [
-            threading.Thread(
-                target=self._run,
-                args=(functools.partial(self._sample_loop, i),),
-                name=f"sampler-{i}",
-                daemon=True,
-            )
-            for i in range(num_learner_threads)
-        ]
         # Seconds per phase of each learner thread (beast/profile.py, --profile):
-        # wait_batch, forward (burn-in, unroll, target, loss), backward, optimizer
-        # (with the priority update), publish (with the target update).
+        # wait_batch (sampling, and waiting for the lock), forward (burn-in, unroll,
+        # target, loss), backward, optimizer (with the priority update), publish (with
+        # the target update).
         self.phase_seconds = torch.zeros(
             (num_learner_threads, len(LEARNER_PHASES)), dtype=torch.float64
         )
-        self._threads += [
+        self._threads = [
             threading.Thread(
                 target=self._run,
                 args=(functools.partial(self._learn_loop, i),),
@@ -195,48 +188,42 @@ class ReplayLearner:
             self.error = error
             self.finished.set()
 
-    def _sample_loop(self, thread_index: int) -> None:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + thread_index)
+    def _sample(self, generator: torch.Generator) -> ReplaySample | None:
+        """A batch on the learning device; None while the replay is still filling up."""
+        if len(self.replay) < self.min_replay_size or self.replay.tree.total() <= 0:
+            return None
+        try:
+            sample = self.replay.sample(self.batch_size, generator)
+        except ValueError:
+            # Every stored slot can be mid-overwrite (priority 0) for a moment.
+            if self.replay.tree.total() <= 0:
+                return None
+            raise
+        if self.device.type == "cpu":
+            return sample
         pin = self.device.type == "cuda"
-        while not self._stop.is_set():
-            if len(self.replay) < self.min_replay_size or self.replay.tree.total() <= 0:
-                self._stop.wait(_POLL_SECONDS)
-                continue
-            try:
-                sample = self.replay.sample(self.batch_size, generator)
-            except ValueError:
-                # Every stored slot can be mid-overwrite (priority 0) for a moment.
-                if self.replay.tree.total() <= 0:
-                    continue
-                raise
-            if self.device.type != "cpu":
-                batch = {
-                    key: (value.pin_memory() if pin else value).to(self.device, non_blocking=pin)
-                    for key, value in sample.batch.items()
-                }
-                sample = sample._replace(
-                    batch=batch, weights=sample.weights.to(self.device, non_blocking=pin)
-                )
-            while not self._stop.is_set():
-                try:
-                    self._batches.put(sample, timeout=_POLL_SECONDS)
-                    break
-                except queue.Full:
-                    continue
+        batch = {
+            key: (value.pin_memory() if pin else value).to(self.device, non_blocking=pin)
+            for key, value in sample.batch.items()
+        }
+        return sample._replace(
+            batch=batch, weights=sample.weights.to(self.device, non_blocking=pin)
+        )
 
     def _learn_loop(self, thread_index: int) -> None:
         clock = PhaseClock(self.phase_seconds[thread_index], LEARNER_PHASES)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + thread_index)
         while not self._stop.is_set():
-            try:
-                sample = self._batches.get(timeout=_POLL_SECONDS)
-            except queue.Empty:
-                # Still filling the replay (or a slow sampler): keep the step count
-                # moving, and stop if the actors alone reached total_steps.
+            sample = self._sample(generator)
+            if sample is None:
+                # Still filling the replay: keep the step count moving, and stop if the
+                # actors alone reach total_steps.
                 with self.lock:
                     self._count_env_steps()
                     if self.progress.step >= self.total_steps:
                         self.finished.set()
                         return
+                self._stop.wait(_POLL_SECONDS)
                 clock.restart()
                 continue
             with self.lock:
@@ -341,6 +328,17 @@ class ReplayLearner:
             losses=losses,
             episode_returns=returns,
             episode_steps=lengths,
+        )
+
+    def filling_line(self) -> str | None:
+        """Progress while the replay fills up before the first update (the run log's line
+        needs updates); None once learning has started."""
+        if self.progress.num_updates or len(self.replay) >= self.min_replay_size:
+            return None
+        return (
+            f"filling the replay: {len(self.replay):,} of {self.min_replay_size:,} sequences"
+            f" before learning starts, {self._step_base + self.sink.total_env_steps():,} env"
+            " steps"
         )
 
     def publish_weights(self) -> None:

@@ -47,7 +47,7 @@ from beast.checkpoint import (
 from beast.compile import CompiledForward
 from beast.config import Q_LEARNING_ALGOS, Config, ConfigError
 from beast.inference import InferenceServer, InferenceTable
-from beast.learner import Learner, NonFiniteError, TrainingProgress
+from beast.learner import Learner, NonFiniteError, TrainingProgress, UpdateStats
 from beast.logs import RunLog
 from beast.models import build_model, build_q_model
 from beast.profile import format_profile
@@ -67,6 +67,7 @@ __all__ = [
     "build_sequence_sink",
     "select_device",
     "select_policy",
+    "sequence_layout",
     "train",
 ]
 
@@ -244,7 +245,7 @@ def build_replay_learner(
     device: torch.device,
     precision: str,
     progress: TrainingProgress,
-    on_update: Callable,
+    on_update: Callable[[UpdateStats], None],
 ) -> ReplayLearner:
     """R2D2 / Ape-X: the learner over the sink's replay, with the loss's constants bound."""
     _, _, burn_in = sequence_layout(config)
@@ -622,7 +623,7 @@ def train(config: Config) -> None:
         raise TrainingError(failure)
 
 
-def _print_profile(learner: Learner, actors: ActorPool, log: RunLog) -> None:
+def _print_profile(learner: Learner | ReplayLearner, actors: ActorPool, log: RunLog) -> None:
     for line in format_profile(
         actors.phase_seconds,
         learner.phase_seconds,
@@ -634,7 +635,7 @@ def _print_profile(learner: Learner, actors: ActorPool, log: RunLog) -> None:
 
 def _monitor(
     config: Config,
-    learner: Learner,
+    learner: Learner | ReplayLearner,
     actors: ActorPool,
     server: InferenceServer | None,
     log: RunLog,
@@ -652,7 +653,11 @@ def _monitor(
             return f"inference failed: {type(error).__name__}: {error}"
         now = time.monotonic()
         if now - last_line >= config.log_interval:
-            log.report_progress()
+            filling = learner.filling_line() if isinstance(learner, ReplayLearner) else None
+            if filling is not None:
+                log.print(filling)
+            else:
+                log.report_progress()
             if config.profile:
                 _print_profile(learner, actors, log)
             last_line = now

@@ -40,17 +40,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
 from beast.algos.r2d2 import actor_epsilons, epsilon_greedy
+from beast.envs.batch import EnvBatch
 from beast.profile import PhaseClock
 from beast.replay import PrioritizedReplay, SequenceBuilder
 
-__all__ = ["EnvBatchLike", "EpsilonGreedyPolicy", "SequenceSink", "run_sequence_actor"]
+__all__ = ["EpsilonGreedyPolicy", "SequenceSink", "run_sequence_actor"]
 
 # How often an actor checks that the learner still exists.
 _PARENT_CHECK_SECONDS = 1.0
@@ -60,23 +60,6 @@ _RATE_LIMIT_POLL_SECONDS = 0.002
 # one that falls further behind than half of it loses the oldest (counted), so a
 # reader never reads a row the writer is overwriting.
 EPISODE_RING_SIZE = 4096
-
-
-class EnvBatchLike(Protocol):
-    """What the actor reads from its K environments (beast/envs/batch.py's contract):
-    arrays updated in place by `step`; `obs` returned with `done` is already the
-    next episode's first observation."""
-
-    obs: np.ndarray  # [K, *obs_shape]
-    reward: np.ndarray  # float32 [K]
-    done: np.ndarray  # bool [K]
-    episode_end: np.ndarray  # bool [K], a real episode ended on this step
-    episode_return: np.ndarray  # float32 [K]
-    episode_step: np.ndarray  # int32 [K]
-
-    def step(self, actions: np.ndarray) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def _shared(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
@@ -228,7 +211,7 @@ def run_sequence_actor(
     actor_index: int,
     sink: SequenceSink,
     model: nn.Module,
-    make_env_batch: Callable[[], EnvBatchLike],
+    make_env_batch: Callable[[], EnvBatch],
     learner_alive: Callable[[], bool],
     clock: PhaseClock,
 ) -> None:
@@ -249,7 +232,7 @@ def _act(
     actor_index: int,
     sink: SequenceSink,
     model: nn.Module,
-    env_batch: EnvBatchLike,
+    env_batch: EnvBatch,
     learner_alive: Callable[[], bool],
     clock: PhaseClock,
 ) -> None:

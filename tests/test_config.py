@@ -1,5 +1,6 @@
 """Config: flags and YAML files parse to typed fields, bad values are one-line ConfigErrors."""
 
+import dataclasses
 import os
 
 import pytest
@@ -9,6 +10,7 @@ from beast.config import (
     CONFIGS_DIR,
     Config,
     ConfigError,
+    build_parser,
     config_to_yaml,
     load_config_file,
     parse_args,
@@ -203,3 +205,10 @@ def test_shipped_configs_load_and_validate():
 def test_config_to_yaml_round_trips():
     config = parse_args(["--env", "CartPole-v1", "--xpid", "r"])
     assert yaml.safe_load(config_to_yaml(config)) == config.to_dict()
+
+
+def test_help_lists_every_flag():
+    # argparse %-formats help texts: one with a literal "%" used to crash --help.
+    text = build_parser("monobeast.py").format_help()
+    for f in dataclasses.fields(Config):
+        assert f"--{f.name}" in text

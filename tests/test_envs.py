@@ -480,6 +480,7 @@ def test_episodic_life_needs_atari():
         ("ALE/Breakout-v5", "atari"),
         ("CartPole-v1", "classic"),
         ("Acrobot-v1", "classic"),
+        ("MaskedCartPole-v1", "classic"),  # beast's CartPole without velocities
         ("LunarLander-v3", None),  # not tuned: no family config
         ("tests.test_envs:OldStyleEnv", None),
         ("NoSuchEnv-v0", None),

@@ -98,13 +98,18 @@ def make(name: str, *, seed: int | None = None, episodic_life: bool = False) -> 
     return SeedFirstReset(env, seed)
 
 
+# Entry points of the "classic" family's envs.
+_CLASSIC_ENTRY_POINTS = ("gymnasium.envs.classic_control.", "beast.envs.masked_cartpole:")
+
+
 def env_family(name: str) -> str | None:
     """The config family of an env name: "atari", "classic" or None, without creating it.
 
     `configs/<algo>/<family>.yaml` holds the hyperparameters tuned for a family, so
     this decides which defaults a run starts from. "atari" is a Gymnasium id whose entry
     point is ale_py's `AtariEnv` with pixel observations (the ids `make` preprocesses);
-    "classic" is Gymnasium's classic control. Anything else, custom `module:Class` envs
+    "classic" is Gymnasium's classic control and beast's MaskedCartPole-v1 (CartPole with
+    hidden velocities, beast.envs.masked_cartpole). Anything else, custom `module:Class` envs
     and unknown ids included, has no tuned family: None.
     """
     if ":" in name:
@@ -114,7 +119,7 @@ def env_family(name: str) -> str | None:
     except gymnasium.error.Error:
         return None
     entry_point = spec.entry_point
-    if isinstance(entry_point, str) and entry_point.startswith("gymnasium.envs.classic_control."):
+    if isinstance(entry_point, str) and entry_point.startswith(_CLASSIC_ENTRY_POINTS):
         return "classic"
     try:
         atari = _is_atari_entry_point(entry_point)

@@ -1,0 +1,198 @@
+"""monobeast.py with --algo r2d2 / apex end to end: subprocess runs on real envs.
+
+Smoke runs (tiny replays, a few thousand steps) check that a run trains,
+logs, checkpoints the target network, resumes, and that --mode test loads
+the checkpoint and acts with the Q-network; nothing may outlive a run. The
+`slow` learning checks are the issue's bars: R2D2 on MaskedCartPole-v1 (no
+velocities: only a recurrent agent balances it) and Ape-X on CartPole-v1,
+with the shipped configs/<algo>/classic.yaml.
+"""
+
+import dataclasses
+import json
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+from beast import envs
+from beast.config import parse_args
+from beast.runner import (
+    build_run_model,
+    build_sequence_sink,
+    select_policy,
+    select_precision,
+    sequence_layout,
+)
+from tests.test_learning import best_mean_of_100
+from tests.test_monobeast import read_csv, run, shm_entries, wait_until_gone
+
+# Small enough for a smoke run: learning starts after 20 sequences, updates are
+# batches of 4, the target network is copied every 5 updates.
+SMALL = [
+    "--env",
+    "CartPole-v1",
+    "--num_actors",
+    "1",
+    "--num_envs_per_actor",
+    "2",
+    "--batch_size",
+    "4",
+    "--replay_size",
+    "200",
+    "--min_replay_size",
+    "20",
+    "--target_update_period",
+    "5",
+    "--log_interval",
+    "0.5",
+    "--num_threads",
+    "1",
+]
+R2D2_SMALL = ["--algo", "r2d2", *SMALL, "--seq_len", "10", "--seq_overlap", "5", "--burn_in", "5"]
+APEX_SMALL = ["--algo", "apex", *SMALL, "--n_step", "3"]
+
+
+def shm_segments() -> set[str]:
+    """/dev/shm entries other than POSIX semaphores, which beast never creates (others'
+    multiprocessing locks come and go there on a shared machine)."""
+    return {name for name in shm_entries() if not name.startswith("sem.")}
+
+
+def train_and_test(tmp_path, argv, xpid, total_steps=3000):
+    """Train, check the run's records and checkpoint, then --mode test it."""
+    marker = uuid.uuid4().hex
+    before = shm_segments()
+    result = run(
+        [*argv, "--total_steps", str(total_steps), "--savedir", str(tmp_path), "--xpid", xpid],
+        marker=marker,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "prioritized replay of 200 sequences" in result.stdout
+    run_dir = tmp_path / xpid
+    rows = read_csv(run_dir / "logs.csv")
+    checkpoint = torch.load(run_dir / "model.tar", weights_only=True)
+    # The run ends when the actors have taken total_steps env steps, which can fall
+    # between two updates: the checkpoint has the final count, logs.csv the last update's.
+    assert checkpoint["step"] >= total_steps
+    assert 0 < int(rows[-1]["step"]) <= checkpoint["step"]
+    assert {"total_loss", "mean_q", "grad_norm", "inserted_sequences", "replay_fill"} <= set(
+        rows[0]
+    )
+    # Env steps (the step column) come from the actors, not from the batches.
+    assert int(rows[-1]["inserted_sequences"]) > 0 and int(rows[-1]["num_updates"]) > 0
+    assert len(read_csv(run_dir / "episodes.csv")) > 0
+    assert checkpoint["config"]["algo"] == argv[1]
+    assert checkpoint["target_model_state_dict"].keys() == checkpoint["model_state_dict"].keys()
+    assert wait_until_gone(marker) == []
+    assert shm_segments() - before == set()
+
+    tested = run(
+        ["--mode", "test", "--savedir", str(tmp_path), "--xpid", xpid, "--num_test_episodes", "2"]
+    )
+    assert tested.returncode == 0, tested.stderr
+    summary = json.loads((run_dir / "test.json").read_text())
+    assert summary["episodes"] == 2 and summary["mean_return"] > 0
+    return result
+
+
+def test_r2d2_trains_checkpoints_resumes_and_tests(tmp_path):
+    train_and_test(tmp_path, R2D2_SMALL, "r2d2")
+    resumed = run(
+        [*R2D2_SMALL, "--total_steps", "5000", "--savedir", str(tmp_path), "--xpid", "r2d2"]
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming r2d2 from" in resumed.stdout
+    assert torch.load(tmp_path / "r2d2" / "model.tar", weights_only=True)["step"] >= 5000
+    # A Q-network checkpoint does not fit another algorithm.
+    other = run(
+        [*APEX_SMALL, "--total_steps", "5000", "--savedir", str(tmp_path), "--xpid", "r2d2"]
+    )
+    assert other.returncode == 2
+    assert "--algo 'r2d2' in the checkpoint, 'apex' now" in other.stderr
+
+
+def test_apex_trains_checkpoints_and_tests(tmp_path):
+    train_and_test(tmp_path, APEX_SMALL, "apex")
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--algo", "r2d2", "--policy", "central"], "--policy central is not supported"),
+        (["--algo", "apex", "--use_lstm"], "--algo apex has a feed-forward Q-network"),
+        (
+            ["--algo", "r2d2", "--seq_len", "30", "--burn_in", "30"],
+            "--burn_in must be in [0, --seq_len 30)",
+        ),
+        (
+            ["--algo", "apex", "--replay_size", "100", "--min_replay_size", "200"],
+            "--min_replay_size 200 exceeds --replay_size 100",
+        ),
+        (["--algo", "r2d2", "--frame_dedup"], "--frame_dedup does not fit CartPole-v1"),
+    ],
+)
+def test_bad_r2d2_flags_are_one_line_and_exit_2(tmp_path, argv, fragment):
+    result = run([*argv, "--env", "CartPole-v1", "--savedir", str(tmp_path)], timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
+
+
+def test_run_pieces_follow_the_algo():
+    # In-process: the runner's builders for r2d2 and apex, no subprocess.
+    atari = envs.EnvSpec(obs_shape=(4, 84, 84), obs_dtype=np.uint8, num_actions=6)
+    r2d2 = parse_args(["--algo", "r2d2", "--env", "PongNoFrameskip-v4"])
+    apex = parse_args(["--algo", "apex", "--env", "PongNoFrameskip-v4", "--n_step", "3"])
+    assert sequence_layout(r2d2) == (80, 40, 40)
+    assert sequence_layout(apex) == (3, 2, 0)  # an n-step transition from every step
+    assert build_run_model(r2d2, atari).core is not None  # R2D2 is recurrent
+    assert build_run_model(apex, atari).core is None
+    for config in (r2d2, apex):
+        # No central Q-inference; a Q-network learns in fp32 unless told otherwise.
+        assert select_policy(config, torch.device("cuda")) == "local"
+        assert select_precision(config, torch.device("cpu"), atari) == "fp32"
+    small = dataclasses.replace(apex, replay_size=10, min_replay_size=5)
+    sink = build_sequence_sink(small, atari, build_run_model(small, atari))
+    assert sink.replay.spec["obs"].shape == (4, 4, 84, 84)  # n_step + 1 rows
+    assert "frames" in sink.replay.tensors  # frame dedup, from configs/apex/atari.yaml
+
+
+def learn(tmp_path, algo: str, env: str, total_steps: int, seed: int = 1) -> float:
+    """A run with the shipped configs/<algo>/classic.yaml; best mean return of 100
+    consecutive episodes (every actor's, exploring ones included)."""
+    result = run(
+        [
+            "--algo",
+            algo,
+            "--env",
+            env,
+            "--total_steps",
+            str(total_steps),
+            "--seed",
+            str(seed),
+            "--num_threads",
+            "1",
+            "--log_interval",
+            "10",
+            "--savedir",
+            str(tmp_path),
+            "--xpid",
+            algo,
+        ],
+        timeout=3600,
+    )
+    assert result.returncode == 0, result.stderr
+    return best_mean_of_100(tmp_path / algo)
+
+
+@pytest.mark.slow
+def test_r2d2_learns_masked_cartpole(tmp_path):
+    # The LSTM must infer the velocities MaskedCartPole hides.
+    assert learn(tmp_path, "r2d2", "MaskedCartPole-v1", 1_000_000) >= 400
+
+
+@pytest.mark.slow
+def test_apex_learns_cartpole(tmp_path):
+    assert learn(tmp_path, "apex", "CartPole-v1", 1_000_000) >= 450
