@@ -47,6 +47,7 @@ from beast.rollout_replay import RolloutReplay
 
 __all__ = [
     "Learner",
+    "LearnerThreads",
     "NonFiniteError",
     "TrainingProgress",
     "UpdateStats",
@@ -133,7 +134,56 @@ def copy_weights(destination: nn.Module, source: nn.Module) -> None:
             shared.copy_(own)
 
 
-class Learner:
+class LearnerThreads:
+    """The thread lifecycle both learners share (this module's and beast/replay_learner.py's).
+
+    Daemon threads started and stopped together; the first exception one raises is kept
+    in `error` and sets `finished`, for the runner's monitor. QueueClosed ends a thread
+    quietly: it is how shutdown wakes a thread blocked on a queue. Each learner thread
+    gets a row of `phase_seconds` (beast/profile.py, --profile).
+    """
+
+    def __init__(self, num_learner_threads: int) -> None:
+        self.finished = threading.Event()  # total_steps reached, or a thread failed
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.phase_seconds = torch.zeros(
+            (num_learner_threads, len(LEARNER_PHASES)), dtype=torch.float64
+        )
+
+    def _add_thread(self, loop: Callable[[], None], name: str) -> None:
+        self._threads.append(
+            threading.Thread(target=self._run, args=(loop,), name=name, daemon=True)
+        )
+
+    def _add_learner_threads(self, learn_loop: Callable[[int], None]) -> None:
+        """One thread per row of phase_seconds, running learn_loop(thread_index)."""
+        for i in range(len(self.phase_seconds)):
+            self._add_thread(functools.partial(learn_loop, i), f"learner-{i}")
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread.ident is not None:  # started
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _run(self, loop: Callable[[], None]) -> None:
+        try:
+            loop()
+        except QueueClosed:
+            pass
+        except BaseException as error:  # reported by the runner's monitor
+            self.error = error
+            self.finished.set()
+
+
+class Learner(LearnerThreads):
     def __init__(
         self,
         *,
@@ -161,6 +211,7 @@ class Learner:
             raise ValueError(
                 f"with a replay, num_replayed must be in [1, batch_size), got {num_replayed}"
             )
+        super().__init__(num_learner_threads)
         self.model = model
         # What the update calls for the forward pass: the model, or a compiled wrapper.
         self.forward = forward or model
@@ -191,54 +242,15 @@ class Learner:
         # Guards the model, optimizer, scheduler, progress and the published
         # actor weights: everything an update or a checkpoint touches.
         self.lock = threading.Lock()
-        self.finished = threading.Event()  # total_steps reached, or a thread failed
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
         # Prepared batches waiting for a learner thread; small, so that a slow
         # learner applies back-pressure to the batch thread and not to memory.
         # Each with the number of fresh rollouts (its first columns).
         self._batches: queue.Queue[tuple[dict[str, torch.Tensor], int]] = queue.Queue(maxsize=2)
         # One batch-preparation thread per learner thread, so that gathering the
         # next batch never waits on an update in flight.
-        self._threads = [
-            threading.Thread(
-                target=self._run, args=(self._batch_loop,), name=f"batcher-{i}", daemon=True
-            )
-            for i in range(num_learner_threads)
-        ]
-        # Seconds per phase of each learner thread (beast/profile.py, --profile).
-        self.phase_seconds = torch.zeros(
-            (num_learner_threads, len(LEARNER_PHASES)), dtype=torch.float64
-        )
-        self._threads += [
-            threading.Thread(
-                target=self._run,
-                args=(functools.partial(self._learn_loop, i),),
-                name=f"learner-{i}",
-                daemon=True,
-            )
-            for i in range(num_learner_threads)
-        ]
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        deadline = time.monotonic() + timeout
-        for thread in self._threads:
-            if thread.ident is not None:  # started
-                thread.join(max(0.0, deadline - time.monotonic()))
-
-    def _run(self, loop: Callable[[], None]) -> None:
-        try:
-            loop()
-        except QueueClosed:
-            pass
-        except BaseException as error:  # reported by the runner's monitor
-            self.error = error
-            self.finished.set()
+        for i in range(num_learner_threads):
+            self._add_thread(self._batch_loop, f"batcher-{i}")
+        self._add_learner_threads(self._learn_loop)
 
     def _batch_loop(self) -> None:
         pin = self.device.type == "cuda"

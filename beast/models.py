@@ -379,6 +379,32 @@ def _mlp_torso(obs_shape: tuple[int, ...], hidden_size: int) -> tuple[nn.Module,
     return torso, hidden_size
 
 
+def _resolve_model_name(
+    name: str, obs_shape: Sequence[int], num_actions: int, hidden_size: int | None
+) -> tuple[str, tuple[int, ...]]:
+    """The checks both builders share; "auto" resolved by the observation's rank."""
+    obs_shape = tuple(int(d) for d in obs_shape)
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES}")
+    if not obs_shape or min(obs_shape) < 1:
+        raise ValueError(f"obs_shape must be non-empty with positive sizes, got {obs_shape}")
+    if num_actions < 1:
+        raise ValueError(f"num_actions must be >= 1, got {num_actions}")
+    if hidden_size is not None and hidden_size < 1:
+        raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
+    if name == "auto":
+        if len(obs_shape) == 3:
+            name = "atari"
+        elif len(obs_shape) == 1:
+            name = "mlp"
+        else:
+            raise ValueError(
+                f"model 'auto' needs 1-D vector or 3-D [C, H, W] obs, got obs_shape {obs_shape}; "
+                "name a model explicitly"
+            )
+    return name, obs_shape
+
+
 def build_model(
     name: str,
     obs_shape: Sequence[int],
@@ -400,25 +426,7 @@ def build_model(
     Raises:
         ValueError: unknown name, impossible shape, or a non-positive size.
     """
-    obs_shape = tuple(int(d) for d in obs_shape)
-    if name not in MODEL_NAMES:
-        raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES}")
-    if not obs_shape or min(obs_shape) < 1:
-        raise ValueError(f"obs_shape must be non-empty with positive sizes, got {obs_shape}")
-    if num_actions < 1:
-        raise ValueError(f"num_actions must be >= 1, got {num_actions}")
-    if hidden_size is not None and hidden_size < 1:
-        raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
-    if name == "auto":
-        if len(obs_shape) == 3:
-            name = "atari"
-        elif len(obs_shape) == 1:
-            name = "mlp"
-        else:
-            raise ValueError(
-                f"model 'auto' needs 1-D vector or 3-D [C, H, W] obs, got obs_shape {obs_shape}; "
-                "name a model explicitly"
-            )
+    name, obs_shape = _resolve_model_name(name, obs_shape, num_actions, hidden_size)
     if name == "mlp":
         return MLPNet(
             obs_shape,
@@ -560,25 +568,7 @@ def build_q_model(
     Raises:
         ValueError: unknown name, impossible shape, or a non-positive size.
     """
-    obs_shape = tuple(int(d) for d in obs_shape)
-    if name not in MODEL_NAMES:
-        raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES}")
-    if not obs_shape or min(obs_shape) < 1:
-        raise ValueError(f"obs_shape must be non-empty with positive sizes, got {obs_shape}")
-    if num_actions < 1:
-        raise ValueError(f"num_actions must be >= 1, got {num_actions}")
-    if hidden_size is not None and hidden_size < 1:
-        raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
-    if name == "auto":
-        if len(obs_shape) == 3:
-            name = "atari"
-        elif len(obs_shape) == 1:
-            name = "mlp"
-        else:
-            raise ValueError(
-                f"model 'auto' needs 1-D vector or 3-D [C, H, W] obs, got obs_shape {obs_shape}; "
-                "name a model explicitly"
-            )
+    name, obs_shape = _resolve_model_name(name, obs_shape, num_actions, hidden_size)
     if name == "mlp":
         width = hidden_size or DEFAULT_MLP_HIDDEN_SIZE
         torso, torso_size = _mlp_torso(obs_shape, width)

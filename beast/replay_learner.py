@@ -40,9 +40,7 @@ on_update), so the monitor, logs and checkpoints work unchanged.
 
 from __future__ import annotations
 
-import functools
 import threading
-import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -51,7 +49,13 @@ from torch import Tensor, nn
 
 from beast.algos.r2d2 import R2D2LossOutput, unroll_with_burn_in
 from beast.buffers import core_state_key
-from beast.learner import NonFiniteError, TrainingProgress, UpdateStats, copy_weights
+from beast.learner import (
+    LearnerThreads,
+    NonFiniteError,
+    TrainingProgress,
+    UpdateStats,
+    copy_weights,
+)
 from beast.profile import LEARNER_PHASES, PhaseClock
 from beast.replay import ReplaySample
 from beast.sequence_actor import SequenceSink
@@ -69,7 +73,7 @@ _INPUT_KEYS = ("obs", "reward", "done", "last_action")
 QLossFn = Callable[[Tensor, Tensor, Mapping[str, Tensor], Tensor], R2D2LossOutput]
 
 
-class ReplayLearner:
+class ReplayLearner(LearnerThreads):
     """Learner threads over a prioritized sequence replay (module docstring).
 
     Args:
@@ -117,6 +121,7 @@ class ReplayLearner:
     ) -> None:
         if lr_schedule not in ("linear", "constant"):
             raise ValueError(f"lr_schedule must be linear or constant, got {lr_schedule!r}")
+        super().__init__(num_learner_threads)
         self.model = model
         self.target_model = target_model.requires_grad_(False)
         self.actor_model = actor_model
@@ -150,43 +155,11 @@ class ReplayLearner:
         # weights, the priority updates and the episode cursor: everything an update or
         # a checkpoint touches.
         self.lock = threading.Lock()
-        self.finished = threading.Event()  # total_steps reached, or a thread failed
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        # Seconds per phase of each learner thread (beast/profile.py, --profile):
+        # What each phase_seconds column holds here (beast/profile.py, --profile):
         # wait_batch (sampling, and waiting for the lock), forward (burn-in, unroll,
         # target, loss), backward, optimizer (with the priority update), publish (with
         # the target update).
-        self.phase_seconds = torch.zeros(
-            (num_learner_threads, len(LEARNER_PHASES)), dtype=torch.float64
-        )
-        self._threads = [
-            threading.Thread(
-                target=self._run,
-                args=(functools.partial(self._learn_loop, i),),
-                name=f"learner-{i}",
-                daemon=True,
-            )
-            for i in range(num_learner_threads)
-        ]
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        deadline = time.monotonic() + timeout
-        for thread in self._threads:
-            if thread.ident is not None:  # started
-                thread.join(max(0.0, deadline - time.monotonic()))
-
-    def _run(self, loop: Callable[[], None]) -> None:
-        try:
-            loop()
-        except BaseException as error:  # reported by the runner's monitor
-            self.error = error
-            self.finished.set()
+        self._add_learner_threads(self._learn_loop)
 
     def _sample(self, generator: torch.Generator) -> ReplaySample | None:
         """A batch on the learning device; None while the replay is still filling up."""
