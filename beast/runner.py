@@ -60,6 +60,12 @@ from beast.supervisor import ActorPool
 __all__ = [
     "TrainingError",
     "build_inference",
+    "build_optimizer",
+    "build_scheduler",
+    "check_resumable",
+    "open_run_log",
+    "prepare_learner_process",
+    "raise_keyboard_interrupt",
     "build_loss",
     "build_replay",
     "build_replay_learner",
@@ -309,7 +315,7 @@ def _storage_description(
     )
 
 
-def _optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
     if config.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=config.learning_rate, eps=config.epsilon)
     return torch.optim.RMSprop(
@@ -321,7 +327,7 @@ def _optimizer(config: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
     )
 
 
-def _scheduler(config: Config, optimizer: torch.optim.Optimizer):
+def build_scheduler(config: Config, optimizer: torch.optim.Optimizer):
     # Agent steps are fresh steps: replayed rollouts were counted when they were fresh.
     steps_per_update = config.unroll_length * (config.batch_size - config.num_replayed)
 
@@ -335,11 +341,11 @@ def _scheduler(config: Config, optimizer: torch.optim.Optimizer):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, linear_decay)
 
 
-def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+def raise_keyboard_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _check_resumable(saved: dict[str, Any], config: Config, path: str) -> list[str]:
+def check_resumable(saved: dict[str, Any], config: Config, path: str) -> list[str]:
     """Raise ConfigError on an incompatible checkpoint; return the other changed flags."""
     mismatched = [
         f"--{key} {saved.get(key)!r} in the checkpoint, {getattr(config, key)!r} now"
@@ -363,7 +369,7 @@ def _check_resumable(saved: dict[str, Any], config: Config, path: str) -> list[s
     ]
 
 
-def _open_run_log(config: Config) -> RunLog:
+def open_run_log(config: Config) -> RunLog:
     try:
         return RunLog(config.run_dir, config.to_dict(), config.total_steps)
     except OSError as error:
@@ -413,26 +419,31 @@ def learner_threads(config: Config, device: torch.device, precision: str) -> int
     return None
 
 
-def train(config: Config) -> None:
-    """Train until total_steps; returns normally after a clean shutdown."""
+def prepare_learner_process(config: Config) -> tuple[envs.EnvSpec, torch.device, str]:
+    """Seed torch, probe the env's spec, pick device and precision, set torch threads."""
     torch.manual_seed(config.seed)
     probe = envs.make(config.env, seed=config.seed, episodic_life=config.episodic_life)
     spec = envs.env_spec(probe)
     probe.close()
-
     device = select_device(config)
     precision = select_precision(config, device, spec)
     num_threads = learner_threads(config, device, precision)
     if num_threads:
         torch.set_num_threads(num_threads)
+    return spec, device, precision
+
+
+def train(config: Config) -> None:
+    """Train until total_steps; returns normally after a clean shutdown."""
+    spec, device, precision = prepare_learner_process(config)
     q_learning = config.algo in Q_LEARNING_ALGOS
     model = build_run_model(config, spec).to(device)
     # R2D2 / Ape-X: the target network, checkpointed beside the model.
     target_model = build_run_model(config, spec).to(device) if q_learning else None
     if target_model is not None:
         target_model.load_state_dict(model.state_dict())
-    optimizer = _optimizer(config, model)
-    scheduler = _scheduler(config, optimizer)
+    optimizer = build_optimizer(config, model)
+    scheduler = build_scheduler(config, optimizer)
     progress = TrainingProgress()
     resumed_from = None
     if config.resume and not has_checkpoint(config.run_dir):
@@ -442,7 +453,7 @@ def train(config: Config) -> None:
             payload, path, skipped = load_latest_checkpoint(config.run_dir, device)
         except CheckpointError as error:
             raise ConfigError(f"{error} (use a new --xpid to start over)") from error
-        changed = _check_resumable(payload["config"], config, path)
+        changed = check_resumable(payload["config"], config, path)
         try:
             model.load_state_dict(payload["model_state_dict"])
             if target_model is not None:
@@ -475,7 +486,7 @@ def train(config: Config) -> None:
             ),
             config.num_buffers,
         )
-    log = _open_run_log(config)
+    log = open_run_log(config)
     log.start_from(progress.step)
     if resumed_from is not None:
         path, skipped, changed = resumed_from
@@ -582,7 +593,7 @@ def train(config: Config) -> None:
     # Installed explicitly: a shell starts background jobs with SIGINT ignored,
     # and `kill -INT` must still stop the run cleanly.
     previous_handlers = {
-        signum: signal.signal(signum, _raise_keyboard_interrupt)
+        signum: signal.signal(signum, raise_keyboard_interrupt)
         for signum in (signal.SIGINT, signal.SIGTERM)
     }
     failure: str | None = None

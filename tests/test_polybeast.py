@@ -36,7 +36,7 @@ from beast.models import build_model  # noqa: E402
 from beast.poly.config import PolyConfig, parse_poly_args  # noqa: E402
 from beast.poly.env_server import EnvServer  # noqa: E402
 from beast.poly.rollouts import check_rollout, commit  # noqa: E402
-from beast.runner import _optimizer, _scheduler  # noqa: E402
+from beast.runner import build_optimizer, build_scheduler  # noqa: E402
 from tests.test_learning import best_mean_of_100  # noqa: E402
 from tests.test_monobeast import (  # noqa: E402
     ROOT,
@@ -268,7 +268,7 @@ def run_learner(rollouts, batch_size, reducer=None) -> Learner:
     model = build_model("mlp", (OBS,), ACTIONS)
     actor_model = build_model("mlp", (OBS,), ACTIONS)
     config = PolyConfig(env="CartPole-v1", optimizer="rmsprop", learning_rate=0.01)
-    optimizer = _optimizer(config, model)
+    optimizer = build_optimizer(config, model)
     spec = rollout_spec(unroll_length=UNROLL, obs_shape=(OBS,), obs_dtype=np.float32, num_actions=2)
     buffers = RolloutBuffers(spec, len(rollouts))
     for rollout in rollouts:
@@ -281,7 +281,7 @@ def run_learner(rollouts, batch_size, reducer=None) -> Learner:
         actor_model=actor_model,
         buffers=buffers,
         optimizer=optimizer,
-        scheduler=_scheduler(config, optimizer),
+        scheduler=build_scheduler(config, optimizer),
         loss_fn=functools.partial(
             impala_loss,
             discounting=0.99,

@@ -61,16 +61,15 @@ from beast.poly.env_server import poly_rollout_spec
 from beast.poly.feeders import CentralInference, RolloutReceiver, ServerPool, WeightsBroadcast
 from beast.runner import (
     TrainingError,
-    _check_resumable,
-    _open_run_log,
-    _optimizer,
-    _raise_keyboard_interrupt,
-    _scheduler,
     build_loss,
+    build_optimizer,
     build_run_model,
-    learner_threads,
+    build_scheduler,
+    check_resumable,
+    open_run_log,
+    prepare_learner_process,
+    raise_keyboard_interrupt,
     select_device,
-    select_precision,
 )
 
 __all__ = ["LearnerNode", "train"]
@@ -126,15 +125,7 @@ class LearnerNode:
     def run(self) -> str | None:
         """Train until total_steps or a stop; returns why the run failed, or None."""
         config, rank, world = self.config, self.rank, self.world_size
-        torch.manual_seed(config.seed)
-        probe = envs.make(config.env, seed=config.seed, episodic_life=config.episodic_life)
-        spec = envs.env_spec(probe)
-        probe.close()
-        device = select_device(config)
-        precision = select_precision(config, device, spec)
-        num_threads = learner_threads(config, device, precision)
-        if num_threads:
-            torch.set_num_threads(num_threads)
+        spec, device, precision = prepare_learner_process(config)
         if world > 1:
             if config.ray_address is None:
                 # Gloo's connections on loopback too (a private instance is one machine).
@@ -144,8 +135,8 @@ class LearnerNode:
         local_total = max(1, config.total_steps // world)
         local_config = dataclasses.replace(config, total_steps=local_total)
         model = build_run_model(config, spec).to(device)
-        optimizer = _optimizer(config, model)
-        scheduler = _scheduler(local_config, optimizer)
+        optimizer = build_optimizer(config, model)
+        scheduler = build_scheduler(local_config, optimizer)
         progress = TrainingProgress()
         log: Any = self._open_log(config) if rank == 0 else _Console(rank)
         payload: Any = None
@@ -335,7 +326,7 @@ class LearnerNode:
         self._agreed_stop.set()
 
     def _open_log(self, config: PolyConfig) -> RunLog:
-        return _open_run_log(config)
+        return open_run_log(config)
 
     def _resume_payload(self, config: PolyConfig, log: RunLog) -> dict[str, Any] | None:
         """The checkpoint to resume from (rank 0 reads it, the others get a copy), or None."""
@@ -347,7 +338,7 @@ class LearnerNode:
             payload, path, skipped = load_latest_checkpoint(config.run_dir, "cpu")
         except CheckpointError as error:
             raise ConfigError(f"{error} (use a new --xpid to start over)") from error
-        changed = _check_resumable(payload["config"], config, path)
+        changed = check_resumable(payload["config"], config, path)
         if skipped:
             log.print(f"the newest checkpoint is unusable ({skipped}); using the previous one")
         log.print(
@@ -471,14 +462,14 @@ def train(config: PolyConfig) -> None:
     # Installed explicitly: a shell starts background jobs with SIGINT ignored, and
     # `kill -INT` must still stop the run cleanly.
     previous = {
-        signum: signal.signal(signum, _raise_keyboard_interrupt)
+        signum: signal.signal(signum, raise_keyboard_interrupt)
         for signum in (signal.SIGINT, signal.SIGTERM)
     }
     failure: str | None = None
     try:
         with ray_session(config) as where:
             # ray.init installs a SIGTERM handler that exits without a checkpoint.
-            signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+            signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
             try:
                 print(
                     f"[beast] polybeast on {where}: {config.servers} env servers x"
