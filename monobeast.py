@@ -17,30 +17,15 @@ PROG = "monobeast.py"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from beast.checkpoint import CheckpointError
-    from beast.config import ConfigError, parse_args
-    from beast.envs import EnvError
+    from beast.cli import run_entry_point
+    from beast.config import parse_args
 
-    try:
-        config = parse_args(argv, prog=PROG)
-        if config.mode == "test":
-            from beast.evaluate import test
+    def train(config) -> None:
+        from beast.runner import train as train_monobeast
 
-            test(config)
-        else:
-            from beast.runner import TrainingError, train
+        train_monobeast(config)
 
-            try:
-                train(config)
-            except (TrainingError, CheckpointError) as error:
-                print(f"{PROG}: error: {error}", file=sys.stderr)
-                return 1
-    except (ConfigError, EnvError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_entry_point(PROG, lambda: parse_args(argv, prog=PROG), train)
 
 
 if __name__ == "__main__":

@@ -19,40 +19,20 @@ PROG = "polybeast.py"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from beast.checkpoint import CheckpointError
+    from beast.cli import run_entry_point
     from beast.config import ConfigError
-    from beast.envs import EnvError
     from beast.poly.config import parse_poly_args
 
-    try:
-        config = parse_poly_args(argv, prog=PROG)
-        if config.mode == "test":
-            from beast.evaluate import test
+    def train(config) -> None:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise ConfigError("polybeast needs Ray: pip install -e '.[ray]'") from None
+        from beast.poly.trainer import train as train_polybeast
 
-            test(config)
-        else:
-            try:
-                import ray  # noqa: F401
-            except ImportError:
-                print(
-                    f"{PROG}: error: polybeast needs Ray: pip install -e '.[ray]'",
-                    file=sys.stderr,
-                )
-                return 2
-            from beast.poly.trainer import train
-            from beast.runner import TrainingError
+        train_polybeast(config)
 
-            try:
-                train(config)
-            except (TrainingError, CheckpointError) as error:
-                print(f"{PROG}: error: {error}", file=sys.stderr)
-                return 1
-    except (ConfigError, EnvError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_entry_point(PROG, lambda: parse_poly_args(argv, prog=PROG), train)
 
 
 if __name__ == "__main__":

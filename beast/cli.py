@@ -1,0 +1,40 @@
+"""What monobeast.py and polybeast.py share: exceptions to one-line errors and exit codes.
+
+Exit 2 for bad input (flags, config files, an env that cannot be made), 1 for a run
+that had to stop (TrainingError, CheckpointError), 130 after Ctrl-C, 0 otherwise;
+`--mode test` evaluates a checkpoint instead of training.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+__all__ = ["run_entry_point"]
+
+
+def run_entry_point(prog: str, parse: Callable[[], object], train: Callable[[object], None]) -> int:
+    from beast.checkpoint import CheckpointError
+    from beast.config import ConfigError
+    from beast.envs import EnvError
+
+    try:
+        config = parse()
+        if config.mode == "test":
+            from beast.evaluate import test
+
+            test(config)
+        else:
+            from beast.runner import TrainingError
+
+            try:
+                train(config)
+            except (TrainingError, CheckpointError) as error:
+                print(f"{prog}: error: {error}", file=sys.stderr)
+                return 1
+    except (ConfigError, EnvError) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
