@@ -357,9 +357,9 @@ class PrioritizedReplay:
         default_priority: the priority of the first sequences, while every
             stored priority is still 0 (PER uses 1).
 
-    Writers (any process): ``replay.add(sequence)``; capacity must exceed the number of
-    writers adding at once (two writers whose claims land on one slot would interleave
-    their rows), which any useful replay does by orders of magnitude. Learner:
+    Writers (any process): ``replay.add(sequence)``; a slot still being written is
+    skipped by other writers' claims, so capacity must exceed the number of writers
+    adding at once, which any useful replay does by orders of magnitude. Learner:
     ``s = replay.sample(B, generator)``, loss, then
     ``replay.update_priorities(s.indices, new_priorities, s.generations)``.
     Picklable to multiprocessing children: the same memory and sum tree.
@@ -424,6 +424,21 @@ class PrioritizedReplay:
         if self.frame_dedup:
             self._check_frame_stacks(sequence)
         index, generation = self.tree.claim()
+        try:
+            self._write(index, sequence)
+        except BaseException:
+            self.tree.commit(index, generation, 0.0)  # released, never sampled
+            raise
+        if priority is None:
+            scaled = self.tree.max()
+            if scaled <= 0.0:
+                scaled = self._scaled_one(self.default_priority)
+        else:
+            scaled = self._scaled_one(priority)
+        self.tree.commit(index, generation, scaled)
+        return index
+
+    def _write(self, index: int, sequence: Mapping[str, Tensor]) -> None:
         for key, tensor in self.tensors.items():
             if key == FRAMES_KEY:
                 obs = torch.as_tensor(sequence["obs"])
@@ -432,14 +447,6 @@ class PrioritizedReplay:
                 tensor[index, stack - 1 :] = obs[:, -1]
             else:
                 tensor[index] = torch.as_tensor(sequence[key])
-        if priority is None:
-            scaled = self.tree.max()
-            if scaled <= 0.0:
-                scaled = self._scaled_one(self.default_priority)
-        else:
-            scaled = self._scaled_one(priority)
-        self.tree.update([index], [scaled], [generation])
-        return index
 
     def _check_frame_stacks(self, sequence: Mapping[str, Tensor]) -> None:
         """Deduplication is exact only for sliding frame stacks: for every real

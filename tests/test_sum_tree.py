@@ -60,7 +60,7 @@ def _hammer(tree, seed, iterations, errors):
         op = rng.random()
         if op < 0.3:
             index, generation = tree.claim()
-            tree.update([index], [rng.uniform(0.0, 10.0)], [generation])
+            tree.commit(index, generation, rng.uniform(0.0, 10.0))
         elif op < 0.6:
             indices = [rng.randrange(capacity) for _ in range(8)]
             # Magnitudes from 1e-6 to 1e6, as priorities**alpha get in practice.
@@ -178,24 +178,69 @@ def test_invalid_arguments_raise_and_change_nothing(impl):
 def test_claims_walk_the_ring_and_generations_guard_updates(impl):
     tree = impl(3)
     tree.update(range(3), [1.0, 1.0, 1.0])
-    claims = [tree.claim() for _ in range(4)]
+    claims = []
+    for _ in range(4):
+        index, generation = tree.claim()
+        claims.append((index, generation))
+        assert tree.get([index]).tolist() == [0.0]  # unsampleable while written
+        assert tree.commit(index, generation, 2.0)
     # Slots 0, 1, 2, 0; each claim bumps the slot's generation.
     assert claims == [(0, 1), (1, 1), (2, 1), (0, 2)]
-    assert tree.total() == 0.0  # claimed slots cannot be sampled
     assert tree.stats().claims == 4
-    # Slot 0's first writer (generation 1) lost it to the fourth claim.
+    # A priority for slot 0's first generation, computed before the ring came
+    # round to it again, is dropped.
     assert tree.update([0, 1], [5.0, 6.0], [1, 1]) == 1
-    assert tree.get([0, 1]).tolist() == [0.0, 6.0]
-    assert tree.update([0], [7.0], [2]) == 1
-    # A priority for slot 0 as sampled, arriving after the ring came round to it
-    # again, is dropped.
+    assert tree.get([0, 1]).tolist() == [2.0, 6.0]
     sample = tree.sample([0.0])
     assert sample.indices.tolist() == [0] and sample.generations.tolist() == [2]
-    tree.claim()  # slot 1, generation 2
-    tree.claim()  # slot 2, generation 2
-    tree.claim()  # slot 0, generation 3
+    for _ in range(3):
+        tree.commit(*tree.claim(), 1.0)  # slots 1, 2, 0
     assert tree.update(sample.indices, [9.0], sample.generations) == 0
-    assert tree.get([0]).tolist() == [0.0]
+    assert tree.get([0]).tolist() == [1.0]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_claims_skip_slots_still_being_written(impl):
+    """A writer lapped by others keeps its slot: they skip it, so no two writers
+    ever interleave their rows in one slot."""
+    tree = impl(3)
+    slow = tree.claim()  # slot 0, not committed yet
+    assert [tree.claim()[0] for _ in range(2)] == [1, 2]
+    with pytest.raises(RuntimeError, match="capacity larger than the number of concurrent"):
+        tree.claim()  # all three held
+    assert tree.commit(1, 1, 1.0) and tree.commit(2, 1, 1.0)
+    assert [tree.claim()[0] for _ in range(2)] == [1, 2]  # slot 0 skipped
+    assert tree.commit(*slow, 3.0)
+    assert tree.claim() == (0, 2)
+    with pytest.raises(ValueError):
+        tree.commit(5, 1, 1.0)
+    with pytest.raises(ValueError):
+        tree.commit(0, 2, -1.0)
+
+
+def _claim_and_stop(tree, ready):
+    tree.claim()
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_dead_writer_frees_its_slot(forkserver):
+    """A writer killed between claim and commit does not hold its slot forever;
+    its half-written data is never sampled."""
+    tree = SumTree(2)
+    tree.commit(*tree.claim(), 1.0)  # slot 0
+    ready = forkserver.Event()
+    child = forkserver.Process(target=_claim_and_stop, args=(tree, ready))
+    child.start()
+    try:
+        assert ready.wait(30)
+        assert tree.get([1]).tolist() == [0.0]
+        assert tree.claim()[0] == 0  # slot 1 held by the live child
+        tree.commit(0, 2, 1.0)
+    finally:
+        child.kill()
+        child.join(10)
+    assert tree.claim() == (1, 2)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -267,7 +312,10 @@ def test_random_operations_match_reference(seed):
     for _ in range(500):
         op = rng.random()
         if op < 0.2:
-            assert native.claim() == reference.claim()
+            claimed = native.claim()
+            assert claimed == reference.claim()
+            priority = rng.random()
+            assert native.commit(*claimed, priority) == reference.commit(*claimed, priority)
         elif op < 0.6:
             n = rng.randrange(1, 10)
             indices = [rng.randrange(capacity) for _ in range(n)]

@@ -775,6 +775,11 @@ def _raise_for_tree(status: int, capacity: int) -> None:
         )
     if status == lib.BEAST_EEMPTY:
         raise ValueError("cannot sample: every priority in the SumTree is 0")
+    if status == lib.BEAST_EFULL:
+        raise RuntimeError(
+            f"every one of the {capacity} replay slots is being written by a live process:"
+            " make the replay's capacity larger than the number of concurrent writers"
+        )
     if status == lib.BEAST_ENOTRECOVERABLE:
         raise RuntimeError("SumTree lock is not recoverable")
     raise RuntimeError(f"SumTree: unexpected native status {status}")
@@ -794,9 +799,12 @@ class SumTree:
     and priorities in the 1e-6 range next to ones in the 1e2 range would lose
     their mass to rounding.
 
-    Replay slots: ``claim()`` returns the next ring slot and its new
-    generation and zeroes its priority while the caller writes the slot's
-    data; ``update(..., generations=...)`` then only touches leaves whose
+    Replay slots: ``claim()`` returns the next ring slot that no live process
+    is writing, with its new generation, and zeroes its priority while the
+    caller writes the slot's data; ``commit(index, generation, priority)``
+    then makes it sampleable. Skipping slots still being written keeps two
+    writers out of one slot when one is descheduled while the other laps the
+    ring. ``update(..., generations=...)`` only touches leaves whose
     generation still matches (a learner's priority for data that has since
     been overwritten is dropped).
 
@@ -928,16 +936,30 @@ class SumTree:
         return SumTreeSample(indices, generations, priorities, float(total[0]))
 
     def claim(self) -> tuple[int, int]:
-        """Claim the next ring slot for writing: (index, generation).
+        """Claim the next ring slot no live process is writing: (index, generation).
 
         The slot's priority becomes 0 (it cannot be sampled while its data is
-        rewritten) and its generation is bumped. Set its priority with
-        ``update([index], [p], [generation])`` once the data is written.
+        rewritten), its generation is bumped and this process becomes its
+        writer until ``commit``. Raises RuntimeError when live writers hold
+        every slot.
         """
         index = ffi.new("int64_t *")
         generation = ffi.new("uint64_t *")
         _raise_for_tree(lib.beast_sumtree_claim(self._mem, index, generation), self._capacity)
         return int(index[0]), int(generation[0])
+
+    def commit(self, index: int, generation: int, priority: float) -> bool:
+        """Finish a `claim`: set the slot's priority and release it.
+
+        False (nothing changed) if the slot was claimed again since, which
+        only happens after this process was taken for dead.
+        """
+        applied = ffi.new("uint32_t *")
+        status = lib.beast_sumtree_commit(
+            self._mem, operator.index(index), operator.index(generation), float(priority), applied
+        )
+        _raise_for_tree(status, self._capacity)
+        return bool(applied[0])
 
     @property
     def owner_deaths(self) -> int:
@@ -963,8 +985,10 @@ class PySumTree:
         self._sum = [0.0] * (2 * self._leaves)
         self._max = [0.0] * (2 * self._leaves)
         self._gen = [0] * self._capacity
+        self._writing = [False] * self._capacity
         self._claims = 0
-        # Guards every list above and _claims.
+        self._cursor = 0
+        # Guards every list above, _claims and _cursor.
         self._lock = threading.Lock()
 
     @property
@@ -1070,11 +1094,29 @@ class PySumTree:
 
     def claim(self) -> tuple[int, int]:
         with self._lock:
-            i = self._claims % self._capacity
+            for _ in range(self._capacity):
+                i = self._cursor % self._capacity
+                self._cursor += 1
+                if not self._writing[i]:
+                    break
+            else:
+                _raise_for_tree(lib.BEAST_EFULL, self._capacity)
             self._set_leaf(i, 0.0)
             self._gen[i] += 1
+            self._writing[i] = True
             self._claims += 1
             return i, self._gen[i]
+
+    def commit(self, index: int, generation: int, priority: float) -> bool:
+        index, priority = operator.index(index), float(priority)
+        if not 0 <= index < self._capacity or not math.isfinite(priority) or priority < 0.0:
+            _raise_for_tree(lib.BEAST_EINVAL, self._capacity)
+        with self._lock:
+            if self._gen[index] != generation:
+                return False
+            self._set_leaf(index, priority)
+            self._writing[index] = False
+            return True
 
     def __repr__(self) -> str:
         return f"PySumTree(capacity={self._capacity}, total={self.total()})"

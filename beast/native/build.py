@@ -91,6 +91,8 @@ int beast_sumtree_get(void *mem, const int64_t *indices, uint32_t n, double *pri
 int beast_sumtree_sample(void *mem, const double *draws, uint32_t n, int64_t *indices,
                          uint64_t *generations, double *priorities, double *total);
 int beast_sumtree_claim(void *mem, int64_t *index, uint64_t *generation);
+int beast_sumtree_commit(void *mem, int64_t index, uint64_t generation, double priority,
+                         uint32_t *applied);
 int beast_sumtree_stats(void *mem, struct beast_sumtree_stats *out);
 """
 

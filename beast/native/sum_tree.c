@@ -9,6 +9,8 @@
  *                          >= capacity and leaves past capacity stay 0
  *   double max[2 * P]      the same tree with max instead of +
  *   uint64_t gen[capacity] generation of each leaf
+ *   int32_t writer[capacity] pid of the process writing the slot's data
+ *                          between claim and commit, 0 when none
  *
  * sum[0] and max[0] are unused, so node k's children are 2k and 2k + 1.
  * Each array starts on a 64-byte boundary.
@@ -16,8 +18,11 @@
 #define _GNU_SOURCE
 #include "sum_tree.h"
 
+#include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 /* "beastST1" little-endian: identifies an initialised block. */
 #define BEAST_SUMTREE_MAGIC 0x3154537473616562ULL
@@ -28,7 +33,8 @@ struct beast_sumtree {
   uint64_t magic;        /* BEAST_SUMTREE_MAGIC once initialised */
   uint32_t capacity;     /* immutable after init */
   uint32_t leaves;       /* P: immutable after init */
-  uint64_t claims;       /* claims ever made; next slot is claims % capacity */
+  uint64_t claims;       /* claims ever made */
+  uint64_t cursor;       /* ring position the next claim starts looking at */
   uint32_t owner_deaths; /* lock recoveries after a holder died */
   uint32_t reserved;
   pthread_mutex_t mutex; /* guards everything but magic, capacity, leaves */
@@ -57,11 +63,15 @@ static size_t gen_offset(uint32_t leaves) {
   return max_offset(leaves) + round_up(2 * (size_t)leaves * sizeof(double));
 }
 
+static size_t writer_offset(uint32_t leaves, uint32_t capacity) {
+  return gen_offset(leaves) + round_up((size_t)capacity * sizeof(uint64_t));
+}
+
 size_t beast_sumtree_nbytes(uint32_t capacity) {
   if (capacity == 0 || capacity > BEAST_SUMTREE_MAX_CAPACITY)
     return 0;
-  return gen_offset(leaves_for(capacity)) +
-         round_up((size_t)capacity * sizeof(uint64_t));
+  return writer_offset(leaves_for(capacity), capacity) +
+         round_up((size_t)capacity * sizeof(int32_t));
 }
 
 static double *sums(struct beast_sumtree *t) {
@@ -74,6 +84,10 @@ static double *maxes(struct beast_sumtree *t) {
 
 static uint64_t *gens(struct beast_sumtree *t) {
   return (uint64_t *)((char *)t + gen_offset(t->leaves));
+}
+
+static int32_t *writers(struct beast_sumtree *t) {
+  return (int32_t *)((char *)t + writer_offset(t->leaves, t->capacity));
 }
 
 /* The header behind mem, or NULL if mem is not an initialised tree. */
@@ -285,6 +299,15 @@ int beast_sumtree_sample(void *mem, const double *draws, uint32_t n,
   return BEAST_OK;
 }
 
+/* A slot is free for a new claim unless a live process is still writing it:
+ * two writers in one slot would interleave their rows into a sequence that
+ * is neither (a writer descheduled mid-write while another laps the ring).
+ * A writer that died mid-write frees its slot (its data stays unsampleable:
+ * priority 0 until the next claim commits). */
+static int slot_free(int32_t writer) {
+  return writer == 0 || (kill(writer, 0) == -1 && errno == ESRCH);
+}
+
 int beast_sumtree_claim(void *mem, int64_t *index, uint64_t *generation) {
   struct beast_sumtree *t = checked(mem);
   if (t == NULL || index == NULL || generation == NULL)
@@ -292,16 +315,49 @@ int beast_sumtree_claim(void *mem, int64_t *index, uint64_t *generation) {
   int rc = lock(t);
   if (rc != BEAST_OK)
     return rc;
-  uint32_t i = (uint32_t)(t->claims % t->capacity);
+  int32_t *writer = writers(t);
+  uint32_t i = 0, tried = 0;
+  for (; tried < t->capacity; tried++) {
+    i = (uint32_t)(t->cursor % t->capacity);
+    t->cursor++;
+    if (slot_free(writer[i]))
+      break;
+  }
+  if (tried == t->capacity) {
+    unlock(t);
+    return BEAST_EFULL;
+  }
   /* Priority 0 first, so that a holder killed after this line leaves a slot
    * nobody samples (its data may be half-written) rather than one that is
    * sampled under its old generation. */
   set_leaf(t, i, 0.0);
   uint64_t g = ++gens(t)[i];
+  writer[i] = (int32_t)getpid();
   t->claims++;
   unlock(t);
   *index = i;
   *generation = g;
+  return BEAST_OK;
+}
+
+int beast_sumtree_commit(void *mem, int64_t index, uint64_t generation,
+                         double priority, uint32_t *applied) {
+  struct beast_sumtree *t = checked(mem);
+  if (t == NULL || index < 0 || index >= (int64_t)t->capacity ||
+      !isfinite(priority) || priority < 0.0)
+    return BEAST_EINVAL;
+  int rc = lock(t);
+  if (rc != BEAST_OK)
+    return rc;
+  uint32_t i = (uint32_t)index, count = 0;
+  if (gens(t)[i] == generation) {
+    set_leaf(t, i, priority);
+    writers(t)[i] = 0;
+    count = 1;
+  }
+  unlock(t);
+  if (applied != NULL)
+    *applied = count;
   return BEAST_OK;
 }
 

@@ -20,11 +20,17 @@
  *
  * Generations (replay slots)
  *   Each leaf carries a 64-bit generation. beast_sumtree_claim hands out the
- *   next slot of the ring (slot = claims % capacity), sets its priority to 0
- *   (so it cannot be sampled while its data is being written) and bumps its
- *   generation. Samples report each leaf's generation, and an update that
- *   passes generations only changes leaves whose generation still matches:
- *   a priority computed for data that has since been overwritten is dropped.
+ *   next slot of the ring, sets its priority to 0 (so it cannot be sampled
+ *   while its data is being written), bumps its generation and records the
+ *   claiming process as the slot's writer; beast_sumtree_commit sets the
+ *   priority and clears the writer once the data is written. A claim skips
+ *   slots whose writer is still alive, so two writers never share a slot
+ *   (one descheduled mid-write while another laps the ring would otherwise
+ *   interleave two sequences under a live priority); a writer that died
+ *   mid-write no longer holds its slot. Samples report each leaf's
+ *   generation, and an update that passes generations only changes leaves
+ *   whose generation still matches: a priority computed for data that has
+ *   since been overwritten is dropped.
  *
  * Ownership
  *   The caller allocates and frees the memory; C only borrows it. Python
@@ -109,9 +115,16 @@ int beast_sumtree_sample(void *mem, const double *draws, uint32_t n,
                          int64_t *indices, uint64_t *generations,
                          double *priorities, double *total);
 
-/* Claim the next ring slot for writing: *index = claims % capacity; its
- * priority becomes 0 and its generation is bumped into *generation. */
+/* Claim the next ring slot no live process is writing: its priority becomes
+ * 0, its generation is bumped into *generation and the caller's process
+ * becomes its writer. BEAST_EFULL when live writers hold every slot. */
 int beast_sumtree_claim(void *mem, int64_t *index, uint64_t *generation);
+
+/* Finish a claim: if the slot's generation is still `generation`, set its
+ * priority (finite, >= 0) and release it; *applied (may be NULL) is 1 then,
+ * else 0. */
+int beast_sumtree_commit(void *mem, int64_t index, uint64_t generation,
+                         double priority, uint32_t *applied);
 
 /* Total, max, claims and owner deaths, read under the lock. */
 int beast_sumtree_stats(void *mem, struct beast_sumtree_stats *out);
