@@ -33,6 +33,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -161,29 +162,36 @@ def _act(
     else:
         policy = LocalPolicy(policy_source, k)
     # Rollout ids: this process's pid in the high bits, a counter in the low ones.
-    rollout_ids = torch.arange(k, dtype=torch.int64) + (os.getpid() << 32)
-    fields = buffers.tensors
+    rollout_ids = np.arange(k, dtype=np.int64) + (os.getpid() << 32)
+    last_action = np.zeros(k, dtype=np.int64)
     # Tensor views of the env batch's numpy arrays: no copies when building inputs.
     inputs = {
         "obs": torch.from_numpy(env_batch.obs),
         "reward": torch.from_numpy(env_batch.reward),
         "done": torch.from_numpy(env_batch.done),
-        "last_action": torch.zeros(k, dtype=torch.int64),
+        "last_action": torch.from_numpy(last_action),
     }
-    env_outputs = {
-        "episode_end": torch.from_numpy(env_batch.episode_end),
-        "episode_return": torch.from_numpy(env_batch.episode_return),
-        "episode_step": torch.from_numpy(env_batch.episode_step),
+    # The slot writes go through numpy: a torch indexed write costs ~3 us per field
+    # in dispatch alone, and an indexed uint8 copy of K observations runs ~8x slower
+    # than K contiguous memcpys (~20 us vs ~155 us per step for Pong, K = 8).
+    fields = {key: tensor.numpy() for key, tensor in buffers.tensors.items()}
+    per_env_sources = {
+        "reward": env_batch.reward,
+        "done": env_batch.done,
+        "last_action": last_action,
+        "episode_end": env_batch.episode_end,
+        "episode_return": env_batch.episode_return,
+        "episode_step": env_batch.episode_step,
     }
 
-    def write_step(slots: torch.Tensor, t: int) -> None:
-        for key, value in inputs.items():
+    def write_step(slots: np.ndarray, obs_rows: list[np.ndarray], t: int) -> None:
+        for rows, obs in zip(obs_rows, env_batch.obs, strict=True):
+            rows[t] = obs
+        for key, value in per_env_sources.items():
             fields[key][slots, t] = value
-        for key, value in env_outputs.items():
-            fields[key][slots, t] = value
-        fields["action"][slots, t] = step.action
-        fields["policy_logits"][slots, t] = step.policy_logits
-        fields["baseline"][slots, t] = step.baseline
+        fields["action"][slots, t] = step.action.numpy()
+        fields["policy_logits"][slots, t] = step.policy_logits.float().numpy()
+        fields["baseline"][slots, t] = step.baseline.float().numpy()
         fields["rollout_id"][slots, t] = rollout_ids
 
     try:
@@ -194,20 +202,21 @@ def _act(
             if slot_list is None:
                 return
             clock.mark("wait_slots")
-            slots = torch.tensor(slot_list, dtype=torch.int64)
+            slots = np.array(slot_list, dtype=np.int64)
+            obs_rows = [fields["obs"][slot] for slot in slot_list]
             # The state that produced step 0's output: the learner replays
             # step 0 from it. Policies give it per env, [K, d0, ...], as slots store it.
             for i, tensor in enumerate(policy.state):
-                fields[core_state_key(i)][slots] = tensor
-            write_step(slots, 0)
+                fields[core_state_key(i)][slots] = tensor.numpy()
+            write_step(slots, obs_rows, 0)
             clock.mark("slot_write")
             for t in range(1, unroll_length + 1):
-                inputs["last_action"].copy_(step.action)
+                last_action[:] = step.action.numpy()
                 env_batch.step(step.action.numpy())
                 clock.mark("env_step")
                 step = policy.act(inputs)
                 clock.mark("inference")
-                write_step(slots, t)
+                write_step(slots, obs_rows, t)
                 clock.mark("slot_write")
             for slot in slot_list:
                 buffers.slot_owner[slot] = -1

@@ -61,6 +61,7 @@ from beast import envs
 from beast.actor import ActorSettings
 from beast.algos.impala import impala_loss
 from beast.buffers import Field, RolloutBuffers, core_state_shapes, rollout_spec
+from beast.config import Config
 from beast.inference import CentralPolicy, InferenceServer, InferenceTable
 from beast.learner import compute_gradients, copy_weights
 from beast.models import AgentOutput, build_model
@@ -466,7 +467,7 @@ def measure_acting(
     seed: int = 0,
     capture: int = 0,
     policy: str = "local",
-    inference_timeout_ms: float = 1.0,
+    inference_timeout_ms: float = 0.0,
 ) -> ActingResult:
     """Agent steps/s of real actor processes with the real model and no learning.
 
@@ -1385,7 +1386,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=10.0, help="measured s: env only, acting")
     p.add_argument("--warmup", type=float, default=3.0, help="acting warm-up after 1st rollout")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--inference_timeout_ms", type=float, default=1.0, help="batch window")
+    p.add_argument(
+        "--inference_timeout_ms",
+        type=float,
+        default=Config.inference_timeout_ms,
+        help="batch window (default: monobeast's)",
+    )
     p.add_argument("--round_trips", type=int, default=5000, help="measured round trips")
     p.add_argument("--end_to_end_seconds", type=float, default=60.0, help="0 skips monobeast")
     p.add_argument("--end_to_end_warmup", type=float, default=20.0)

@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 __all__ = [
+    "AUTO",
     "Config",
     "ConfigError",
     "build_parser",
@@ -51,6 +52,10 @@ Q_LEARNING_ALGOS = ("r2d2", "apex")
 # What --algo sets for the LASER fields that defaults, the config file and the flags
 # leave unset (None); any other algo leaves replay and trust region off.
 _LASER_DEFAULTS = {"laser": {"replay_ratio": 1.0, "trust_region_threshold": 0.5}}
+
+
+# The value of --num_actors / --num_envs_per_actor that asks for a start-up measurement.
+AUTO = "auto"
 
 
 class ConfigError(ValueError):
@@ -83,10 +88,17 @@ class Config:
     seed: int = _flag(0, "Seed for environments and for torch.")
 
     # Acting.
-    num_actors: int = _flag(2, "Actor processes.")
-    num_envs_per_actor: int = _flag(
+    num_actors: int | str = _flag(
+        2,
+        "Actor processes. auto: every core but one with a GPU learner; with a CPU learner, the"
+        " cores' share that the measured acting cost takes beside the measured learner cost"
+        " (beast/autosize.py; a few seconds at start-up, the choice is logged).",
+    )
+    num_envs_per_actor: int | str = _flag(
         8,
-        "Environments each actor steps in a for-loop; one batched forward pass serves all of them.",
+        "Environments each actor steps in a for-loop; one batched forward pass serves all of"
+        " them. auto: the smallest of 1, 2, 4, 8, 16 whose measured acting cost per step is"
+        " within 5% of the cheapest.",
     )
     episodic_life: bool = _flag(False, "Atari: end the agent's episode at a life loss.")
 
@@ -113,9 +125,12 @@ class Config:
         " (num_actors*num_envs_per_actor).",
     )
     inference_timeout_ms: float = _flag(
-        1.0,
+        0.0,
         "--policy central: once a request is ready, how long a server waits for more before"
-        " running a forward pass on what it has.",
+        " running a forward pass on what it has. 0: serve what is ready at once; batches then"
+        " grow by themselves while a forward pass runs (on 2 CPU cores, 1 ms cost a fifth of"
+        " central acting throughput, the first actor of each batch idling while the next"
+        " stepped its envs).",
     )
     inference_sync_every: int = _flag(
         1, "--policy central: refresh the inference model after at most this many updates."
@@ -320,7 +335,13 @@ class Config:
 
     @property
     def slots_in_use_by_actors(self) -> int:
+        if self.actor_layout_is_auto:
+            raise ValueError("the actor layout is measured at start-up (resolve it first)")
         return self.num_actors * self.num_envs_per_actor
+
+    @property
+    def actor_layout_is_auto(self) -> bool:
+        return AUTO in (self.num_actors, self.num_envs_per_actor)
 
     def _laser_setting(self, name: str) -> float:
         """replay_ratio or trust_region_threshold, None resolved by --algo."""
@@ -348,7 +369,7 @@ class Config:
             "num_test_episodes",
             "max_nonfinite_updates",
         ):
-            if getattr(self, name) <= 0:
+            if getattr(self, name) != AUTO and getattr(self, name) <= 0:
                 raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
         for name in ("num_buffers", "num_threads", "hidden_size", "max_inference_batch"):
             value = getattr(self, name)
@@ -361,7 +382,7 @@ class Config:
             raise ConfigError(
                 f"--inference_timeout_ms must be >= 0, got {self.inference_timeout_ms}"
             )
-        if self.num_inference_threads > self.num_actors:
+        if self.num_actors != AUTO and self.num_inference_threads > self.num_actors:
             raise ConfigError(
                 f"--num_inference_threads {self.num_inference_threads} exceeds --num_actors"
                 f" {self.num_actors}: each inference thread serves at least one actor"
@@ -381,7 +402,7 @@ class Config:
             raise ConfigError(f"--discounting must be in [0, 1], got {self.discounting}")
         if not 0.0 <= self.alpha < 1.0:
             raise ConfigError(f"--alpha must be in [0, 1), got {self.alpha}")
-        if self.num_buffers is not None:
+        if self.num_buffers is not None and not self.actor_layout_is_auto:
             needed = self.slots_in_use_by_actors + self.batch_size
             if self.num_buffers < needed:
                 raise ConfigError(
@@ -439,6 +460,11 @@ class Config:
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"--{name} must be in [0, 1], got {getattr(self, name)}")
         if self.algo in Q_LEARNING_ALGOS:
+            if self.actor_layout_is_auto:
+                raise ConfigError(
+                    f"--num_actors / --num_envs_per_actor auto measure the actor-critic's acting"
+                    f" loop; give numbers with --algo {self.algo}"
+                )
             if self.policy == "central":
                 raise ConfigError(
                     f"--policy central is not supported with --algo {self.algo}: its actors act"
@@ -458,7 +484,9 @@ class Config:
         """Fill in derived values once and validate; returns a new Config."""
         self.validate()
         xpid = self.xpid or time.strftime("beast-%Y%m%d-%H%M%S")
-        num_buffers = self.num_buffers or self.slots_in_use_by_actors + 2 * self.batch_size
+        num_buffers = self.num_buffers
+        if num_buffers is None and not self.actor_layout_is_auto:
+            num_buffers = self.slots_in_use_by_actors + 2 * self.batch_size
         return dataclasses.replace(
             self,
             xpid=xpid,
@@ -478,8 +506,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _arg_type(annotation: str) -> type:
+def _int_or_auto(text: str) -> int | str:
+    """argparse type of the `int | str` fields: an integer, or "auto"."""
+    if text == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or auto, got {text!r}") from None
+
+
+def _arg_type(annotation: str) -> Any:
     base = annotation.replace(" | None", "")
+    if base == "int | str":
+        return _int_or_auto
     return {"int": int, "float": float, "str": str, "bool": bool}[base]
 
 
@@ -574,9 +614,16 @@ def check_value(key: str, value: Any, source: str, config_class: type[Config] = 
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise ConfigError(f"{source}: unknown key '{key}'{hint}")
     f = fields[key]
-    kind = _arg_type(f.type)
     if value is None and "None" in f.type:
         return None
+    if f.type == "int | str":
+        if value == AUTO or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        raise ConfigError(
+            f"{source}: key '{key}' must be an integer or auto, got {value!r}"
+            f" ({type(value).__name__})"
+        )
+    kind = _arg_type(f.type)
     ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
     if kind is float and not ok and not isinstance(value, bool):
         if isinstance(value, int):

@@ -419,23 +419,38 @@ def learner_threads(config: Config, device: torch.device, precision: str) -> int
     return None
 
 
-def prepare_learner_process(config: Config) -> tuple[envs.EnvSpec, torch.device, str]:
-    """Seed torch, probe the env's spec, pick device and precision, set torch threads."""
+def prepare_learner_process(config: Config) -> tuple[Config, envs.EnvSpec, torch.device, str]:
+    """Seed torch, probe the env's spec, pick device and precision, measure an "auto"
+    actor layout (beast/autosize.py), set torch threads. Returns the config with the
+    layout resolved."""
     torch.manual_seed(config.seed)
     probe = envs.make(config.env, seed=config.seed, episodic_life=config.episodic_life)
     spec = envs.env_spec(probe)
     probe.close()
     device = select_device(config)
     precision = select_precision(config, device, spec)
+    if config.actor_layout_is_auto:
+        from beast.autosize import resolve_actor_layout
+
+        config = resolve_actor_layout(
+            config,
+            spec,
+            device,
+            functools.partial(build_run_model, config, spec),
+            select_policy(config, device),
+            precision,
+            log=lambda line: print(f"[beast] {line}", flush=True),
+        )
+        torch.manual_seed(config.seed)  # the measurement drew random numbers
     num_threads = learner_threads(config, device, precision)
     if num_threads:
         torch.set_num_threads(num_threads)
-    return spec, device, precision
+    return config, spec, device, precision
 
 
 def train(config: Config) -> None:
     """Train until total_steps; returns normally after a clean shutdown."""
-    spec, device, precision = prepare_learner_process(config)
+    config, spec, device, precision = prepare_learner_process(config)
     q_learning = config.algo in Q_LEARNING_ALGOS
     model = build_run_model(config, spec).to(device)
     # R2D2 / Ape-X: the target network, checkpointed beside the model.

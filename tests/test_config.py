@@ -66,7 +66,7 @@ def test_bad_values_raise_one_line(argv, fragment):
 
 def test_parser_errors_exit_2_with_one_line(capsys):
     with pytest.raises(SystemExit) as info:
-        parse_args(["--num_actors", "two"], prog="monobeast.py")
+        parse_args(["--batch_size", "two"], prog="monobeast.py")
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "invalid int value" in err
@@ -143,8 +143,10 @@ def test_yaml_floats_without_a_dot_and_ints_for_floats(tmp_path):
     [
         ("lerning_rate: 0.1\n", "unknown key 'lerning_rate' (did you mean 'learning_rate'?)"),
         ("config: other.yaml\n", "unknown key 'config'"),
-        ("num_actors: two\n", "key 'num_actors' must be an integer, got 'two' (str)"),
-        ("num_actors: 2.5\n", "key 'num_actors' must be an integer"),
+        ("num_actors: two\n", "key 'num_actors' must be an integer or auto, got 'two' (str)"),
+        ("num_actors: 2.5\n", "key 'num_actors' must be an integer or auto"),
+        ("num_envs_per_actor: true\n", "key 'num_envs_per_actor' must be an integer or auto"),
+        ("unroll_length: auto\n", "key 'unroll_length' must be an integer"),
         ("use_lstm: 1\n", "key 'use_lstm' must be true or false"),
         ("batch_size: true\n", "key 'batch_size' must be an integer"),
         ("learning_rate: fast\n", "key 'learning_rate' must be a number"),

@@ -77,10 +77,23 @@ def random_inputs(rng: torch.Generator, num_envs: int, t: int) -> dict[str, torc
     }
 
 
-def test_sample_actions_follows_the_softmax():
-    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(20_000, 3)
-    counts = torch.bincount(sample_actions(logits), minlength=3).float() / 20_000
-    assert torch.allclose(counts, torch.tensor([0.7, 0.2, 0.1]), atol=0.015)
+@pytest.mark.parametrize("offset", [0.0, 1000.0])
+def test_sample_actions_follows_the_softmax(offset):
+    """Chi-square of 60k draws against softmax probabilities (0.1% level, 5 dof),
+    also with every logit shifted by 1000 (softmax is shift-invariant) and with an
+    action of probability ~1e-4."""
+    torch.manual_seed(0)
+    probabilities = torch.tensor([0.5, 0.25, 0.15, 0.0699, 0.03, 0.0001], dtype=torch.float64)
+    draws = 60_000
+    logits = (probabilities.log() + offset).float().expand(draws, 6)
+    actions = sample_actions(logits)
+    assert actions.dtype == torch.int64 and actions.shape == (draws,)
+    counts = torch.bincount(actions, minlength=6).double()
+    expected = draws * probabilities
+    statistic = float(((counts - expected) ** 2 / expected).sum())
+    assert statistic < 20.52, statistic  # chi-square 0.999 quantile, 5 dof
+    # Leading dims are kept: [T, B, A] -> [T, B].
+    assert sample_actions(torch.zeros(2, 3, 4)).shape == (2, 3)
 
 
 def test_central_policy_gives_the_local_policy_outputs_and_states(watchdog):
@@ -111,6 +124,46 @@ def test_central_policy_gives_the_local_policy_outputs_and_states(watchdog):
         server.stop()
     assert server.error is None
     assert server.stats.requests == 12 * num_actors * num_envs
+
+
+def test_a_batch_with_gaps_between_rows_gets_each_rows_answer(watchdog):
+    """Actors 0 and 2 of 3 post, actor 1 does not: each of the server's batches
+    holds rows with a gap (gathered and scattered by index rather than served as
+    one slice), and every env still gets the local model's outputs."""
+    model = recurrent_model()
+    num_envs, posting = 2, (0, 2)
+    table = make_table(model, 3, num_envs)
+    # The window outlasts both posts, so each step is served as one batch.
+    server = make_server(table, recurrent_model(seed=1), source=model, batch_window=0.5)
+    server.start()
+    try:
+        central = {i: CentralPolicy(table, i, lambda: True) for i in posting}
+        local = {i: LocalPolicy(model, num_envs) for i in posting}
+        rng = torch.Generator().manual_seed(1)
+        for t in range(3):
+            inputs = {i: random_inputs(rng, num_envs, t) for i in posting}
+            expected = {i: local[i].act(inputs[i]) for i in posting}
+            got = {}
+            threads = [
+                threading.Thread(
+                    target=lambda i=i, got=got, inputs=inputs: got.__setitem__(
+                        i, central[i].act(inputs[i])
+                    )
+                )
+                for i in posting
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(10)
+            for i in posting:
+                torch.testing.assert_close(got[i].policy_logits, expected[i].policy_logits)
+                torch.testing.assert_close(got[i].baseline, expected[i].baseline)
+    finally:
+        table.close()
+        server.stop()
+    assert server.error is None
+    assert server.stats.batches == 3 and server.stats.requests == 3 * len(posting) * num_envs
 
 
 def test_concurrent_actors_get_the_answers_meant_for_them(watchdog):

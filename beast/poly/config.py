@@ -85,6 +85,11 @@ class PolyConfig(Config):
         return self.num_envs_per_server or self.num_envs_per_actor
 
     def validate(self) -> None:
+        if self.actor_layout_is_auto:
+            raise ConfigError(
+                "--num_actors / --num_envs_per_actor auto are measured on monobeast's machine;"
+                " polybeast needs numbers (or --num_env_servers and --num_envs_per_server)"
+            )
         for name in (
             "num_env_servers",
             "num_envs_per_server",

@@ -125,7 +125,7 @@ class LearnerNode:
     def run(self) -> str | None:
         """Train until total_steps or a stop; returns why the run failed, or None."""
         config, rank, world = self.config, self.rank, self.world_size
-        spec, device, precision = prepare_learner_process(config)
+        config, spec, device, precision = prepare_learner_process(config)
         if world > 1:
             if config.ray_address is None:
                 # Gloo's connections on loopback too (a private instance is one machine).
