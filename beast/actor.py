@@ -63,6 +63,7 @@ class ActorSettings:
     num_envs: int
     unroll_length: int
     episodic_life: bool
+    bf16: bool = False  # local policy: the forward pass under bf16 autocast
 
 
 def _learner_alive(pid: int) -> bool:
@@ -160,7 +161,7 @@ def _act(
         alive = functools.partial(_learner_alive, learner_pid)
         policy = CentralPolicy(policy_source, actor_index, alive)
     else:
-        policy = LocalPolicy(policy_source, k)
+        policy = LocalPolicy(policy_source, k, bf16=settings.bf16)
     # Rollout ids: this process's pid in the high bits, a counter in the low ones.
     rollout_ids = np.arange(k, dtype=np.int64) + (os.getpid() << 32)
     last_action = np.zeros(k, dtype=np.int64)

@@ -160,7 +160,9 @@ class Config:
         "auto",
         "Learner forward pass: fp32, or bf16 autocast (about 2x cheaper conv learner steps on"
         " CPUs with AVX512-BF16; the loss stays fp32); auto: bf16 for image models where bf16"
-        " is native (AVX512-BF16 or AMX CPU, bf16 GPU), else fp32.",
+        " is native (AVX512-BF16 or AMX CPU, bf16 GPU), else fp32. With bf16, local-policy"
+        " actors run their forward pass under bf16 autocast too where the CPU has native bf16"
+        " (AtariNet, K=8: 2.7 -> 2.2 ms; Pong end to end 1,585 -> 1,675 steps/s on 2 cores).",
         choices=("auto", "fp32", "bf16"),
     )
 

@@ -93,15 +93,16 @@ class LocalPolicy:
     layout a rollout slot stores), that produced the latest `act`'s output.
     """
 
-    def __init__(self, model: nn.Module, num_envs: int) -> None:
+    def __init__(self, model: nn.Module, num_envs: int, bf16: bool = False) -> None:
         self.model = model
+        self.bf16 = bf16
         self._state_next = model.initial_state(num_envs)  # tensors [d0, K, ...]
         self.state: tuple[torch.Tensor, ...] = ()
 
     def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
         """inputs: obs [K, ...], reward [K], done [K], last_action [K]."""
         state_in = self._state_next
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
             output, self._state_next = self.model(
                 {key: value.unsqueeze(0) for key, value in inputs.items()}, state_in
             )

@@ -398,8 +398,11 @@ def select_precision(config: Config, device: torch.device, spec: envs.EnvSpec) -
         return "fp32"
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    native = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return "bf16" if native else "fp32"
+    return "bf16" if cpu_bf16_native() else "fp32"
+
+
+def cpu_bf16_native() -> bool:
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def learner_threads(config: Config, device: torch.device, precision: str) -> int | None:
@@ -598,6 +601,7 @@ def train(config: Config) -> None:
             num_envs=config.num_envs_per_actor,
             unroll_length=config.unroll_length,
             episodic_life=config.episodic_life,
+            bf16=precision == "bf16" and cpu_bf16_native(),
         ),
         buffers=buffers,
         policy_source=table if table is not None else actor_model,

@@ -96,6 +96,25 @@ def test_sample_actions_follows_the_softmax(offset):
     assert sample_actions(torch.zeros(2, 3, 4)).shape == (2, 3)
 
 
+def test_local_policy_in_bf16_stays_close_to_fp32():
+    """Actors of a bf16 run act under bf16 autocast: the behaviour logits they store
+    for V-trace stay within bf16's rounding of the fp32 ones."""
+    torch.manual_seed(0)
+    model = build_model("atari", (4, 84, 84), 6).eval()
+    inputs = {
+        "obs": torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8),
+        "reward": torch.zeros(3),
+        "done": torch.zeros(3, dtype=torch.bool),
+        "last_action": torch.zeros(3, dtype=torch.int64),
+    }
+    fp32 = LocalPolicy(model, 3).act(inputs)
+    bf16 = LocalPolicy(model, 3, bf16=True).act(inputs)
+    assert not torch.equal(bf16.policy_logits.float(), fp32.policy_logits)  # autocast ran
+    torch.testing.assert_close(bf16.policy_logits.float(), fp32.policy_logits, atol=0.02, rtol=0.02)
+    torch.testing.assert_close(bf16.baseline.float(), fp32.baseline, atol=0.02, rtol=0.02)
+    assert bf16.action.dtype == torch.int64 and bf16.action.shape == (3,)
+
+
 def test_central_policy_gives_the_local_policy_outputs_and_states(watchdog):
     """Two actors' envs through one server: per-env logits, baselines and recurrent
     states equal the actor-side model's, step after step, whatever batch serves them."""
