@@ -6,8 +6,14 @@ One line per run, labelled by its directory name. Each point is the mean return
 of the last `window` finished episodes (the console's "mean return"), so curves
 from runs with different numbers of actors or envs compare on the same footing.
 Returns come from the run's episodes.csv (the learner step at which each episode
-was consumed); the wall-clock axis maps those steps to seconds since the run
-started through logs.csv's (step, time) columns, interpolated.
+was consumed); the wall-clock axis maps those steps to seconds of training
+through logs.csv's (step, time) columns, interpolated.
+
+A resumed run appends to the same CSVs: its clock restarts at 0, so each later
+process's time is added to the time the earlier ones ran; and a process that
+resumed from a checkpoint older than the last step logged (the newest one was
+lost with a crash) rolled the run back, so the rows it undid are dropped (their
+time still counts).
 """
 
 from __future__ import annotations
@@ -43,6 +49,32 @@ def _read_columns(path: str, columns: Sequence[str]) -> list[np.ndarray]:
     return [np.array([float(row[c]) for row in rows], dtype=np.float64) for c in columns]
 
 
+def _not_rolled_back(steps: np.ndarray) -> np.ndarray:
+    """Mask of the rows a rollback did not undo (see the module docstring).
+
+    Each drop in the step column starts a new process's rows; a row is undone when
+    a later process logged a step at or below it.
+    """
+    if not len(steps):
+        return np.zeros(0, dtype=bool)
+    segment = np.concatenate([[0], np.cumsum(np.diff(steps) < 0)])
+    count = int(segment[-1]) + 1
+    segment_min = np.full(count, np.inf)
+    np.minimum.at(segment_min, segment, steps)
+    # The smallest step of any later segment, per segment.
+    later_min = np.append(np.minimum.accumulate(segment_min[::-1])[::-1][1:], np.inf)
+    return steps < later_min[segment]
+
+
+def _training_seconds(seconds: np.ndarray) -> np.ndarray:
+    """Seconds since the run started, summed over the processes of a resumed run."""
+    restarts = np.flatnonzero(np.diff(seconds) < 0) + 1
+    offsets = np.zeros_like(seconds)
+    for restart in restarts:
+        offsets[restart:] += seconds[restart - 1]
+    return seconds + offsets
+
+
 def load_curve(run_dir: str, window: int = DEFAULT_WINDOW, label: str | None = None) -> Curve:
     """Read a run directory into a Curve.
 
@@ -51,6 +83,8 @@ def load_curve(run_dir: str, window: int = DEFAULT_WINDOW, label: str | None = N
     console. Raises FileNotFoundError when the run has no episodes.csv.
     """
     steps, returns = _read_columns(os.path.join(run_dir, "episodes.csv"), ("step", "return"))
+    kept = _not_rolled_back(steps)
+    steps, returns = steps[kept], returns[kept]
     cumulative = np.concatenate([[0.0], np.cumsum(returns)])
     index = np.arange(1, len(returns) + 1)
     first = np.maximum(index - window, 0)
@@ -61,8 +95,9 @@ def load_curve(run_dir: str, window: int = DEFAULT_WINDOW, label: str | None = N
     else:
         log_steps = log_seconds = np.zeros(0)
     if len(log_steps):
-        # A resumed run appends rows whose time restarts at 0: keep time increasing.
-        log_seconds = np.maximum.accumulate(log_seconds)
+        log_seconds = _training_seconds(log_seconds)
+        kept = _not_rolled_back(log_steps)
+        log_steps, log_seconds = log_steps[kept], log_seconds[kept]
         seconds = np.interp(steps, log_steps, log_seconds)
     else:
         seconds = np.full_like(steps, np.nan)

@@ -34,11 +34,29 @@ def test_wall_clock_is_interpolated_from_logs_csv(tmp_path):
     np.testing.assert_allclose(load_curve(run).seconds, [5.0, 10.0, 20.0])
 
 
-def test_a_resumed_run_keeps_wall_clock_increasing(tmp_path):
-    # The resumed process's clock restarts at 0 s after step 200.
+def test_a_resumed_run_adds_up_the_time_of_its_processes(tmp_path):
+    # The resumed process's clock restarts at 0 s after step 200 (20 s of training).
     rows = ((100, 10.0), (200, 20.0), (300, 5.0))
     run = make_run(tmp_path / "a", returns=[0, 0], steps=[250, 300], log_rows=rows)
-    np.testing.assert_allclose(load_curve(run).seconds, [20.0, 20.0])
+    np.testing.assert_allclose(load_curve(run).seconds, [22.5, 25.0])
+
+
+def test_rows_a_resume_from_an_older_checkpoint_undid_are_dropped(tmp_path):
+    """Steps 200-300 were logged, lost in a crash, and trained again from the
+    checkpoint at step 200: the first attempt's episodes leave the curve, its time
+    stays in the wall-clock."""
+    rows = ((100, 10.0), (200, 20.0), (300, 30.0), (250, 6.0), (350, 12.0))
+    run = make_run(
+        tmp_path / "a",
+        returns=[1, 2, 100, 100, 3, 4],
+        steps=[150, 200, 250, 300, 250, 350],
+        log_rows=rows,
+    )
+    curve = load_curve(run, window=1)
+    np.testing.assert_allclose(curve.steps, [150, 200, 250, 350])
+    np.testing.assert_allclose(curve.mean_returns, [1, 2, 3, 4])
+    # 30 s ran before the crash; the second process's 6 s and 12 s come after them.
+    np.testing.assert_allclose(curve.seconds, [15.0, 20.0, 36.0, 42.0])
 
 
 def test_plot_writes_a_png_with_every_run(tmp_path):
