@@ -32,6 +32,7 @@ exit; closing the table (shutdown) wakes everyone.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -102,7 +103,11 @@ class LocalPolicy:
     def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
         """inputs: obs [K, ...], reward [K], done [K], last_action [K]."""
         state_in = self._state_next
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+        # A disabled autocast still costs its enter and exit on every step.
+        precision = (
+            torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+        )
+        with torch.no_grad(), precision:
             output, self._state_next = self.model(
                 {key: value.unsqueeze(0) for key, value in inputs.items()}, state_in
             )
