@@ -108,9 +108,12 @@ class LocalPolicy:
             torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
         )
         with torch.no_grad(), precision:
-            output, self._state_next = self.model(
+            output, state_next = self.model(
                 {key: value.unsqueeze(0) for key, value in inputs.items()}, state_in
             )
+        # Under autocast an LSTM hands back bf16 states; the state carried from step to
+        # step (and stored with each rollout) stays float32, as the learner's is.
+        self._state_next = tuple(s.float() for s in state_next)
         self.state = tuple(s.transpose(0, 1) for s in state_in)
         return ActionBatch(
             action=sample_actions(output.policy_logits[0]),

@@ -96,23 +96,31 @@ def test_sample_actions_follows_the_softmax(offset):
     assert sample_actions(torch.zeros(2, 3, 4)).shape == (2, 3)
 
 
-def test_local_policy_in_bf16_stays_close_to_fp32():
+@pytest.mark.parametrize("use_lstm", [False, True])
+def test_local_policy_in_bf16_stays_close_to_fp32(use_lstm):
     """Actors of a bf16 run act under bf16 autocast: the behaviour logits they store
-    for V-trace stay within bf16's rounding of the fp32 ones."""
+    for V-trace stay within bf16's rounding of the fp32 ones, and an LSTM's state
+    stays float32 from step to step (the rollout slots store it as float32)."""
     torch.manual_seed(0)
-    model = build_model("atari", (4, 84, 84), 6).eval()
-    inputs = {
-        "obs": torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8),
-        "reward": torch.zeros(3),
-        "done": torch.zeros(3, dtype=torch.bool),
-        "last_action": torch.zeros(3, dtype=torch.int64),
-    }
-    fp32 = LocalPolicy(model, 3).act(inputs)
-    bf16 = LocalPolicy(model, 3, bf16=True).act(inputs)
-    assert not torch.equal(bf16.policy_logits.float(), fp32.policy_logits)  # autocast ran
-    torch.testing.assert_close(bf16.policy_logits.float(), fp32.policy_logits, atol=0.02, rtol=0.02)
-    torch.testing.assert_close(bf16.baseline.float(), fp32.baseline, atol=0.02, rtol=0.02)
-    assert bf16.action.dtype == torch.int64 and bf16.action.shape == (3,)
+    model = build_model("atari", (4, 84, 84), 6, use_lstm=use_lstm).eval()
+    fp32, bf16 = LocalPolicy(model, 3), LocalPolicy(model, 3, bf16=True)
+    for t in range(3):
+        inputs = {
+            "obs": torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8),
+            "reward": torch.zeros(3),
+            "done": torch.full((3,), t == 0),
+            "last_action": torch.zeros(3, dtype=torch.int64),
+        }
+        expected, got = fp32.act(inputs), bf16.act(inputs)
+        assert not torch.equal(got.policy_logits.float(), expected.policy_logits)  # autocast ran
+        torch.testing.assert_close(
+            got.policy_logits.float(), expected.policy_logits, atol=0.02, rtol=0.02
+        )
+        torch.testing.assert_close(got.baseline.float(), expected.baseline, atol=0.02, rtol=0.02)
+        assert got.action.dtype == torch.int64 and got.action.shape == (3,)
+        assert all(s.dtype == torch.float32 for s in bf16.state)
+        for g, e in zip(bf16.state, fp32.state, strict=True):
+            torch.testing.assert_close(g, e, atol=0.02, rtol=0.02)
 
 
 def test_central_policy_gives_the_local_policy_outputs_and_states(watchdog):
