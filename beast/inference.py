@@ -73,6 +73,14 @@ def sample_actions(policy_logits: torch.Tensor) -> torch.Tensor:
     return (logits - noise.log_()).argmax(dim=-1)
 
 
+def forward_precision(device_type: str, bf16: bool) -> contextlib.AbstractContextManager:
+    """bf16 autocast for an acting forward pass, or nothing at all: even a disabled
+    autocast costs its enter and exit on every step."""
+    if bf16:
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 @dataclass(frozen=True)
 class ActionBatch:
     """One policy step for an actor's K envs.
@@ -103,11 +111,7 @@ class LocalPolicy:
     def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
         """inputs: obs [K, ...], reward [K], done [K], last_action [K]."""
         state_in = self._state_next
-        # A disabled autocast still costs its enter and exit on every step.
-        precision = (
-            torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
-        )
-        with torch.no_grad(), precision:
+        with torch.no_grad(), forward_precision("cpu", self.bf16):
             output, state_next = self.model(
                 {key: value.unsqueeze(0) for key, value in inputs.items()}, state_in
             )
@@ -257,6 +261,9 @@ class InferenceServer:
     An exception in a thread is kept in `error` and sets `failed`, for the
     runner's monitor to stop the run; the thread answers nothing more, and
     its actors then wait until shutdown closes the table.
+
+    With `bf16`, forward passes run under bf16 autocast (a bf16 run's, as local
+    actors do); outputs and recurrent states are stored as float32 all the same.
     """
 
     def __init__(
@@ -270,8 +277,10 @@ class InferenceServer:
         batch_window: float,
         sync_every: int = 1,
         num_updates: Callable[[], int] = lambda: 0,
+        bf16: bool = False,
     ) -> None:
         self.table = table
+        self.bf16 = bf16
         self.model = model.to(device).eval()
         self.source = source
         self.device = device
@@ -362,7 +371,7 @@ class InferenceServer:
             for key in ("obs", "reward", "done", "last_action")
         }
         state = tuple(read(s).transpose(0, 1) for s in table.state)
-        with torch.no_grad():
+        with torch.no_grad(), forward_precision(device.type, self.bf16):
             output, next_state = self.model(inputs, state)
             action = sample_actions(output.policy_logits[0])
         write(table.action, action)

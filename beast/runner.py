@@ -121,6 +121,7 @@ def build_inference(
     actor_model: torch.nn.Module,
     device: torch.device,
     num_updates=lambda: 0,
+    precision: str = "fp32",
 ) -> tuple[InferenceTable, InferenceServer]:
     """The request table and the inference server for --policy central.
 
@@ -136,15 +137,17 @@ def build_inference(
         initial_state=actor_model.initial_state(1),
         num_servers=config.num_inference_threads,
     )
+    server_device = torch.device(config.actor_device) if config.actor_device else device
     server = InferenceServer(
         table=table,
         model=build_run_model(config, spec),
         source=actor_model,
-        device=torch.device(config.actor_device) if config.actor_device else device,
+        device=server_device,
         max_batch=config.max_inference_batch or config.slots_in_use_by_actors,
         batch_window=config.inference_timeout_ms / 1000.0,
         sync_every=config.inference_sync_every,
         num_updates=num_updates,
+        bf16=acting_bf16(precision, server_device),
     )
     return table, server
 
@@ -405,6 +408,13 @@ def cpu_bf16_native() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+def acting_bf16(precision: str, device: torch.device) -> bool:
+    """Whether acting forward passes on `device` run under bf16 autocast: in a bf16
+    run, where `device` has native bf16 (AtariNet at K=8 on one CPU thread: 2.7 ->
+    2.2 ms; Pong end to end 1,585 -> 1,675 steps/s, benchmarks/RESULTS.md)."""
+    return precision == "bf16" and (device.type == "cuda" or cpu_bf16_native())
+
+
 def learner_threads(config: Config, device: torch.device, precision: str) -> int | None:
     """torch intra-op threads for the learner; None keeps torch's default (CPU count).
 
@@ -588,10 +598,11 @@ def train(config: Config) -> None:
     server: InferenceServer | None = None
     if policy == "central":
         table, server = build_inference(
-            config, spec, actor_model, device, lambda: learner.progress.num_updates
+            config, spec, actor_model, device, lambda: learner.progress.num_updates, precision
         )
         log.print(
-            f"central inference on {server.device}: {config.num_inference_threads} thread(s),"
+            f"central inference on {server.device} in {'bf16' if server.bf16 else 'fp32'}:"
+            f" {config.num_inference_threads} thread(s),"
             f" batches of up to {server.max_batch} envs"
         )
     actors = ActorPool(
@@ -601,7 +612,7 @@ def train(config: Config) -> None:
             num_envs=config.num_envs_per_actor,
             unroll_length=config.unroll_length,
             episodic_life=config.episodic_life,
-            bf16=precision == "bf16" and cpu_bf16_native(),
+            bf16=acting_bf16(precision, torch.device("cpu")),
         ),
         buffers=buffers,
         policy_source=table if table is not None else actor_model,

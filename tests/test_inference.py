@@ -123,6 +123,48 @@ def test_local_policy_in_bf16_stays_close_to_fp32(use_lstm):
             torch.testing.assert_close(g, e, atol=0.02, rtol=0.02)
 
 
+def test_central_policy_in_bf16_stays_close_to_fp32(watchdog):
+    """A bf16 run's inference server forwards under bf16 autocast; what it writes
+    back (logits, baselines, the LSTM state kept per row) stays float32 and within
+    bf16's rounding of an fp32 local policy's."""
+    torch.manual_seed(0)
+    model = build_model("atari", (4, 84, 84), 6, use_lstm=True).eval()
+    table = InferenceTable(
+        num_actors=1,
+        num_envs=2,
+        obs_shape=(4, 84, 84),
+        obs_dtype=np.uint8,
+        num_actions=6,
+        initial_state=model.initial_state(1),
+    )
+    server = make_server(
+        table, build_model("atari", (4, 84, 84), 6, use_lstm=True), model, bf16=True
+    )
+    server.start()
+    try:
+        central, local = CentralPolicy(table, 0, lambda: True), LocalPolicy(model, 2)
+        for t in range(3):
+            inputs = {
+                "obs": torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8),
+                "reward": torch.zeros(2),
+                "done": torch.full((2,), t == 0),
+                "last_action": torch.zeros(2, dtype=torch.int64),
+            }
+            expected, got = local.act(inputs), central.act(inputs)
+            assert got.policy_logits.dtype == torch.float32
+            assert not torch.equal(got.policy_logits, expected.policy_logits)  # autocast ran
+            torch.testing.assert_close(
+                got.policy_logits, expected.policy_logits, atol=0.02, rtol=0.02
+            )
+            for g, e in zip(central.state, local.state, strict=True):
+                assert g.dtype == torch.float32
+                torch.testing.assert_close(g, e, atol=0.02, rtol=0.02)
+    finally:
+        table.close()
+        server.stop()
+    assert server.error is None
+
+
 def test_central_policy_gives_the_local_policy_outputs_and_states(watchdog):
     """Two actors' envs through one server: per-env logits, baselines and recurrent
     states equal the actor-side model's, step after step, whatever batch serves them."""
