@@ -66,6 +66,7 @@ from beast.inference import CentralPolicy, InferenceServer, InferenceTable
 from beast.learner import compute_gradients, copy_weights
 from beast.models import AgentOutput, build_model
 from beast.native import QueueClosed
+from beast.runner import acting_bf16, select_precision
 from beast.supervisor import ActorPool
 
 __all__ = [
@@ -468,6 +469,7 @@ def measure_acting(
     capture: int = 0,
     policy: str = "local",
     inference_timeout_ms: float = 0.0,
+    bf16: bool | None = None,
 ) -> ActingResult:
     """Agent steps/s of real actor processes with the real model and no learning.
 
@@ -488,6 +490,8 @@ def measure_acting(
             batches of up to all envs, `inference_timeout_ms` batch window).
         num_buffers: rollout slots; default twice the slots the actors hold at a time.
         capture: gather this many full slots into `ActingResult.rollouts`.
+        bf16: act under bf16 autocast; None: as a monobeast run of `env` would (bf16
+            for image models on a CPU with native bf16).
 
     Raises:
         ValueError: non-positive sizes or times.
@@ -505,6 +509,9 @@ def measure_acting(
     probe = envs.make(env, seed=seed)
     spec = envs.env_spec(probe)
     probe.close()
+    if bf16 is None:
+        cpu = torch.device("cpu")
+        bf16 = acting_bf16(select_precision(Config(env=env), cpu, spec), cpu)
     if actor_model is None:
         torch.manual_seed(seed)
         actor_model = build_model(model, spec.obs_shape, spec.num_actions, use_lstm=use_lstm)
@@ -563,6 +570,7 @@ def measure_acting(
             device=torch.device("cpu"),
             max_batch=slots_held,
             batch_window=inference_timeout_ms / 1000.0,
+            bf16=bf16,
         )
     elif policy != "local":
         raise ValueError(f"policy must be local or central, got {policy!r}")
@@ -574,6 +582,7 @@ def measure_acting(
             num_envs=num_envs_per_actor,
             unroll_length=unroll_length,
             episodic_life=False,
+            bf16=bf16,
         ),
         buffers=buffers,
         policy_source=table if table is not None else actor_model,
