@@ -96,6 +96,16 @@ def test_sample_actions_follows_the_softmax(offset):
     assert sample_actions(torch.zeros(2, 3, 4)).shape == (2, 3)
 
 
+def atari_inputs(num_envs: int, first: bool) -> dict[str, torch.Tensor]:
+    """Random frames for AtariNet; `first` starts every env's episode."""
+    return {
+        "obs": torch.randint(0, 256, (num_envs, 4, 84, 84), dtype=torch.uint8),
+        "reward": torch.zeros(num_envs),
+        "done": torch.full((num_envs,), first),
+        "last_action": torch.zeros(num_envs, dtype=torch.int64),
+    }
+
+
 @pytest.mark.parametrize("use_lstm", [False, True])
 def test_local_policy_in_bf16_stays_close_to_fp32(use_lstm):
     """Actors of a bf16 run act under bf16 autocast: the behaviour logits they store
@@ -105,12 +115,7 @@ def test_local_policy_in_bf16_stays_close_to_fp32(use_lstm):
     model = build_model("atari", (4, 84, 84), 6, use_lstm=use_lstm).eval()
     fp32, bf16 = LocalPolicy(model, 3), LocalPolicy(model, 3, bf16=True)
     for t in range(3):
-        inputs = {
-            "obs": torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8),
-            "reward": torch.zeros(3),
-            "done": torch.full((3,), t == 0),
-            "last_action": torch.zeros(3, dtype=torch.int64),
-        }
+        inputs = atari_inputs(3, first=t == 0)
         expected, got = fp32.act(inputs), bf16.act(inputs)
         assert not torch.equal(got.policy_logits.float(), expected.policy_logits)  # autocast ran
         torch.testing.assert_close(
@@ -144,12 +149,7 @@ def test_central_policy_in_bf16_stays_close_to_fp32(watchdog):
     try:
         central, local = CentralPolicy(table, 0, lambda: True), LocalPolicy(model, 2)
         for t in range(3):
-            inputs = {
-                "obs": torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8),
-                "reward": torch.zeros(2),
-                "done": torch.full((2,), t == 0),
-                "last_action": torch.zeros(2, dtype=torch.int64),
-            }
+            inputs = atari_inputs(2, first=t == 0)
             expected, got = local.act(inputs), central.act(inputs)
             assert got.policy_logits.dtype == torch.float32
             assert not torch.equal(got.policy_logits, expected.policy_logits)  # autocast ran
