@@ -47,25 +47,30 @@ def steady_sps(logs_csv: Path, warmup: float) -> float:
 _CLEAN_ENVIRON = dict(os.environ)
 
 
+def bench_argv(entry: str, env: str, savedir: str, flags: list[str]) -> list[str]:
+    """The command line of a benchmarked training run: `entry` (monobeast.py or
+    polybeast.py) as run xpid "bench" in `savedir`, long enough never to finish."""
+    return [
+        sys.executable,
+        str(ROOT / entry),
+        "--env",
+        env,
+        "--savedir",
+        savedir,
+        "--xpid",
+        "bench",
+        "--total_steps",
+        "1000000000",
+        "--log_interval",
+        "30",
+        *flags,
+    ]
+
+
 def measure_monobeast_sps(env: str, seconds: float, warmup: float, flags: list[str]) -> float:
     with tempfile.TemporaryDirectory() as savedir:
-        argv = [
-            sys.executable,
-            str(ROOT / "monobeast.py"),
-            "--env",
-            env,
-            "--savedir",
-            savedir,
-            "--xpid",
-            "bench",
-            "--total_steps",
-            "1000000000",
-            "--log_interval",
-            "30",
-            *flags,
-        ]
         proc = subprocess.Popen(
-            argv,
+            bench_argv("monobeast.py", env, savedir, flags),
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

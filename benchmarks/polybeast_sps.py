@@ -40,7 +40,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.env_throughput import machine_description
-from benchmarks.monobeast_sps import steady_sps
+from benchmarks.monobeast_sps import bench_argv, steady_sps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,23 +98,8 @@ def measure(
     """
     marker = f"beast-bench-{os.getpid()}-{time.monotonic_ns()}"
     with tempfile.TemporaryDirectory() as savedir:
-        argv = [
-            sys.executable,
-            str(ROOT / entry),
-            "--env",
-            env,
-            "--savedir",
-            savedir,
-            "--xpid",
-            "bench",
-            "--total_steps",
-            "1000000000",
-            "--log_interval",
-            "30",
-            *flags,
-        ]
         proc = subprocess.Popen(
-            argv,
+            bench_argv(entry, env, savedir, flags),
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
