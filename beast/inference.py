@@ -33,8 +33,8 @@ exit; closing the table (shutdown) wakes everyone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from beast.native import Batcher, QueueClosed
+from beast.threads import ThreadGroup
 
 __all__ = [
     "ActionBatch",
@@ -248,7 +249,7 @@ class InferenceStats:
         return self.requests / self.batches if self.batches else 0.0
 
 
-class InferenceServer:
+class InferenceServer(ThreadGroup):
     """Inference threads in the learner process: collect, forward, scatter, answer.
 
     Thread i serves the Batcher's server index i (its contiguous share of the
@@ -289,27 +290,13 @@ class InferenceServer:
         self.sync_every = sync_every
         self.num_updates = num_updates
         self.stats = InferenceStats()
-        self.error: BaseException | None = None
         self.failed = threading.Event()
-        self._stop = threading.Event()
+        super().__init__(on_error=self.failed)
         self._sync_lock = threading.Lock()
         self._synced_at = num_updates()
         self._sync(force=True)
-        self._threads = [
-            threading.Thread(target=self._run, args=(i,), name=f"inference-{i}", daemon=True)
-            for i in range(table.batcher.num_servers)
-        ]
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        deadline = time.monotonic() + timeout
-        for thread in self._threads:
-            if thread.ident is not None:
-                thread.join(max(0.0, deadline - time.monotonic()))
+        for i in range(table.batcher.num_servers):
+            self._add_thread(functools.partial(self._serve_loop, i), f"inference-{i}")
 
     def _sync(self, force: bool = False) -> None:
         updates = self.num_updates()
@@ -328,20 +315,14 @@ class InferenceServer:
             self._synced_at = updates
             self.stats.syncs += 1
 
-    def _run(self, server: int) -> None:
-        try:
-            while not self._stop.is_set():
-                indices = self.table.batcher.collect(
-                    server, self.max_batch, timeout=_POLL_SECONDS, batch_window=self.batch_window
-                )
-                if len(indices):
-                    self._sync()
-                    self.serve(indices)
-        except QueueClosed:
-            pass
-        except BaseException as error:
-            self.error = error
-            self.failed.set()
+    def _serve_loop(self, server: int) -> None:
+        while not self._stop.is_set():
+            indices = self.table.batcher.collect(
+                server, self.max_batch, timeout=_POLL_SECONDS, batch_window=self.batch_window
+            )
+            if len(indices):
+                self._sync()
+                self.serve(indices)
 
     def serve(self, indices: torch.Tensor) -> None:
         """Answer the requests in rows `indices` (int64 [n], ascending, from collect)."""

@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import queue
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,9 +40,9 @@ import torch
 from torch import nn
 
 from beast.buffers import RolloutBuffers
-from beast.native import QueueClosed
 from beast.profile import LEARNER_PHASES, PhaseClock
 from beast.rollout_replay import RolloutReplay
+from beast.threads import ThreadGroup
 
 __all__ = [
     "Learner",
@@ -134,53 +133,25 @@ def copy_weights(destination: nn.Module, source: nn.Module) -> None:
             shared.copy_(own)
 
 
-class LearnerThreads:
+class LearnerThreads(ThreadGroup):
     """The thread lifecycle both learners share (this module's and beast/replay_learner.py's).
 
-    Daemon threads started and stopped together; the first exception one raises is kept
-    in `error` and sets `finished`, for the runner's monitor. QueueClosed ends a thread
-    quietly: it is how shutdown wakes a thread blocked on a queue. Each learner thread
-    gets a row of `phase_seconds` (beast/profile.py, --profile).
+    A `ThreadGroup` whose failure event is `finished` (also set when total_steps is
+    reached). Each learner thread gets a row of `phase_seconds` (beast/profile.py,
+    --profile).
     """
 
     def __init__(self, num_learner_threads: int) -> None:
         self.finished = threading.Event()  # total_steps reached, or a thread failed
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        super().__init__(on_error=self.finished)
         self.phase_seconds = torch.zeros(
             (num_learner_threads, len(LEARNER_PHASES)), dtype=torch.float64
-        )
-
-    def _add_thread(self, loop: Callable[[], None], name: str) -> None:
-        self._threads.append(
-            threading.Thread(target=self._run, args=(loop,), name=name, daemon=True)
         )
 
     def _add_learner_threads(self, learn_loop: Callable[[int], None]) -> None:
         """One thread per row of phase_seconds, running learn_loop(thread_index)."""
         for i in range(len(self.phase_seconds)):
             self._add_thread(functools.partial(learn_loop, i), f"learner-{i}")
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        deadline = time.monotonic() + timeout
-        for thread in self._threads:
-            if thread.ident is not None:  # started
-                thread.join(max(0.0, deadline - time.monotonic()))
-
-    def _run(self, loop: Callable[[], None]) -> None:
-        try:
-            loop()
-        except QueueClosed:
-            pass
-        except BaseException as error:  # reported by the runner's monitor
-            self.error = error
-            self.finished.set()
 
 
 class Learner(LearnerThreads):

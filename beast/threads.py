@@ -1,0 +1,51 @@
+"""Daemon threads started and stopped together: the learners' and the inference server's.
+
+The first exception a thread raises is kept in `error` and sets the event the owner
+passed in (the learner's `finished`, the inference server's `failed`), for the
+runner's monitor to stop the run. QueueClosed ends a thread quietly: it is how
+shutdown wakes a thread blocked on a queue or the batcher.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from beast.native import QueueClosed
+
+__all__ = ["ThreadGroup"]
+
+
+class ThreadGroup:
+    def __init__(self, on_error: threading.Event) -> None:
+        self.error: BaseException | None = None
+        self._on_error = on_error
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def _add_thread(self, loop: Callable[[], None], name: str) -> None:
+        self._threads.append(
+            threading.Thread(target=self._run, args=(loop,), name=name, daemon=True)
+        )
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask every thread to stop and join them, `timeout` seconds in all."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread.ident is not None:  # started
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _run(self, loop: Callable[[], None]) -> None:
+        try:
+            loop()
+        except QueueClosed:
+            pass
+        except BaseException as error:  # reported by the runner's monitor
+            self.error = error
+            self._on_error.set()
