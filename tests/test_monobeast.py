@@ -82,6 +82,21 @@ def shm_entries() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
+def start(argv, marker, script=MONOBEAST, stderr=subprocess.PIPE):
+    """`script` (monobeast.py by default) in a new session, as a terminal would run it:
+    Ctrl-C (SIGINT to the group) reaches every process of the run."""
+    env = dict(os.environ, BEAST_TEST_MARKER=marker, PYTHONUNBUFFERED="1")
+    return subprocess.Popen(
+        [sys.executable, script, *argv],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def run(argv, timeout=120, marker=None):
     env = dict(os.environ, BEAST_TEST_MARKER=marker or uuid.uuid4().hex, PYTHONUNBUFFERED="1")
     return subprocess.run(
@@ -163,7 +178,6 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
 def test_ctrl_c_stops_everything_within_10s(tmp_path):
     marker = uuid.uuid4().hex
     before = shm_entries()
-    env = dict(os.environ, BEAST_TEST_MARKER=marker, PYTHONUNBUFFERED="1")
     argv = [
         *CARTPOLE_SMALL,
         "--num_actors",
@@ -175,26 +189,17 @@ def test_ctrl_c_stops_everything_within_10s(tmp_path):
         "--xpid",
         "ctrlc",
     ]
-    # A new session stands in for the terminal: Ctrl-C signals the whole group.
-    proc = subprocess.Popen(
-        [sys.executable, MONOBEAST, *argv],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start(argv, marker)
     try:
         log = tmp_path / "ctrlc" / "logs.csv"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (log.exists() and len(read_csv(log)) > 2):
             time.sleep(0.2)
         assert log.exists(), "training never started"
-        start = time.monotonic()
+        interrupted_at = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=10)
-        elapsed = time.monotonic() - start
+        elapsed = time.monotonic() - interrupted_at
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -44,6 +44,7 @@ from tests.test_monobeast import (  # noqa: E402
     read_csv,
     wait_until_gone,
 )
+from tests.test_monobeast import start as start_script  # noqa: E402
 
 POLYBEAST = os.path.join(ROOT, "polybeast.py")
 
@@ -65,17 +66,8 @@ CARTPOLE_SMALL = [
 ]
 
 
-def start(argv, marker, tmp_path=None):
-    env = dict(os.environ, BEAST_TEST_MARKER=marker, PYTHONUNBUFFERED="1")
-    return subprocess.Popen(
-        [sys.executable, POLYBEAST, *argv],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+def start(argv, marker):
+    return start_script(argv, marker, script=POLYBEAST, stderr=subprocess.STDOUT)
 
 
 def finish(proc, timeout):

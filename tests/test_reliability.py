@@ -9,8 +9,6 @@ import errno
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 import uuid
 
@@ -29,7 +27,13 @@ from beast.checkpoint import (
     save_checkpoint,
 )
 from tests.test_learning import CARTPOLE_FLAGS, best_mean_of_100
-from tests.test_monobeast import CARTPOLE_SMALL, MONOBEAST, ROOT, run, shm_entries, wait_until_gone
+from tests.test_monobeast import (
+    CARTPOLE_SMALL,
+    run,
+    shm_entries,
+    start,
+    wait_until_gone,
+)
 
 # --- Environments that misbehave ---------------------------------------------------
 
@@ -102,19 +106,6 @@ def actor_pids(main_pid: int) -> list[int]:
 def read_csv(path):
     with open(path) as f:
         return list(csv.DictReader(f))
-
-
-def start(argv, marker):
-    env = dict(os.environ, BEAST_TEST_MARKER=marker, PYTHONUNBUFFERED="1")
-    return subprocess.Popen(
-        [sys.executable, MONOBEAST, *argv],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
 
 
 def wait_for_rows(log, count, proc, timeout=90):
