@@ -212,8 +212,9 @@ def _act(
             write_step(slots, obs_rows, 0)
             clock.mark("slot_write")
             for t in range(1, unroll_length + 1):
-                last_action[:] = step.action.numpy()
-                env_batch.step(step.action.numpy())
+                actions = step.action.numpy()
+                last_action[:] = actions
+                env_batch.step(actions)
                 clock.mark("env_step")
                 step = policy.act(inputs)
                 clock.mark("inference")
