@@ -640,19 +640,26 @@ class TrivialPolicy(nn.Module):
 
     With it, acting throughput measures the engine around the model (env stepping,
     slot writes, and for central inference the request round trips), not the model.
+    The zero outputs are made once per input shape and returned again (callers copy
+    outputs out, never write into them), so a forward pass runs no torch op at all.
     """
 
     def __init__(self, num_actions: int) -> None:
         super().__init__()
         self.num_actions = num_actions
+        self._outputs: dict[tuple, AgentOutput] = {}
 
     def initial_state(self, batch_size: int, device=None) -> tuple[torch.Tensor, ...]:
         return ()
 
     def forward(self, inputs, core_state=()):
-        T, B = inputs["reward"].shape[:2]
-        logits = torch.zeros((T, B, self.num_actions), device=inputs["reward"].device)
-        return AgentOutput(policy_logits=logits, baseline=logits[..., 0]), ()
+        reward = inputs["reward"]
+        key = (*reward.shape[:2], reward.device)
+        output = self._outputs.get(key)
+        if output is None:
+            logits = torch.zeros((*key[:2], self.num_actions), device=reward.device)
+            output = self._outputs[key] = AgentOutput(logits, logits[..., 0])
+        return output, ()
 
 
 # ---------------------------------------------------------------------------------------

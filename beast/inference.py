@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from beast.native import Batcher, QueueClosed
+from beast.native.acting import SoftmaxSampler, StepCopies, sample_softmax
 from beast.threads import ThreadGroup
 
 __all__ = [
@@ -62,12 +63,15 @@ _POLL_SECONDS = 0.2
 def sample_actions(policy_logits: torch.Tensor) -> torch.Tensor:
     """Sample one action per row: logits [..., A] float -> actions [...] int64.
 
-    Gumbel-max: ``argmax(logits + G)`` with G = -log E, E ~ Exp(1), is an exact draw
-    from softmax(logits), in three elementwise passes and no normalisation; for an
-    actor's batch of 8 it costs a quarter of multinomial over a softmax, and it runs
-    once per agent step.
+    On the CPU, by the native sampler (`beast.native.acting`: inverse CDF, one call).
+    On an accelerator, where the logits are, by Gumbel-max: ``argmax(logits + G)`` with
+    G = -log E, E ~ Exp(1), an exact draw from softmax(logits) in three elementwise
+    passes and no normalisation.
     """
-    logits = policy_logits.float()
+    logits = policy_logits.detach().float()
+    if logits.device.type == "cpu":
+        flat = logits.reshape(-1, logits.shape[-1]).contiguous().numpy()
+        return torch.from_numpy(sample_softmax(flat)).reshape(logits.shape[:-1])
     noise = torch.empty_like(logits).exponential_()
     # E = 0 (probability ~2^-24 per draw) would make -log E infinite.
     noise.clamp_(min=torch.finfo(noise.dtype).tiny)
@@ -87,8 +91,9 @@ class ActionBatch:
     """One policy step for an actor's K envs.
 
     action [K] int64, policy_logits [K, A] float32, baseline [K] float32.
-    They may be views into shared memory that the next `act` overwrites:
-    read them before calling `act` again.
+    A policy returns the same ActionBatch from every `act`, its tensors overwritten
+    in place (in shared memory for central inference): read them before calling
+    `act` again, or keep their addresses to copy from after each call.
     """
 
     action: torch.Tensor
@@ -101,30 +106,68 @@ class LocalPolicy:
 
     `state` is the recurrent state, per env ([K, d0, ...] per tensor, the
     layout a rollout slot stores), that produced the latest `act`'s output.
+
+    Every `act` returns the same `ActionBatch`: float32 logits and baselines and the
+    sampled actions live in arrays of this policy, overwritten by each call, so the
+    actor can copy them into its slots with fixed addresses (beast.native.acting).
     """
 
     def __init__(self, model: nn.Module, num_envs: int, bf16: bool = False) -> None:
         self.model = model
         self.bf16 = bf16
+        self.num_envs = num_envs
         self._state_next = model.initial_state(num_envs)  # tensors [d0, K, ...]
         self.state: tuple[torch.Tensor, ...] = ()
+        # Time-major [1, K, ...] views of the caller's inputs, made once per inputs
+        # dict: an actor passes the same dict, its tensors updated in place, every step.
+        self._inputs: dict[str, torch.Tensor] | None = None
+        self._time_major_inputs: dict[str, torch.Tensor] = {}
+        # Allocated at the first act, when A is known; with [1, K, ...] views the model's
+        # outputs are copied into without indexing them first.
+        self._output: ActionBatch | None = None
+        self._time_major_outputs: tuple[torch.Tensor, torch.Tensor] = ()
+        self._sampler: SoftmaxSampler | None = None
+
+    def _time_major(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if inputs is not self._inputs:
+            self._inputs = inputs  # held, so its id cannot be reused by another dict
+            self._time_major_inputs = {key: value.unsqueeze(0) for key, value in inputs.items()}
+        return self._time_major_inputs
+
+    def _allocate_output(self, num_actions: int) -> None:
+        k = self.num_envs
+        self._output = ActionBatch(
+            action=torch.zeros(k, dtype=torch.int64),
+            policy_logits=torch.zeros((k, num_actions), dtype=torch.float32),
+            baseline=torch.zeros(k, dtype=torch.float32),
+        )
+        self._time_major_outputs = (
+            self._output.policy_logits.unsqueeze(0),
+            self._output.baseline.unsqueeze(0),
+        )
+        self._sampler = SoftmaxSampler(
+            self._output.policy_logits.numpy(), self._output.action.numpy()
+        )
 
     def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
-        """inputs: obs [K, ...], reward [K], done [K], last_action [K]."""
+        """inputs: obs [K, ...], reward [K], done [K], last_action [K]. Pass one dict
+        every step and update its tensors in place: views of them are made once per
+        dict (replacing a tensor in the same dict is not seen)."""
         state_in = self._state_next
-        with torch.no_grad(), forward_precision("cpu", self.bf16):
-            output, state_next = self.model(
-                {key: value.unsqueeze(0) for key, value in inputs.items()}, state_in
-            )
+        with torch.no_grad():
+            with forward_precision("cpu", self.bf16):
+                output, state_next = self.model(self._time_major(inputs), state_in)
+            if self._output is None:
+                self._allocate_output(output.policy_logits.shape[-1])
+            logits, baseline = self._time_major_outputs
+            logits.copy_(output.policy_logits)
+            baseline.copy_(output.baseline)
+        self._sampler.sample()
         # Under autocast an LSTM hands back bf16 states; the state carried from step to
         # step (and stored with each rollout) stays float32, as the learner's is.
         self._state_next = tuple(s.float() for s in state_next)
         self.state = tuple(s.transpose(0, 1) for s in state_in)
-        return ActionBatch(
-            action=sample_actions(output.policy_logits[0]),
-            policy_logits=output.policy_logits[0],
-            baseline=output.baseline[0],
-        )
+        return self._output
 
 
 class InferenceTable:
@@ -222,13 +265,32 @@ class CentralPolicy:
             policy_logits=table.policy_logits[self._rows],
             baseline=table.baseline[self._rows],
         )
+        self._copies: StepCopies | None = None
+        self._copy_sources: tuple[torch.Tensor, ...] = ()
+
+    def _input_copies(self, inputs: dict[str, torch.Tensor]) -> StepCopies:
+        """The copies of one post: the inputs into this actor's rows, and the rows'
+        state into `state`. Built once per set of input tensors (an actor passes the
+        same ones, updated in place, every step)."""
+        sources = tuple(inputs[key] for key in self._inputs)
+        if self._copies is None or any(
+            new is not old for new, old in zip(sources, self._copy_sources, strict=True)
+        ):
+            pairs = [
+                (row_view.numpy()[None], source.numpy())
+                for row_view, source in zip(self._inputs.values(), sources, strict=True)
+            ]
+            pairs += [
+                (own.numpy()[None], table_state[self._rows].numpy())
+                for own, table_state in zip(self.state, self.table.state, strict=True)
+            ]
+            self._copies, self._copy_sources = StepCopies(pairs), sources
+        return self._copies
 
     def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
-        """inputs: obs [K, ...], reward [K], done [K], last_action [K]."""
-        for key, row_view in self._inputs.items():
-            row_view.copy_(inputs[key])
-        for own, table_state in zip(self.state, self.table.state, strict=True):
-            own.copy_(table_state[self._rows])
+        """inputs: obs [K, ...], reward [K], done [K], last_action [K]: contiguous CPU
+        tensors of the table's dtypes."""
+        self._input_copies(inputs).run()
         self.table.batcher.post(self.group)
         while not self.table.batcher.wait_answered(self.group, timeout=_POLL_SECONDS * 5):
             if not self.server_alive():

@@ -20,8 +20,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))
 _NATIVE = os.path.relpath(_HERE, _ROOT)  # "beast/native"
 
-_HEADERS = ("index_queue.h", "batcher.h", "sum_tree.h")
-_SOURCES = ("index_queue.c", "batcher.c", "sum_tree.c")
+_HEADERS = ("index_queue.h", "batcher.h", "sum_tree.h", "acting.h")
+_SOURCES = ("index_queue.c", "batcher.c", "sum_tree.c", "acting.c")
 
 # Declarations Python may use; kept in step with the headers by hand (cffi's
 # parser cannot read the system headers those files include).
@@ -94,6 +94,22 @@ int beast_sumtree_claim(void *mem, int64_t *index, uint64_t *generation);
 int beast_sumtree_commit(void *mem, int64_t index, uint64_t generation, double priority,
                          uint32_t *applied);
 int beast_sumtree_stats(void *mem, struct beast_sumtree_stats *out);
+
+struct beast_rng {
+    uint64_t s[4];
+};
+void beast_rng_seed(struct beast_rng *rng, uint64_t seed);
+double beast_rng_uniform(struct beast_rng *rng);
+int beast_sample_softmax(struct beast_rng *rng, const float *logits, uint32_t rows,
+                         uint32_t num_actions, int64_t *actions);
+struct beast_copy {
+    void *dst;
+    const void *src;
+    uint64_t nbytes;
+    uint64_t dst_step;
+};
+int beast_copy_run(const struct beast_copy *copies, uint32_t n, uint32_t step,
+                   uint32_t max_step);
 """
 
 ffibuilder = cffi.FFI()

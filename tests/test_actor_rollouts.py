@@ -1,0 +1,92 @@
+"""What an IMPALA actor writes into its rollout slots, checked against a replay.
+
+Real actor processes (through `beast.bench.measure_acting`, which starts them as a
+run does) fill slots; the test then replays each env from its seed with the actions
+the slots recorded and checks every observation, reward, done flag, last action and
+episode statistic, and recomputes the logits and baselines with the acting model.
+"""
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+
+from beast import envs
+from beast.bench import measure_acting
+from beast.models import build_model
+
+ENV = "CartPole-v1"
+NUM_ENVS = 3
+UNROLL = 7
+ROLLOUTS = 5 * NUM_ENVS  # five consecutive rollouts of each env
+
+
+@pytest.mark.parametrize("policy", ["local", "central"])
+def test_slots_hold_exactly_what_the_envs_and_model_produced(policy):
+    torch.manual_seed(0)
+    model = build_model("auto", (4,), 2)
+    result = measure_acting(
+        env=ENV,
+        num_actors=1,
+        num_envs_per_actor=NUM_ENVS,
+        unroll_length=UNROLL,
+        seconds=0.5,
+        warmup_seconds=0.0,
+        actor_model=model,
+        seed=10,
+        capture=ROLLOUTS,
+        policy=policy,
+    )
+    batch = result.rollouts
+    ids = batch["rollout_id"]
+    assert bool((ids == ids[0]).all()), "a slot holds steps of two rollouts"
+    # Low 32 bits of an id: rollout number * K + env index (beast/actor.py).
+    by_env = defaultdict(list)
+    for column, rollout_id in enumerate(ids[0].tolist()):
+        counter = rollout_id & 0xFFFFFFFF
+        by_env[counter % NUM_ENVS].append((counter // NUM_ENVS, column))
+    assert sorted(by_env) == list(range(NUM_ENVS))
+
+    for env_index, rollouts in by_env.items():
+        rollouts.sort()
+        assert [n for n, _ in rollouts] == list(range(len(rollouts))), "a rollout is missing"
+        env = envs.make(ENV, seed=10 + env_index)  # the actor's seeds: seed + env index
+        obs, _ = env.reset()
+        episode_return, episode_length = 0.0, 0
+        last_row = None
+        for _, column in rollouts:
+            get = {key: value[:, column] for key, value in batch.items()}
+            np.testing.assert_array_equal(get["obs"][0].numpy(), obs)
+            if last_row is not None:  # row 0 repeats the previous rollout's last row
+                for key, value in last_row.items():
+                    if key != "rollout_id":
+                        assert torch.equal(get[key][0], value), key
+            for t in range(UNROLL):
+                action = int(get["action"][t])
+                obs, reward, terminated, truncated, _ = env.step(action)
+                episode_return += reward
+                episode_length += 1
+                done = terminated or truncated
+                if done:
+                    obs, _ = env.reset()
+                step = t + 1
+                np.testing.assert_array_equal(get["obs"][step].numpy(), obs)
+                assert float(get["reward"][step]) == reward
+                assert bool(get["done"][step]) == done
+                assert int(get["last_action"][step]) == action
+                assert bool(get["episode_end"][step]) == done
+                if done:
+                    assert float(get["episode_return"][step]) == episode_return
+                    assert int(get["episode_step"][step]) == episode_length
+                    episode_return, episode_length = 0.0, 0
+            last_row = {key: value[UNROLL] for key, value in get.items()}
+        env.close()
+
+    # The outputs stored with each step are the model's on that step's inputs.
+    inputs = {key: batch[key] for key in ("obs", "reward", "done", "last_action")}
+    with torch.no_grad():
+        output, _ = model(inputs, ())
+    torch.testing.assert_close(batch["policy_logits"], output.policy_logits)
+    torch.testing.assert_close(batch["baseline"], output.baseline)
+    assert set(batch["action"].unique().tolist()) <= {0, 1}
