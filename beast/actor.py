@@ -123,6 +123,7 @@ def run_actor(
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
+    torch.set_grad_enabled(False)  # actors never backpropagate
     torch.manual_seed(settings.seed * 7919 + actor_index + incarnation * _INCARNATION_SEED_STRIDE)
     try:
         if phase_seconds is None:

@@ -122,10 +122,9 @@ class LocalPolicy:
         # dict: an actor passes the same dict, its tensors updated in place, every step.
         self._inputs: dict[str, torch.Tensor] | None = None
         self._time_major_inputs: dict[str, torch.Tensor] = {}
-        # Allocated at the first act, when A is known; with [1, K, ...] views the model's
-        # outputs are copied into without indexing them first.
+        # Allocated at the first act, when A is known.
         self._output: ActionBatch | None = None
-        self._time_major_outputs: tuple[torch.Tensor, torch.Tensor] = ()
+        self._output_arrays: tuple[np.ndarray, np.ndarray] = ()  # logits, baseline
         self._sampler: SoftmaxSampler | None = None
 
     def _time_major(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -141,27 +140,29 @@ class LocalPolicy:
             policy_logits=torch.zeros((k, num_actions), dtype=torch.float32),
             baseline=torch.zeros(k, dtype=torch.float32),
         )
-        self._time_major_outputs = (
-            self._output.policy_logits.unsqueeze(0),
-            self._output.baseline.unsqueeze(0),
-        )
-        self._sampler = SoftmaxSampler(
-            self._output.policy_logits.numpy(), self._output.action.numpy()
-        )
+        self._output_arrays = (self._output.policy_logits.numpy(), self._output.baseline.numpy())
+        self._sampler = SoftmaxSampler(self._output_arrays[0], self._output.action.numpy())
 
     def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
         """inputs: obs [K, ...], reward [K], done [K], last_action [K]. Pass one dict
         every step and update its tensors in place: views of them are made once per
         dict (replacing a tensor in the same dict is not seen)."""
         state_in = self._state_next
-        with torch.no_grad():
-            with forward_precision("cpu", self.bf16):
-                output, state_next = self.model(self._time_major(inputs), state_in)
-            if self._output is None:
-                self._allocate_output(output.policy_logits.shape[-1])
-            logits, baseline = self._time_major_outputs
-            logits.copy_(output.policy_logits)
-            baseline.copy_(output.baseline)
+        # Actor processes turn autograd off once; a context costs its enter and exit.
+        no_grad = torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()
+        with no_grad, forward_precision("cpu", self.bf16):
+            output, state_next = self.model(self._time_major(inputs), state_in)
+        logits, baseline = output.policy_logits, output.baseline
+        if self._output is None:
+            self._allocate_output(logits.shape[-1])
+        if logits.dtype == baseline.dtype == torch.float32:
+            # numpy's copy: cheaper than torch's dispatch, which runs cold after env steps.
+            np.copyto(self._output_arrays[0], logits.numpy()[0])
+            np.copyto(self._output_arrays[1], baseline.numpy()[0])
+        else:
+            with no_grad:
+                self._output.policy_logits.copy_(logits[0])
+                self._output.baseline.copy_(baseline[0])
         self._sampler.sample()
         # Under autocast an LSTM hands back bf16 states; the state carried from step to
         # step (and stored with each rollout) stays float32, as the learner's is.
@@ -402,6 +403,7 @@ class InferenceServer(ThreadGroup):
                 tensor[rows].copy_(values)
 
         else:
+            rows = None
 
             def read(tensor: torch.Tensor) -> torch.Tensor:
                 return tensor.index_select(0, indices).to(device)
@@ -416,12 +418,17 @@ class InferenceServer(ThreadGroup):
         state = tuple(read(s).transpose(0, 1) for s in table.state)
         with torch.no_grad(), forward_precision(device.type, self.bf16):
             output, next_state = self.model(inputs, state)
-            action = sample_actions(output.policy_logits[0])
-        write(table.action, action)
         write(table.policy_logits, output.policy_logits[0])
         write(table.baseline, output.baseline[0])
         for table_state, new in zip(table.state, next_state, strict=True):
             write(table_state, new.transpose(0, 1))
+        # Actions are drawn on the CPU from the logits just stored (any actor device).
+        logits, actions = table.policy_logits.numpy(), table.action.numpy()
+        if rows is not None:
+            sample_softmax(logits[rows], out=actions[rows])
+        else:
+            served = indices.numpy()
+            actions[served] = sample_softmax(logits[served])
         table.batcher.answer(indices)
         self.stats.batches += 1
         self.stats.requests += n

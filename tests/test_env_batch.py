@@ -164,6 +164,34 @@ def test_arrays_are_updated_in_place():
         assert {name: id(getattr(batch, name)) for name in before} == ids
 
 
+@pytest.mark.parametrize("episodic_life", [False, True])
+def test_loop_batch_stacks_atari_frames_in_its_rows_as_make_stacks_them(episodic_life):
+    """The loop batch has each Atari env's frame stack live in the env's row of `obs`
+    (no copy per step); what it shows must be what `make`'s envs return, which still
+    hand out fresh arrays."""
+    name, k = "PongNoFrameskip-v4", 2
+    rng = np.random.default_rng(0)
+    with make_env_batch(name, k, 5, episodic_life, backend="loop") as batch:
+        address = batch.obs.ctypes.data
+        references = [factory.make(name, seed=5 + i, episodic_life=episodic_life) for i in range(k)]
+        expected = [env.reset()[0] for env in references]
+        for step in range(250):
+            for i in range(k):
+                np.testing.assert_array_equal(batch.obs[i], expected[i], err_msg=f"step {step}")
+            actions = rng.integers(6, size=k)
+            batch.step(actions)
+            for i, env in enumerate(references):
+                previous = expected[i]
+                expected[i], reward, terminated, truncated, _ = env.step(int(actions[i]))
+                assert not np.shares_memory(previous, expected[i])
+                assert batch.reward[i] == reward
+                if terminated or truncated:
+                    expected[i] = env.reset()[0]
+        assert batch.obs.ctypes.data == address
+        for env in references:
+            env.close()
+
+
 def test_non_finite_reward_names_the_env():
     with (
         make_env_batch(path("NanRewardEnv"), 2, 0, False) as batch,

@@ -221,7 +221,8 @@ class FrameStack(gymnasium.ObservationWrapper):
 
     uint8 [H, W] -> uint8 [num_frames, H, W], C-contiguous, oldest first. After
     `reset()` the stack holds copies of the first frame (as in baselines). Each
-    observation is a fresh array, so callers may keep references across steps.
+    observation is a fresh array, so callers may keep references across steps, unless
+    the caller gave the stack storage of its own with `stack_into`.
     """
 
     def __init__(self, env: gymnasium.Env, num_frames: int = 4) -> None:
@@ -231,15 +232,37 @@ class FrameStack(gymnasium.ObservationWrapper):
             low=0, high=255, shape=(num_frames, *inner.shape), dtype=inner.dtype
         )
         self._stack = np.zeros(self.observation_space.shape, dtype=inner.dtype)
+        self._copies = True
+
+    def stack_into(self, out: np.ndarray) -> None:
+        """Keep the stack in `out` from now on and return `out` itself as every
+        observation: no copy and no allocation per step. For an env batch, whose
+        `out` is the env's row of the batch's observations; the caller then must not
+        keep an observation across steps.
+        """
+        if out.shape != self._stack.shape or out.dtype != self._stack.dtype:
+            raise ValueError(
+                f"stack_into needs a {self._stack.dtype} array of shape {self._stack.shape},"
+                f" got {out.dtype} {out.shape}"
+            )
+        out[...] = self._stack
+        self._stack = out
+        self._copies = False
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
         self._stack[:] = obs
-        return self._stack.copy(), info
+        return self._output(), info
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
-        self._stack[:-1] = self._stack[1:]
-        self._stack[-1] = observation
-        return self._stack.copy()
+        stack = self._stack
+        # Frame by frame: one overlapping shift would make numpy copy through a temporary.
+        for i in range(len(stack) - 1):
+            stack[i] = stack[i + 1]
+        stack[-1] = observation
+        return self._output()
+
+    def _output(self) -> np.ndarray:
+        return self._stack.copy() if self._copies else self._stack

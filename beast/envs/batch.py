@@ -217,17 +217,26 @@ class LoopEnvBatch(EnvBatch):
                 seed = None if first_seed is None else first_seed + i
                 self.envs.append(make(env_name, seed=seed, episodic_life=episodic_life))
             self._allocate(env_name, num_envs, env_spec(self.envs[0]))
+            # Env i's row of `obs`, as one view object: a frame stack that keeps its
+            # stack in it (Atari) returns this very object, which then needs no copy.
+            self._obs_rows = list(self.obs)
+            for env, row in zip(self.envs, self._obs_rows, strict=True):
+                try:
+                    stack_into = env.get_wrapper_attr("stack_into")
+                except AttributeError:
+                    continue
+                stack_into(row)
             for i, env in enumerate(self.envs):
-                self.obs[i] = self._checked(env.reset()[0], "reset")
+                self._store_obs(i, env.reset()[0], "reset")
         except BaseException:
             self.close()
             raise
 
     def step(self, actions: np.ndarray) -> None:
-        actions = self._actions(actions)
+        actions = self._actions(actions).tolist()
         self.episode_end[:] = False
         for i, env in enumerate(self.envs):
-            obs, reward, terminated, truncated, info = env.step(int(actions[i]))
+            obs, reward, terminated, truncated, info = env.step(actions[i])
             if not math.isfinite(reward):
                 raise ValueError(f"env {self.env_name} returned a non-finite reward {reward}")
             done = terminated or truncated
@@ -237,18 +246,21 @@ class LoopEnvBatch(EnvBatch):
                 self.episode_step[i] = info["episode"]["l"]
             if done:
                 obs, _ = env.reset()
-            self.obs[i] = self._checked(obs, "step")
+            self._store_obs(i, obs, "step")
             self.reward[i] = reward
             self.done[i] = done
 
-    def _checked(self, obs: np.ndarray, call: str) -> np.ndarray:
+    def _store_obs(self, i: int, obs: np.ndarray, call: str) -> None:
+        row = self._obs_rows[i]
+        if obs is row:  # the env stacked it in place
+            return
         shape = np.shape(obs)
         if shape != self.obs_shape:
             raise ValueError(
                 f"env {self.env_name} returned an observation of shape {shape} from {call}(),"
                 f" but its observation_space has shape {self.obs_shape}"
             )
-        return obs
+        row[...] = obs
 
     def close(self) -> None:
         envs, self.envs = self.envs, []

@@ -110,23 +110,24 @@ def _forget_streams_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_streams_after_fork)
 
 
-def sample_softmax(logits: np.ndarray) -> np.ndarray:
+def sample_softmax(logits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """int64 [rows] actions, row i drawn from softmax(logits[i]) (float32 [rows, A]).
 
     As `SoftmaxSampler`, for arrays that change from call to call; each thread draws
-    from its own stream.
+    from its own stream. `out`: a C-contiguous int64 [rows] array to write (returned).
     """
     logits = np.ascontiguousarray(logits)
-    actions = np.empty(logits.shape[:1], dtype=np.int64)
-    rows, num_actions = _logits_and_actions(logits, actions)
+    if out is None:
+        out = np.empty(logits.shape[:1], dtype=np.int64)
+    rows, num_actions = _logits_and_actions(logits, out)
     lib.beast_sample_softmax(
         _thread_rng(),
         ffi.cast("const float *", logits.ctypes.data),
         rows,
         num_actions,
-        ffi.cast("int64_t *", actions.ctypes.data),
+        ffi.cast("int64_t *", out.ctypes.data),
     )
-    return actions
+    return out
 
 
 class StepCopies:
