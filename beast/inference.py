@@ -58,6 +58,11 @@ __all__ = [
 
 # How long a blocked server or actor sleeps before checking whether to stop.
 _POLL_SECONDS = 0.2
+# The model's per-env inputs, as the table holds them.
+_INPUT_KEYS = ("obs", "reward", "done", "last_action")
+# Row ranges whose views a server keeps (one per actor group, or run of groups,
+# it has served); past this many the cache starts over.
+_MAX_PLANS = 256
 
 
 def sample_actions(policy_logits: torch.Tensor) -> torch.Tensor:
@@ -255,12 +260,7 @@ class CentralPolicy:
         self._rows = table.rows(actor_index)
         table.reset_rows(actor_index)
         self.state = tuple(s[self._rows].clone() for s in table.state)
-        self._inputs = {
-            "obs": table.obs[self._rows],
-            "reward": table.reward[self._rows],
-            "done": table.done[self._rows],
-            "last_action": table.last_action[self._rows],
-        }
+        self._inputs = {key: getattr(table, key)[self._rows] for key in _INPUT_KEYS}
         self._output = ActionBatch(
             action=table.action[self._rows],
             policy_logits=table.policy_logits[self._rows],
@@ -297,6 +297,20 @@ class CentralPolicy:
             if not self.server_alive():
                 raise QueueClosed("the inference server's process is gone")
         return self._output
+
+
+class _RowsPlan:
+    """Views of table rows [first, first + n) for serving them: time-major inputs
+    [1, n, ...], recurrent state [d0, n, ...], outputs [1, n, ...] and a sampler from
+    the rows' logits into their actions. Made once per row range a server sees."""
+
+    def __init__(self, table: InferenceTable, first: int, n: int) -> None:
+        rows = slice(first, first + n)
+        self.inputs = {key: getattr(table, key)[rows].unsqueeze(0) for key in _INPUT_KEYS}
+        self.state = tuple(s[rows].transpose(0, 1) for s in table.state)
+        self.policy_logits = table.policy_logits[rows].unsqueeze(0)
+        self.baseline = table.baseline[rows].unsqueeze(0)
+        self.sampler = SoftmaxSampler(table.policy_logits.numpy()[rows], table.action.numpy()[rows])
 
 
 @dataclass
@@ -356,6 +370,7 @@ class InferenceServer(ThreadGroup):
         self.failed = threading.Event()
         super().__init__(on_error=self.failed)
         self._sync_lock = threading.Lock()
+        self._plans: dict[tuple[int, int], _RowsPlan] = {}  # shared by the threads
         self._synced_at = num_updates()
         self._sync(force=True)
         for i in range(table.batcher.num_servers):
@@ -389,32 +404,52 @@ class InferenceServer(ThreadGroup):
 
     def serve(self, indices: torch.Tensor) -> None:
         """Answer the requests in rows `indices` (int64 [n], ascending, from collect)."""
-        table, device = self.table, self.device
-        n, first = len(indices), int(indices[0])
-        if int(indices[-1]) - first + 1 == n:
+        served = indices.numpy()
+        first, n = int(served[0]), len(served)
+        if int(served[-1]) - first + 1 == n:
             # Contiguous rows (one actor's group, or neighbours'): the common case.
-            # Slices are views, so on the CPU nothing is gathered or scattered.
-            rows = slice(first, first + n)
-
-            def read(tensor: torch.Tensor) -> torch.Tensor:
-                return tensor[rows].to(device)
-
-            def write(tensor: torch.Tensor, values: torch.Tensor) -> None:
-                tensor[rows].copy_(values)
-
+            self._serve_rows(self._rows_plan(first, n))
         else:
-            rows = None
+            self._serve_gathered(indices, served)
+        self.table.batcher.answer(indices)
+        self.stats.batches += 1
+        self.stats.requests += n
 
-            def read(tensor: torch.Tensor) -> torch.Tensor:
-                return tensor.index_select(0, indices).to(device)
+    def _rows_plan(self, first: int, n: int) -> _RowsPlan:
+        plan = self._plans.get((first, n))
+        if plan is None:
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.clear()
+            plan = self._plans[first, n] = _RowsPlan(self.table, first, n)
+        return plan
 
-            def write(tensor: torch.Tensor, values: torch.Tensor) -> None:
-                tensor.index_copy_(0, indices, values.to(device="cpu", dtype=tensor.dtype))
+    def _serve_rows(self, plan: _RowsPlan) -> None:
+        """Rows [first, first + n): the model reads the table's rows in place (on the
+        CPU; other devices get copies), and writes into them through fixed views."""
+        device = self.device
+        if device.type == "cpu":
+            inputs, state = plan.inputs, plan.state
+        else:
+            inputs = {key: value.to(device) for key, value in plan.inputs.items()}
+            state = tuple(s.to(device) for s in plan.state)
+        with torch.no_grad(), forward_precision(device.type, self.bf16):
+            output, next_state = self.model(inputs, state)
+            plan.policy_logits.copy_(output.policy_logits)
+            plan.baseline.copy_(output.baseline)
+            for row_state, new in zip(plan.state, next_state, strict=True):
+                row_state.copy_(new)
+        plan.sampler.sample()  # from the logits just stored, on the CPU (any device)
 
-        inputs = {
-            key: read(getattr(table, key)).unsqueeze(0)
-            for key in ("obs", "reward", "done", "last_action")
-        }
+    def _serve_gathered(self, indices: torch.Tensor, served: np.ndarray) -> None:
+        table, device = self.table, self.device
+
+        def read(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.index_select(0, indices).to(device)
+
+        def write(tensor: torch.Tensor, values: torch.Tensor) -> None:
+            tensor.index_copy_(0, indices, values.to(device="cpu", dtype=tensor.dtype))
+
+        inputs = {key: read(getattr(table, key)).unsqueeze(0) for key in _INPUT_KEYS}
         state = tuple(read(s).transpose(0, 1) for s in table.state)
         with torch.no_grad(), forward_precision(device.type, self.bf16):
             output, next_state = self.model(inputs, state)
@@ -422,13 +457,5 @@ class InferenceServer(ThreadGroup):
         write(table.baseline, output.baseline[0])
         for table_state, new in zip(table.state, next_state, strict=True):
             write(table_state, new.transpose(0, 1))
-        # Actions are drawn on the CPU from the logits just stored (any actor device).
-        logits, actions = table.policy_logits.numpy(), table.action.numpy()
-        if rows is not None:
-            sample_softmax(logits[rows], out=actions[rows])
-        else:
-            served = indices.numpy()
-            actions[served] = sample_softmax(logits[served])
-        table.batcher.answer(indices)
-        self.stats.batches += 1
-        self.stats.requests += n
+        actions = table.action.numpy()
+        actions[served] = sample_softmax(table.policy_logits.numpy()[served])

@@ -352,7 +352,15 @@ class _BatcherArgs:
 
     def _as_indices(self, indices) -> torch.Tensor:
         """int64, 1-D and contiguous; a collected batch passes through as is."""
-        return torch.as_tensor(indices, dtype=torch.int64).reshape(-1).contiguous()
+        if (
+            isinstance(indices, torch.Tensor)
+            and indices.dtype == torch.int64
+            and indices.dim() == 1
+            and indices.is_contiguous()
+            and indices.device.type == "cpu"
+        ):
+            return indices  # no torch op: answer() runs on every served batch
+        return torch.as_tensor(indices, dtype=torch.int64, device="cpu").reshape(-1).contiguous()
 
     def _bad_indices(self) -> ValueError:
         return ValueError(f"slot indices must be in [0, {self.num_slots})")
