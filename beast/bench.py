@@ -691,8 +691,8 @@ def measure_inference_latency(
     """p50 and p99 (microseconds) of `CentralPolicy.act` against an idle `InferenceServer`.
 
     One actor process posts `num_envs` requests of `env`'s observation shape and waits;
-    an inference thread here collects, gathers with index_select, runs `TrivialPolicy`,
-    samples, scatters and answers, as in a run. Everything but the model's cost is in it.
+    an inference thread here collects, runs `TrivialPolicy` on the rows, stores its
+    outputs, samples and answers, as in a run. Everything but the model's cost is in it.
     """
     probe = envs.make(env, seed=seed)
     spec = envs.env_spec(probe)

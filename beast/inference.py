@@ -15,6 +15,12 @@ same rows before answering, which wakes exactly the actors served.
     InferenceServer  the learner process's side: threads that collect,
                      forward, scatter and answer.
 
+A batch of contiguous rows (one actor's group, or neighbours': the common
+case) is read and written in place, through views the server keeps per row
+range; other batches are gathered with index_select and scattered back.
+Actions are drawn on the CPU from the logits stored in the table, by the
+native sampler (beast/native/acting.py), whatever the actor device.
+
 Recurrent state lives in the table, one row per env: the server reads the
 state of the rows it serves and writes their next state back, so an actor's
 envs keep their state whichever batch serves them. A new actor process
