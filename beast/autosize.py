@@ -135,7 +135,7 @@ def resolve_actor_layout(
                 f" learning {1e3 * learning:.3f} core-ms per agent step: the actors' share of"
                 f" the CPU is {share:.0%})"
             )
-    num_buffers = config.num_buffers or num_actors * num_envs + 2 * config.batch_size
+    num_buffers = config.num_buffers or config.default_num_buffers(num_actors * num_envs)
     resolved = dataclasses.replace(
         config, num_actors=num_actors, num_envs_per_actor=num_envs, num_buffers=num_buffers
     )

@@ -143,7 +143,13 @@ class Config:
     num_buffers: int | None = _flag(
         None,
         "Rollout slots in shared memory. Needs at least num_actors*num_envs_per_actor+batch_size."
-        " Default: num_actors*num_envs_per_actor + 2*batch_size.",
+        " Default: num_actors*num_envs_per_actor + queued_batches*batch_size.",
+    )
+    queued_batches: int = _flag(
+        2,
+        "Batches of full rollouts the actors may fill ahead of the learner (sets the default"
+        " --num_buffers): fewer keeps the data closer to the learner's policy, more absorbs"
+        " bursts.",
     )
 
     # Learner.
@@ -370,6 +376,7 @@ class Config:
             "inference_sync_every",
             "num_test_episodes",
             "max_nonfinite_updates",
+            "queued_batches",
         ):
             if getattr(self, name) != AUTO and getattr(self, name) <= 0:
                 raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
@@ -482,13 +489,18 @@ class Config:
                     f" {self.replay_size}: learning would never start"
                 )
 
+    def default_num_buffers(self, slots_in_use_by_actors: int) -> int:
+        """Rollout slots when --num_buffers is not given: the actors' own, plus
+        --queued_batches batches of full rollouts waiting for the learner."""
+        return slots_in_use_by_actors + self.queued_batches * self.batch_size
+
     def finalize(self) -> Config:
         """Fill in derived values once and validate; returns a new Config."""
         self.validate()
         xpid = self.xpid or time.strftime("beast-%Y%m%d-%H%M%S")
         num_buffers = self.num_buffers
         if num_buffers is None and not self.actor_layout_is_auto:
-            num_buffers = self.slots_in_use_by_actors + 2 * self.batch_size
+            num_buffers = self.default_num_buffers(self.slots_in_use_by_actors)
         return dataclasses.replace(
             self,
             xpid=xpid,

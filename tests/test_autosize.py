@@ -66,7 +66,7 @@ def test_smallest_k_within_tolerance_and_cpu_share_of_actors(monkeypatch):
     assert config.num_envs_per_actor == 8
     # Actors' share 0.31 / 0.51 of 8 cores = 4.86 -> 5.
     assert config.num_actors == 5
-    assert config.num_buffers == 5 * 8 + 2 * config.batch_size
+    assert config.num_buffers == 5 * 8 + config.queued_batches * config.batch_size
     assert "auto: 8" in lines[0] and "auto: 5 of 8 cores" in lines[1]
 
 

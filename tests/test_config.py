@@ -26,6 +26,15 @@ def test_defaults_are_valid_and_finalized():
     )
 
 
+def test_queued_batches_set_the_default_num_buffers():
+    slots = 2 * 4  # configs/impala/classic.yaml: 2 actors x 4 envs, one queued batch
+    assert parse_args(["--env", "CartPole-v1"]).num_buffers == slots + 1 * 8
+    config = parse_args(["--env", "CartPole-v1", "--queued_batches", "3", "--batch_size", "4"])
+    assert config.num_buffers == slots + 3 * 4
+    # An explicit --num_buffers wins.
+    assert parse_args(["--env", "CartPole-v1", "--num_buffers", "30"]).num_buffers == 30
+
+
 def test_flags_parse_with_types():
     config = parse_args(
         [
@@ -55,6 +64,7 @@ def test_flags_parse_with_types():
         (["--unroll_length", "0"], "--unroll_length must be positive"),
         (["--num_buffers", "10", "--batch_size", "8"], "--num_buffers 10 is too small"),
         (["--discounting", "1.5"], "--discounting must be in [0, 1]"),
+        (["--queued_batches", "0"], "--queued_batches must be positive"),
     ],
 )
 def test_bad_values_raise_one_line(argv, fragment):
@@ -97,7 +107,7 @@ def test_env_picks_the_family_config():
     )
     classic = parse_args(["--env", "CartPole-v1"])
     assert classic.config == os.path.join(CONFIGS_DIR, "impala", "classic.yaml")
-    assert (classic.optimizer, classic.learning_rate, classic.discounting) == ("adam", 0.002, 0.98)
+    assert (classic.optimizer, classic.learning_rate, classic.discounting) == ("adam", 0.0015, 0.98)
     assert (classic.unroll_length, classic.baseline_cost) == (20, 0.25)
 
 
@@ -191,7 +201,7 @@ def test_print_config_prints_the_merged_yaml_and_exits_0(tmp_path, capsys):
     del printed["config"]
     path = write(tmp_path, yaml.safe_dump(printed))
     again = parse_args(["--config", path, "--xpid", "x"])
-    assert again.seed == 7 and again.learning_rate == 0.002 and again.discounting == 0.98
+    assert again.seed == 7 and again.learning_rate == 0.0015 and again.discounting == 0.98
 
 
 def test_shipped_configs_load_and_validate():

@@ -128,7 +128,7 @@ def test_env_servers_default_to_the_actor_layout_of_the_config():
     config = parse_poly_args(["--env", "CartPole-v1"])  # configs/impala/classic.yaml
     assert isinstance(config, PolyConfig)
     assert (config.num_env_servers, config.num_envs_per_server) == (2, 4)
-    assert config.learning_rate == 0.002  # the tuned file applies, as in monobeast
+    assert config.learning_rate == 0.0015  # the tuned file applies, as in monobeast
     config = parse_poly_args(["--env", "CartPole-v1", "--num_env_servers", "3"])
     assert config.num_env_servers == 3 and config.num_buffers >= 4 + config.batch_size
 

@@ -132,8 +132,8 @@ class PolyConfig(Config):
         finalized = super().finalize()
         # Room for the rollouts of every server queued at once, so that a burst from
         # the servers does not wait on the learner (default only; flags win).
-        num_buffers = self.num_buffers or (
-            2 * self.batch_size + self.rollouts_in_flight * self.servers_envs
+        num_buffers = self.num_buffers or self.default_num_buffers(
+            self.rollouts_in_flight * self.servers_envs
         )
         return dataclasses.replace(
             finalized,
