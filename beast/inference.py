@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from beast.models import AgentOutput
 from beast.native import Batcher, QueueClosed
 from beast.native.acting import SoftmaxSampler, StepCopies, sample_softmax
 from beast.threads import ThreadGroup
@@ -95,6 +96,26 @@ def forward_precision(device_type: str, bf16: bool) -> contextlib.AbstractContex
     if bf16:
         return torch.autocast(device_type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def _no_grad() -> contextlib.AbstractContextManager:
+    """torch.no_grad(), or nothing where autograd is already off (actor processes and
+    inference threads turn it off once: a context costs its enter and exit per step)."""
+    return torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()
+
+
+def _store_outputs(output: AgentOutput, logits_out: np.ndarray, baseline_out: np.ndarray) -> None:
+    """Copy a time-major [1, n, ...] model output into float32 [n, ...] arrays: by numpy
+    when it is float32 on the CPU (cheaper than torch's dispatch, which runs cold after
+    env steps), else by torch (bf16 outputs, other devices)."""
+    logits, baseline = output.policy_logits, output.baseline
+    if logits.device.type == "cpu" and logits.dtype == baseline.dtype == torch.float32:
+        np.copyto(logits_out, logits.numpy()[0])
+        np.copyto(baseline_out, baseline.numpy()[0])
+    else:
+        with _no_grad():
+            torch.from_numpy(logits_out).copy_(logits[0])
+            torch.from_numpy(baseline_out).copy_(baseline[0])
 
 
 @dataclass(frozen=True)
@@ -159,21 +180,11 @@ class LocalPolicy:
         every step and update its tensors in place: views of them are made once per
         dict (replacing a tensor in the same dict is not seen)."""
         state_in = self._state_next
-        # Actor processes turn autograd off once; a context costs its enter and exit.
-        no_grad = torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()
-        with no_grad, forward_precision("cpu", self.bf16):
+        with _no_grad(), forward_precision("cpu", self.bf16):
             output, state_next = self.model(self._time_major(inputs), state_in)
-        logits, baseline = output.policy_logits, output.baseline
         if self._output is None:
-            self._allocate_output(logits.shape[-1])
-        if logits.dtype == baseline.dtype == torch.float32:
-            # numpy's copy: cheaper than torch's dispatch, which runs cold after env steps.
-            np.copyto(self._output_arrays[0], logits.numpy()[0])
-            np.copyto(self._output_arrays[1], baseline.numpy()[0])
-        else:
-            with no_grad:
-                self._output.policy_logits.copy_(logits[0])
-                self._output.baseline.copy_(baseline[0])
+            self._allocate_output(output.policy_logits.shape[-1])
+        _store_outputs(output, *self._output_arrays)
         self._sampler.sample()
         # Under autocast an LSTM hands back bf16 states; the state carried from step to
         # step (and stored with each rollout) stays float32, as the learner's is.
@@ -307,16 +318,16 @@ class CentralPolicy:
 
 class _RowsPlan:
     """Views of table rows [first, first + n) for serving them: time-major inputs
-    [1, n, ...], recurrent state [d0, n, ...], outputs [1, n, ...] and a sampler from
-    the rows' logits into their actions. Made once per row range a server sees."""
+    [1, n, ...], recurrent state [d0, n, ...], the output arrays and a sampler from the
+    rows' logits into their actions. Made once per row range a server sees."""
 
     def __init__(self, table: InferenceTable, first: int, n: int) -> None:
         rows = slice(first, first + n)
         self.inputs = {key: getattr(table, key)[rows].unsqueeze(0) for key in _INPUT_KEYS}
         self.state = tuple(s[rows].transpose(0, 1) for s in table.state)
-        self.policy_logits = table.policy_logits[rows].unsqueeze(0)
-        self.baseline = table.baseline[rows].unsqueeze(0)
-        self.sampler = SoftmaxSampler(table.policy_logits.numpy()[rows], table.action.numpy()[rows])
+        self.policy_logits = table.policy_logits.numpy()[rows]
+        self.baseline = table.baseline.numpy()[rows]
+        self.sampler = SoftmaxSampler(self.policy_logits, table.action.numpy()[rows])
 
 
 @dataclass
@@ -400,6 +411,7 @@ class InferenceServer(ThreadGroup):
             self.stats.syncs += 1
 
     def _serve_loop(self, server: int) -> None:
+        torch.set_grad_enabled(False)  # for this thread: serving never backpropagates
         while not self._stop.is_set():
             indices = self.table.batcher.collect(
                 server, self.max_batch, timeout=_POLL_SECONDS, batch_window=self.batch_window
@@ -438,10 +450,10 @@ class InferenceServer(ThreadGroup):
         else:
             inputs = {key: value.to(device) for key, value in plan.inputs.items()}
             state = tuple(s.to(device) for s in plan.state)
-        with torch.no_grad(), forward_precision(device.type, self.bf16):
-            output, next_state = self.model(inputs, state)
-            plan.policy_logits.copy_(output.policy_logits)
-            plan.baseline.copy_(output.baseline)
+        with _no_grad():
+            with forward_precision(device.type, self.bf16):
+                output, next_state = self.model(inputs, state)
+            _store_outputs(output, plan.policy_logits, plan.baseline)
             for row_state, new in zip(plan.state, next_state, strict=True):
                 row_state.copy_(new)
         plan.sampler.sample()  # from the logits just stored, on the CPU (any device)
