@@ -283,31 +283,29 @@ class CentralPolicy:
             policy_logits=table.policy_logits[self._rows],
             baseline=table.baseline[self._rows],
         )
+        # The copies of one post, made once per caller's inputs dict (as LocalPolicy's
+        # views are): its inputs into this actor's rows, and the rows' state into `state`.
+        self._caller_inputs: dict[str, torch.Tensor] | None = None
         self._copies: StepCopies | None = None
-        self._copy_sources: tuple[torch.Tensor, ...] = ()
 
     def _input_copies(self, inputs: dict[str, torch.Tensor]) -> StepCopies:
-        """The copies of one post: the inputs into this actor's rows, and the rows'
-        state into `state`. Built once per set of input tensors (an actor passes the
-        same ones, updated in place, every step)."""
-        sources = tuple(inputs[key] for key in self._inputs)
-        if self._copies is None or any(
-            new is not old for new, old in zip(sources, self._copy_sources, strict=True)
-        ):
+        if inputs is not self._caller_inputs:
+            self._caller_inputs = inputs  # held, so its id cannot be reused by another dict
             pairs = [
-                (row_view.numpy()[None], source.numpy())
-                for row_view, source in zip(self._inputs.values(), sources, strict=True)
+                (row_view.numpy()[None], inputs[key].numpy())
+                for key, row_view in self._inputs.items()
             ]
             pairs += [
                 (own.numpy()[None], table_state[self._rows].numpy())
                 for own, table_state in zip(self.state, self.table.state, strict=True)
             ]
-            self._copies, self._copy_sources = StepCopies(pairs), sources
+            self._copies = StepCopies(pairs)
         return self._copies
 
     def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
         """inputs: obs [K, ...], reward [K], done [K], last_action [K]: contiguous CPU
-        tensors of the table's dtypes."""
+        tensors of the table's dtypes. As for LocalPolicy, pass one dict every step
+        and update its tensors in place."""
         self._input_copies(inputs).run()
         self.table.batcher.post(self.group)
         while not self.table.batcher.wait_answered(self.group, timeout=_POLL_SECONDS * 5):
@@ -469,7 +467,7 @@ class InferenceServer(ThreadGroup):
 
         inputs = {key: read(getattr(table, key)).unsqueeze(0) for key in _INPUT_KEYS}
         state = tuple(read(s).transpose(0, 1) for s in table.state)
-        with torch.no_grad(), forward_precision(device.type, self.bf16):
+        with _no_grad(), forward_precision(device.type, self.bf16):
             output, next_state = self.model(inputs, state)
         write(table.policy_logits, output.policy_logits[0])
         write(table.baseline, output.baseline[0])
