@@ -192,6 +192,8 @@ def _act(
             "episode_step": env_batch.episode_step,
             "rollout_id": rollout_ids,
         }
+        # Env i's [1, ...] row of each source, made once: rollouts only change the slots.
+        source_rows = {key: [array[i : i + 1] for i in range(k)] for key, array in sources.items()}
         clock.restart()
         while True:
             slot_list = _take_free_slots(buffers, k, actor_index, learner_pid)
@@ -201,9 +203,9 @@ def _act(
             # Step t of env k goes to row t of slot k: one native call per step.
             write_step = StepCopies(
                 [
-                    (fields[key][slot], source[i : i + 1])
-                    for key, source in sources.items()
-                    for i, slot in enumerate(slot_list)
+                    (fields[key][slot], row)
+                    for key, rows in source_rows.items()
+                    for row, slot in zip(rows, slot_list, strict=True)
                 ]
             )
             # The state that produced step 0's output: the learner replays

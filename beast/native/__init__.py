@@ -1,4 +1,5 @@
-"""Native components behind Pythonic classes; the only module that touches ffi/lib.
+"""Native components behind Pythonic classes; with beast/native/acting.py (an
+actor's sampler and step copies), the only code that touches ffi/lib.
 
 `IndexQueue` is a FIFO of int32 rollout-slot indices shared by the learner and
 actor processes (the free/full protocol of `beast.buffers`). It lives in C
