@@ -13,6 +13,10 @@ writes step t of env k into slot k. Two policies (beast/inference.py):
   sleeps until an inference thread of the learner process has answered
   them, batched with other actors' requests.
 
+With --num_env_splits S the K envs form S lanes of K/S (`_Lane`): the actor
+posts one lane's inputs, then steps the next lane's envs while the first
+is served, which hides the central round trip behind env steps.
+
 Actors ignore SIGINT: Ctrl-C reaches the whole process group, and shutdown
 is the learner's job (it closes the queues, which wakes and stops actors).
 If the learner dies without closing them, actors notice within a second
@@ -39,7 +43,7 @@ from torch import nn
 
 from beast.buffers import RolloutBuffers, core_state_key
 from beast.envs.batch import EnvBatch, make_env_batch
-from beast.inference import CentralPolicy, InferenceTable, LocalPolicy
+from beast.inference import ActionBatch, CentralPolicy, InferenceTable, LocalPolicy
 from beast.native import QueueClosed
 from beast.native.acting import StepCopies
 from beast.profile import ACTOR_PHASES, PhaseClock
@@ -65,6 +69,7 @@ class ActorSettings:
     unroll_length: int
     episodic_life: bool
     bf16: bool = False  # local policy: the forward pass under bf16 autocast
+    num_env_splits: int = 1  # lanes of num_envs / num_env_splits envs (see _Lane)
 
 
 def _learner_alive(pid: int) -> bool:
@@ -95,11 +100,14 @@ def _take_free_slots(
     return slots
 
 
-def _env_batch(settings: ActorSettings, actor_index: int, incarnation: int) -> EnvBatch:
-    """This actor's K environments; a replacement actor gets fresh seeds."""
+def _env_batch(
+    settings: ActorSettings, actor_index: int, incarnation: int, first: int = 0, count: int = 0
+) -> EnvBatch:
+    """This actor's envs [first, first + count) (default all K); a replacement actor gets
+    fresh seeds."""
     k = settings.num_envs
     first_seed = settings.seed + actor_index * k + incarnation * _INCARNATION_SEED_STRIDE
-    return make_env_batch(settings.env, k, first_seed, settings.episodic_life)
+    return make_env_batch(settings.env, count or k, first_seed + first, settings.episodic_life)
 
 
 def run_actor(
@@ -148,6 +156,136 @@ def run_actor(
         sys.exit(1)
 
 
+class _Lane:
+    """A split of an actor's envs, stepped while the other splits' actions are computed.
+
+    With central inference an actor would idle for every round trip to the server.
+    Split into lanes (Sample Factory's double-buffered sampling), it posts one lane's
+    inputs and steps the next lane's envs while they are served, so a round trip
+    costs nothing as long as it is shorter than stepping the other lanes. With one
+    lane this is the plain loop: act on all K envs, step them, write the step.
+
+    Each lane owns its K/S envs, its policy (a central group, or a local model),
+    its own K/S rollout slots and the native copies that write its steps.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        actor_envs: int,
+        env_batch: EnvBatch,
+        policy: LocalPolicy | CentralPolicy,
+        buffers: RolloutBuffers,
+        owner: int,
+        learner_pid: int,
+        clock: PhaseClock,
+    ) -> None:
+        k = env_batch.num_envs
+        self.env_batch, self.policy, self.buffers = env_batch, policy, buffers
+        self.owner, self.learner_pid, self.clock = owner, learner_pid, clock
+        self.last_action = np.zeros(k, dtype=np.int64)
+        # Tensor views of the env batch's numpy arrays: no copies when building inputs.
+        self.inputs = {
+            "obs": torch.from_numpy(env_batch.obs),
+            "reward": torch.from_numpy(env_batch.reward),
+            "done": torch.from_numpy(env_batch.done),
+            "last_action": torch.from_numpy(self.last_action),
+        }
+        # Rollout ids: the pid in the high bits; lanes take disjoint residues mod the
+        # actor's K, since every lane adds K per rollout.
+        self.rollout_ids = np.arange(k, dtype=np.int64) + index * k + (os.getpid() << 32)
+        self.actor_envs = actor_envs
+        self.fields = {key: tensor.numpy() for key, tensor in buffers.tensors.items()}
+        self.actions: np.ndarray | None = None
+        self.source_rows: dict[str, list[np.ndarray]] = {}
+        self.slots: list[int] | None = None  # the rollout being written, if any
+        self.write_step: StepCopies | None = None
+        self.t = 0  # the step whose output the lane waits for (or wrote last)
+
+    def _bind_outputs(self, step: ActionBatch) -> None:
+        """Where each slot field's step comes from: a [K, ...] array at a fixed address,
+        and env i's [1, ...] row of each, made once: rollouts only change the slots."""
+        self.actions = step.action.numpy()
+        sources = {
+            "obs": self.env_batch.obs,
+            "reward": self.env_batch.reward,
+            "done": self.env_batch.done,
+            "last_action": self.last_action,
+            "action": self.actions,
+            "policy_logits": step.policy_logits.numpy(),
+            "baseline": step.baseline.numpy(),
+            "episode_end": self.env_batch.episode_end,
+            "episode_return": self.env_batch.episode_return,
+            "episode_step": self.env_batch.episode_step,
+            "rollout_id": self.rollout_ids,
+        }
+        k = self.env_batch.num_envs
+        self.source_rows = {key: [a[i : i + 1] for i in range(k)] for key, a in sources.items()}
+
+    def _begin_rollout(self) -> bool:
+        """Take K/S free slots and write the state and step 0 (the latest output);
+        False when the run is shutting down."""
+        slot_list = _take_free_slots(
+            self.buffers, self.env_batch.num_envs, self.owner, self.learner_pid
+        )
+        if slot_list is None:
+            return False
+        self.clock.mark("wait_slots")
+        # Step t of env k goes to row t of slot k: one native call per step.
+        fields = self.fields
+        self.write_step = StepCopies(
+            [
+                (fields[key][slot], row)
+                for key, rows in self.source_rows.items()
+                for row, slot in zip(rows, slot_list, strict=True)
+            ]
+        )
+        # The state that produced step 0's output: the learner replays step 0 from
+        # it. Policies give it per env, [K, d0, ...], as slots store it.
+        slots = np.array(slot_list, dtype=np.int64)
+        for i, tensor in enumerate(self.policy.state):
+            fields[core_state_key(i)][slots] = tensor.numpy()
+        self.write_step.run(0)
+        self.slots, self.t = slot_list, 0
+        self.clock.mark("slot_write")
+        return True
+
+    def _finish_rollout(self) -> bool:
+        for slot in self.slots:
+            self.buffers.slot_owner[slot] = -1
+            self.buffers.full_queue.put(slot)
+        self.rollout_ids += self.actor_envs
+        self.clock.mark("slot_write")
+        return _learner_alive(self.learner_pid)
+
+    def post(self) -> None:
+        """Ask for the actions of the envs' current step."""
+        self.policy.post(self.inputs)
+        self.clock.mark("inference")
+
+    def advance(self, unroll_length: int) -> bool:
+        """Take the posted step's output, write it, step the envs, post the next step.
+        False when the run is shutting down."""
+        step = self.policy.wait()
+        self.clock.mark("inference")
+        if self.actions is None:
+            self._bind_outputs(step)
+        if self.slots is None:
+            if not self._begin_rollout():
+                return False
+        else:
+            self.write_step.run(self.t)
+            self.clock.mark("slot_write")
+            if self.t == unroll_length and not (self._finish_rollout() and self._begin_rollout()):
+                return False
+        np.copyto(self.last_action, self.actions)
+        self.env_batch.step(self.actions)
+        self.clock.mark("env_step")
+        self.t += 1
+        self.post()
+        return True
+
+
 def _act(
     actor_index: int,
     incarnation: int,
@@ -157,80 +295,45 @@ def _act(
     learner_pid: int,
     clock: PhaseClock,
 ) -> None:
-    k, unroll_length = settings.num_envs, settings.unroll_length
-    env_batch = _env_batch(settings, actor_index, incarnation)
-    if isinstance(policy_source, InferenceTable):
-        alive = functools.partial(_learner_alive, learner_pid)
-        policy = CentralPolicy(policy_source, actor_index, alive)
-    else:
-        policy = LocalPolicy(policy_source, k, bf16=settings.bf16)
-    # Rollout ids: this process's pid in the high bits, a counter in the low ones.
-    rollout_ids = np.arange(k, dtype=np.int64) + (os.getpid() << 32)
-    last_action = np.zeros(k, dtype=np.int64)
-    # Tensor views of the env batch's numpy arrays: no copies when building inputs.
-    inputs = {
-        "obs": torch.from_numpy(env_batch.obs),
-        "reward": torch.from_numpy(env_batch.reward),
-        "done": torch.from_numpy(env_batch.done),
-        "last_action": torch.from_numpy(last_action),
-    }
-    fields = {key: tensor.numpy() for key, tensor in buffers.tensors.items()}
+    splits = settings.num_env_splits
+    lane_envs = settings.num_envs // splits
+    lanes: list[_Lane] = []
     try:
-        step = policy.act(inputs)  # the same ActionBatch, overwritten, at every act
-        actions = step.action.numpy()
-        # Where each slot field's step comes from: a [K, ...] array at a fixed address.
-        sources = {
-            "obs": env_batch.obs,
-            "reward": env_batch.reward,
-            "done": env_batch.done,
-            "last_action": last_action,
-            "action": actions,
-            "policy_logits": step.policy_logits.numpy(),
-            "baseline": step.baseline.numpy(),
-            "episode_end": env_batch.episode_end,
-            "episode_return": env_batch.episode_return,
-            "episode_step": env_batch.episode_step,
-            "rollout_id": rollout_ids,
-        }
-        # Env i's [1, ...] row of each source, made once: rollouts only change the slots.
-        source_rows = {key: [array[i : i + 1] for i in range(k)] for key, array in sources.items()}
-        clock.restart()
-        while True:
-            slot_list = _take_free_slots(buffers, k, actor_index, learner_pid)
-            if slot_list is None:
-                return
-            clock.mark("wait_slots")
-            # Step t of env k goes to row t of slot k: one native call per step.
-            write_step = StepCopies(
-                [
-                    (fields[key][slot], row)
-                    for key, rows in source_rows.items()
-                    for row, slot in zip(rows, slot_list, strict=True)
-                ]
+        for s in range(splits):
+            env_batch = _env_batch(settings, actor_index, incarnation, s * lane_envs, lane_envs)
+            lanes.append(
+                _Lane(
+                    s,
+                    settings.num_envs,
+                    env_batch,
+                    _policy(policy_source, actor_index, s, lane_envs, settings, learner_pid),
+                    buffers,
+                    actor_index,
+                    learner_pid,
+                    clock,
+                )
             )
-            # The state that produced step 0's output: the learner replays
-            # step 0 from it. Policies give it per env, [K, d0, ...], as slots store it.
-            slots = np.array(slot_list, dtype=np.int64)
-            for i, tensor in enumerate(policy.state):
-                fields[core_state_key(i)][slots] = tensor.numpy()
-            write_step.run(0)
-            clock.mark("slot_write")
-            for t in range(1, unroll_length + 1):
-                np.copyto(last_action, actions)
-                env_batch.step(actions)
-                clock.mark("env_step")
-                policy.act(inputs)
-                clock.mark("inference")
-                write_step.run(t)
-                clock.mark("slot_write")
-            for slot in slot_list:
-                buffers.slot_owner[slot] = -1
-                buffers.full_queue.put(slot)
-            clock.mark("slot_write")
-            rollout_ids += k
-            if not _learner_alive(learner_pid):
-                return
+        clock.restart()
+        for lane in lanes:
+            lane.post()
+        while all(lane.advance(settings.unroll_length) for lane in lanes):
+            pass
     except QueueClosed:
         return
     finally:
-        env_batch.close()
+        for lane in lanes:
+            lane.env_batch.close()
+
+
+def _policy(
+    source: nn.Module | InferenceTable,
+    actor_index: int,
+    split: int,
+    num_envs: int,
+    settings: ActorSettings,
+    learner_pid: int,
+) -> LocalPolicy | CentralPolicy:
+    if isinstance(source, InferenceTable):
+        alive = functools.partial(_learner_alive, learner_pid)
+        return CentralPolicy(source, actor_index, alive, split=split)
+    return LocalPolicy(source, num_envs, bf16=settings.bf16)

@@ -61,7 +61,7 @@ from beast import envs
 from beast.actor import ActorSettings
 from beast.algos.impala import impala_loss
 from beast.buffers import Field, RolloutBuffers, core_state_shapes, rollout_spec
-from beast.config import Config
+from beast.config import AUTO, Config, int_or_auto
 from beast.inference import CentralPolicy, InferenceServer, InferenceTable
 from beast.learner import compute_gradients, copy_weights
 from beast.models import AgentOutput, build_model
@@ -470,6 +470,7 @@ def measure_acting(
     policy: str = "local",
     inference_timeout_ms: float = 0.0,
     bf16: bool | None = None,
+    num_env_splits: int | str = AUTO,
 ) -> ActingResult:
     """Agent steps/s of real actor processes with the real model and no learning.
 
@@ -492,6 +493,7 @@ def measure_acting(
         capture: gather this many full slots into `ActingResult.rollouts`.
         bf16: act under bf16 autocast; None: as a monobeast run of `env` would (bf16
             for image models on a CPU with native bf16).
+        num_env_splits: lanes per actor (monobeast's --num_env_splits; auto as there).
 
     Raises:
         ValueError: non-positive sizes or times.
@@ -506,6 +508,13 @@ def measure_acting(
     )
     if warmup_seconds < 0 or capture < 0:
         raise ValueError("warmup_seconds and capture must be >= 0")
+    if policy not in ("local", "central"):
+        raise ValueError(f"policy must be local or central, got {policy!r}")
+    splits = Config(
+        num_envs_per_actor=num_envs_per_actor, num_env_splits=num_env_splits
+    ).env_splits(policy)
+    if num_envs_per_actor % splits:
+        raise ValueError(f"num_env_splits {splits} must divide num_envs_per_actor")
     probe = envs.make(env, seed=seed)
     spec = envs.env_spec(probe)
     probe.close()
@@ -562,6 +571,7 @@ def measure_acting(
             obs_dtype=spec.obs_dtype,
             num_actions=spec.num_actions,
             initial_state=actor_model.initial_state(1),
+            num_env_splits=splits,
         )
         server = InferenceServer(
             table=table,
@@ -572,8 +582,6 @@ def measure_acting(
             batch_window=inference_timeout_ms / 1000.0,
             bf16=bf16,
         )
-    elif policy != "local":
-        raise ValueError(f"policy must be local or central, got {policy!r}")
     # The runner's actor pool, with no restarts: a failed actor fails the benchmark.
     actors = ActorPool(
         settings=ActorSettings(
@@ -583,6 +591,7 @@ def measure_acting(
             unroll_length=unroll_length,
             episodic_life=False,
             bf16=bf16,
+            num_env_splits=splits,
         ),
         buffers=buffers,
         policy_source=table if table is not None else actor_model,
@@ -1272,6 +1281,7 @@ def inference(args: argparse.Namespace) -> list[str]:
                 seed=args.seed,
                 policy=policy,
                 inference_timeout_ms=args.inference_timeout_ms,
+                num_env_splits=args.num_env_splits,
             ).steps_per_second
             acting[policy, label].append(rate)
             print(f"{tag} acting, {policy} inference, {label} policy: {rate:,.0f} steps/s")
@@ -1281,6 +1291,7 @@ def inference(args: argparse.Namespace) -> list[str]:
             for policy in end_to_end:
                 flags = ["--num_actors", str(args.num_actors), "--policy", policy]
                 flags += ["--num_envs_per_actor", str(args.num_envs_per_actor)]
+                flags += ["--num_env_splits", str(args.num_env_splits)]
                 sps = measure_monobeast_sps(
                     args.env, args.end_to_end_seconds, args.end_to_end_warmup, flags
                 )
@@ -1407,6 +1418,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=Config.inference_timeout_ms,
         help="batch window (default: monobeast's)",
+    )
+    p.add_argument(
+        "--num_env_splits",
+        type=int_or_auto,
+        default=AUTO,
+        help="lanes per actor (default: monobeast's auto)",
     )
     p.add_argument("--round_trips", type=int, default=5000, help="measured round trips")
     p.add_argument("--end_to_end_seconds", type=float, default=60.0, help="0 skips monobeast")

@@ -38,6 +38,7 @@ __all__ = [
     "check_value",
     "config_to_yaml",
     "family_config_path",
+    "int_or_auto",
     "load_config_file",
     "parse_args",
 ]
@@ -134,6 +135,13 @@ class Config:
     )
     inference_sync_every: int = _flag(
         1, "--policy central: refresh the inference model after at most this many updates."
+    )
+    num_env_splits: int | str = _flag(
+        AUTO,
+        "Lanes per actor: its K envs split into this many groups that take turns, one lane's"
+        " envs stepping while another's inference requests are served (Sample Factory's"
+        " double-buffered sampling); must divide --num_envs_per_actor. auto: 2 with --policy"
+        " central when K is even, else 1 (a local forward pass has no round trip to hide).",
     )
 
     # Rollouts and batches.
@@ -351,6 +359,14 @@ class Config:
     def actor_layout_is_auto(self) -> bool:
         return AUTO in (self.num_actors, self.num_envs_per_actor)
 
+    def env_splits(self, policy: str) -> int:
+        """--num_env_splits, auto resolved for the run's policy ("local" or "central")."""
+        if self.num_env_splits != AUTO:
+            return self.num_env_splits
+        if self.actor_layout_is_auto:
+            raise ValueError("the actor layout is measured at start-up (resolve it first)")
+        return 2 if policy == "central" and self.num_envs_per_actor % 2 == 0 else 1
+
     def _laser_setting(self, name: str) -> float:
         """replay_ratio or trust_region_threshold, None resolved by --algo."""
         value = getattr(self, name)
@@ -377,6 +393,7 @@ class Config:
             "num_test_episodes",
             "max_nonfinite_updates",
             "queued_batches",
+            "num_env_splits",
         ):
             if getattr(self, name) != AUTO and getattr(self, name) <= 0:
                 raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
@@ -395,6 +412,14 @@ class Config:
             raise ConfigError(
                 f"--num_inference_threads {self.num_inference_threads} exceeds --num_actors"
                 f" {self.num_actors}: each inference thread serves at least one actor"
+            )
+        if (
+            AUTO not in (self.num_env_splits, self.num_envs_per_actor)
+            and self.num_envs_per_actor % self.num_env_splits
+        ):
+            raise ConfigError(
+                f"--num_env_splits {self.num_env_splits} does not divide --num_envs_per_actor"
+                f" {self.num_envs_per_actor}: each lane steps the same number of envs"
             )
         if self.actor_device is not None and not re.fullmatch(
             r"cpu|cuda(:\d+)?", self.actor_device
@@ -474,6 +499,11 @@ class Config:
                     f"--num_actors / --num_envs_per_actor auto measure the actor-critic's acting"
                     f" loop; give numbers with --algo {self.algo}"
                 )
+            if self.num_env_splits not in (AUTO, 1):
+                raise ConfigError(
+                    f"--num_env_splits is not supported with --algo {self.algo}: its actors"
+                    " step their envs as one lane (leave it at auto or 1)"
+                )
             if self.policy == "central":
                 raise ConfigError(
                     f"--policy central is not supported with --algo {self.algo}: its actors act"
@@ -520,7 +550,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _int_or_auto(text: str) -> int | str:
+def int_or_auto(text: str) -> int | str:
     """argparse type of the `int | str` fields: an integer, or "auto"."""
     if text == AUTO:
         return AUTO
@@ -533,7 +563,7 @@ def _int_or_auto(text: str) -> int | str:
 def _arg_type(annotation: str) -> Any:
     base = annotation.replace(" | None", "")
     if base == "int | str":
-        return _int_or_auto
+        return int_or_auto
     return {"int": int, "float": float, "str": str, "bool": bool}[base]
 
 

@@ -11,7 +11,8 @@ same rows before answering, which wakes exactly the actors served.
 
     InferenceTable   the shared tensors plus the Batcher; built by the runner,
                      pickled to every actor.
-    CentralPolicy    the actor's side: act() = write, post, wait, read.
+    CentralPolicy    the actor's side: post() writes the inputs and posts them,
+                     wait() sleeps until they are answered.
     InferenceServer  the learner process's side: threads that collect,
                      forward, scatter and answer.
 
@@ -175,10 +176,11 @@ class LocalPolicy:
         self._output_arrays = (self._output.policy_logits.numpy(), self._output.baseline.numpy())
         self._sampler = SoftmaxSampler(self._output_arrays[0], self._output.action.numpy())
 
-    def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
+    def post(self, inputs: dict[str, torch.Tensor]) -> None:
         """inputs: obs [K, ...], reward [K], done [K], last_action [K]. Pass one dict
         every step and update its tensors in place: views of them are made once per
-        dict (replacing a tensor in the same dict is not seen)."""
+        dict (replacing a tensor in the same dict is not seen). A local policy runs
+        the forward pass here; `wait` only returns its output."""
         state_in = self._state_next
         with _no_grad(), forward_precision("cpu", self.bf16):
             output, state_next = self.model(self._time_major(inputs), state_in)
@@ -190,14 +192,24 @@ class LocalPolicy:
         # step (and stored with each rollout) stays float32, as the learner's is.
         self._state_next = tuple(s.float() for s in state_next)
         self.state = tuple(s.transpose(0, 1) for s in state_in)
+
+    def wait(self) -> ActionBatch:
+        return self._output
+
+    def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
+        """`post` then `wait`."""
+        self.post(inputs)
         return self._output
 
 
 class InferenceTable:
     """The request table: inputs and outputs of `num_actors * num_envs` rows.
 
-    Row `g * num_envs + k` is env k of actor g; the Batcher's group g is
-    actor g's K rows. Picklable to actor processes (shared memory travels).
+    Row `a * num_envs + k` is env k of actor a. An actor's envs are split into
+    `num_env_splits` lanes (beast/actor.py) that post separately: the Batcher's
+    group `a * num_env_splits + s` is lane s of actor a, its `lane_envs` =
+    num_envs / num_env_splits rows. Picklable to actor processes (shared memory
+    travels).
 
     initial_state: the model's `initial_state(1)` (tensors [d0, 1, ...]);
         every row starts from it.
@@ -213,12 +225,17 @@ class InferenceTable:
         num_actions: int,
         initial_state: Sequence[torch.Tensor] = (),
         num_servers: int = 1,
+        num_env_splits: int = 1,
     ) -> None:
         if not isinstance(obs_dtype, torch.dtype):
             obs_dtype = torch.from_numpy(np.zeros((), dtype=obs_dtype)).dtype
+        if num_env_splits < 1 or num_envs % num_env_splits:
+            raise ValueError(f"num_env_splits ({num_env_splits}) must divide num_envs ({num_envs})")
         rows = num_actors * num_envs
         self.num_envs = num_envs
-        self.batcher = Batcher(num_actors, num_envs, num_servers)
+        self.num_env_splits = num_env_splits
+        self.lane_envs = num_envs // num_env_splits
+        self.batcher = Batcher(num_actors * num_env_splits, self.lane_envs, num_servers)
 
         def shared(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
             return torch.zeros((rows, *shape), dtype=dtype).share_memory_()
@@ -235,17 +252,27 @@ class InferenceTable:
         # Recurrent state per row, [rows, d0, ...]: read and written by servers.
         self.initial_state = tuple(s.transpose(0, 1)[0].clone() for s in initial_state)
         self.state = tuple(shared(s.shape, s.dtype) for s in self.initial_state)
-        for i in range(num_actors):
-            self.reset_rows(i)
+        for group in range(num_actors * num_env_splits):
+            self.reset_rows(group)
 
-    def rows(self, actor_index: int) -> slice:
-        return slice(actor_index * self.num_envs, (actor_index + 1) * self.num_envs)
+    def group(self, actor_index: int, split: int = 0) -> int:
+        """The Batcher group of lane `split` of actor `actor_index`."""
+        return actor_index * self.num_env_splits + split
 
-    def reset_rows(self, actor_index: int) -> None:
-        """Give actor `actor_index`'s rows the model's initial state."""
-        rows = self.rows(actor_index)
+    def rows(self, group: int) -> slice:
+        return slice(group * self.lane_envs, (group + 1) * self.lane_envs)
+
+    def reset_rows(self, group: int) -> None:
+        """Give `group`'s rows the model's initial state."""
+        rows = self.rows(group)
         for table_state, initial in zip(self.state, self.initial_state, strict=True):
             table_state[rows] = initial
+
+    def drop_requests(self, actor_index: int) -> None:
+        """An actor died: its lanes' unanswered requests are not served, and an answer
+        already in flight is ignored rather than credited to its replacement."""
+        for split in range(self.num_env_splits):
+            self.batcher.reset_group(self.group(actor_index, split))
 
     def nbytes(self) -> int:
         tensors = (self.obs, self.reward, self.done, self.last_action, self.action)
@@ -264,18 +291,23 @@ class CentralPolicy:
     produced the latest `act`'s output (copied before posting, because the
     server overwrites the rows with the next state).
 
-    server_alive: called each time a wait times out; False makes `act` raise
+    server_alive: called each time a wait times out; False makes `wait` raise
         QueueClosed, which ends the actor (the learner process is gone).
+    split: which of the actor's lanes this is (its table.lane_envs envs).
     """
 
     def __init__(
-        self, table: InferenceTable, actor_index: int, server_alive: Callable[[], bool]
+        self,
+        table: InferenceTable,
+        actor_index: int,
+        server_alive: Callable[[], bool],
+        split: int = 0,
     ) -> None:
         self.table = table
-        self.group = actor_index
+        self.group = table.group(actor_index, split)
         self.server_alive = server_alive
-        self._rows = table.rows(actor_index)
-        table.reset_rows(actor_index)
+        self._rows = table.rows(self.group)
+        table.reset_rows(self.group)
         self.state = tuple(s[self._rows].clone() for s in table.state)
         self._inputs = {key: getattr(table, key)[self._rows] for key in _INPUT_KEYS}
         self._output = ActionBatch(
@@ -302,16 +334,24 @@ class CentralPolicy:
             self._copies = StepCopies(pairs)
         return self._copies
 
-    def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
+    def post(self, inputs: dict[str, torch.Tensor]) -> None:
         """inputs: obs [K, ...], reward [K], done [K], last_action [K]: contiguous CPU
         tensors of the table's dtypes. As for LocalPolicy, pass one dict every step
         and update its tensors in place."""
         self._input_copies(inputs).run()
         self.table.batcher.post(self.group)
+
+    def wait(self) -> ActionBatch:
+        """Sleep until the posted requests are answered (at once if they are)."""
         while not self.table.batcher.wait_answered(self.group, timeout=_POLL_SECONDS * 5):
             if not self.server_alive():
                 raise QueueClosed("the inference server's process is gone")
         return self._output
+
+    def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
+        """`post` then `wait`."""
+        self.post(inputs)
+        return self.wait()
 
 
 class _RowsPlan:

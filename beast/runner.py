@@ -136,6 +136,7 @@ def build_inference(
         num_actions=spec.num_actions,
         initial_state=actor_model.initial_state(1),
         num_servers=config.num_inference_threads,
+        num_env_splits=config.env_splits("central"),
     )
     server_device = torch.device(config.actor_device) if config.actor_device else device
     server = InferenceServer(
@@ -603,7 +604,8 @@ def train(config: Config) -> None:
         log.print(
             f"central inference on {server.device} in {'bf16' if server.bf16 else 'fp32'}:"
             f" {config.num_inference_threads} thread(s),"
-            f" batches of up to {server.max_batch} envs"
+            f" batches of up to {server.max_batch} envs,"
+            f" each actor's envs in {table.num_env_splits} lane(s) of {table.lane_envs}"
         )
     actors = ActorPool(
         settings=ActorSettings(
@@ -613,6 +615,7 @@ def train(config: Config) -> None:
             unroll_length=config.unroll_length,
             episodic_life=config.episodic_life,
             bf16=acting_bf16(precision, torch.device("cpu")),
+            num_env_splits=config.env_splits(policy),
         ),
         buffers=buffers,
         policy_source=table if table is not None else actor_model,

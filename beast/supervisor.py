@@ -115,9 +115,7 @@ class ActorPool:
             reason = self._death_reason(index, process.exitcode)
             reclaimed = self.buffers.reclaim(owner=index)
             if isinstance(self.policy_source, InferenceTable):
-                # Requests it left behind are not served; an answer already in
-                # flight is ignored rather than credited to its replacement.
-                self.policy_source.batcher.reset_group(index)
+                self.policy_source.drop_requests(index)
             now = time.monotonic()
             while self._recent_restarts and now - self._recent_restarts[0] > RESTART_WINDOW_SECONDS:
                 self._recent_restarts.popleft()

@@ -4,6 +4,8 @@ Real actor processes (through `beast.bench.measure_acting`, which starts them as
 run does) fill slots; the test then replays each env from its seed with the actions
 the slots recorded and checks every observation, reward, done flag, last action and
 episode statistic, and recomputes the logits and baselines with the acting model.
+With lanes (--num_env_splits) each lane's envs post and step in turn; the slots must
+not tell the difference.
 """
 
 from collections import defaultdict
@@ -17,13 +19,15 @@ from beast.bench import measure_acting
 from beast.models import build_model
 
 ENV = "CartPole-v1"
-NUM_ENVS = 3
+NUM_ENVS = 4
 UNROLL = 7
 ROLLOUTS = 5 * NUM_ENVS  # five consecutive rollouts of each env
 
 
-@pytest.mark.parametrize("policy", ["local", "central"])
-def test_slots_hold_exactly_what_the_envs_and_model_produced(policy):
+@pytest.mark.parametrize(
+    ("policy", "num_env_splits"), [("local", 1), ("central", 1), ("central", 2), ("local", 2)]
+)
+def test_slots_hold_exactly_what_the_envs_and_model_produced(policy, num_env_splits):
     torch.manual_seed(0)
     model = build_model("auto", (4,), 2)
     result = measure_acting(
@@ -37,6 +41,7 @@ def test_slots_hold_exactly_what_the_envs_and_model_produced(policy):
         seed=10,
         capture=ROLLOUTS,
         policy=policy,
+        num_env_splits=num_env_splits,
     )
     batch = result.rollouts
     ids = batch["rollout_id"]

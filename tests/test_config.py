@@ -35,6 +35,14 @@ def test_queued_batches_set_the_default_num_buffers():
     assert parse_args(["--env", "CartPole-v1", "--num_buffers", "30"]).num_buffers == 30
 
 
+def test_num_env_splits_auto_splits_central_actors_in_two():
+    config = parse_args(["--num_envs_per_actor", "8"])
+    assert (config.env_splits("central"), config.env_splits("local")) == (2, 1)
+    odd = parse_args(["--num_envs_per_actor", "5"])
+    assert odd.env_splits("central") == 1  # lanes must be equal
+    assert parse_args(["--num_env_splits", "4"]).env_splits("local") == 4
+
+
 def test_flags_parse_with_types():
     config = parse_args(
         [
@@ -65,6 +73,12 @@ def test_flags_parse_with_types():
         (["--num_buffers", "10", "--batch_size", "8"], "--num_buffers 10 is too small"),
         (["--discounting", "1.5"], "--discounting must be in [0, 1]"),
         (["--queued_batches", "0"], "--queued_batches must be positive"),
+        (["--num_env_splits", "0"], "--num_env_splits must be positive"),
+        (["--num_env_splits", "3"], "--num_env_splits 3 does not divide --num_envs_per_actor 8"),
+        (
+            ["--algo", "apex", "--env", "CartPole-v1", "--num_env_splits", "2"],
+            "--num_env_splits is not supported with --algo apex",
+        ),
     ],
 )
 def test_bad_values_raise_one_line(argv, fragment):

@@ -43,7 +43,9 @@ def recurrent_model(seed: int = 0) -> torch.nn.Module:
     return build_model("mlp", OBS_SHAPE, NUM_ACTIONS, use_lstm=True, hidden_size=16).eval()
 
 
-def make_table(model, num_actors: int, num_envs: int, num_servers: int = 1) -> InferenceTable:
+def make_table(
+    model, num_actors: int, num_envs: int, num_servers: int = 1, num_env_splits: int = 1
+) -> InferenceTable:
     return InferenceTable(
         num_actors=num_actors,
         num_envs=num_envs,
@@ -52,6 +54,7 @@ def make_table(model, num_actors: int, num_envs: int, num_servers: int = 1) -> I
         num_actions=NUM_ACTIONS,
         initial_state=model.initial_state(1),
         num_servers=num_servers,
+        num_env_splits=num_env_splits,
     )
 
 
@@ -193,6 +196,45 @@ def test_central_policy_gives_the_local_policy_outputs_and_states(watchdog):
         server.stop()
     assert server.error is None
     assert server.stats.requests == 12 * num_actors * num_envs
+
+
+def test_lanes_post_and_wait_in_turn_and_get_their_own_answers(watchdog):
+    """An actor's envs in two lanes (--num_env_splits 2): lane 0 posts and, before it
+    waits, lane 1 posts too; each lane's answer is the model's on its own envs."""
+    model = recurrent_model()
+    num_envs, splits = 4, 2
+    lane_envs = num_envs // splits
+    table = make_table(model, num_actors=2, num_envs=num_envs, num_env_splits=splits)
+    assert table.batcher.num_groups == 4 and table.lane_envs == lane_envs
+    assert table.rows(table.group(1, 1)) == slice(3 * lane_envs, 4 * lane_envs)
+    server = make_server(table, recurrent_model(seed=1), source=model)
+    server.start()
+    try:
+        lanes = [CentralPolicy(table, 1, lambda: True, split=s) for s in range(splits)]
+        local = [LocalPolicy(model, lane_envs) for _ in range(splits)]
+        rng = torch.Generator().manual_seed(0)
+        for t in range(6):
+            inputs = [random_inputs(rng, lane_envs, t) for _ in range(splits)]
+            for lane, lane_inputs in zip(lanes, inputs, strict=True):
+                lane.post(lane_inputs)
+            for s, (lane, lane_inputs) in enumerate(zip(lanes, inputs, strict=True)):
+                expected = local[s].act(lane_inputs)
+                got = lane.wait()
+                torch.testing.assert_close(got.policy_logits, expected.policy_logits)
+                for g, e in zip(lane.state, local[s].state, strict=True):
+                    torch.testing.assert_close(g, e)
+        # A dead actor's lanes are all dropped: a request left pending is not answered.
+        server.stop()
+        lanes[1].post(inputs[1])
+        table.drop_requests(1)
+        assert all(table.batcher.pending(table.group(1, s)) == 0 for s in range(splits))
+        assert table.batcher.stats.dropped == lane_envs
+    finally:
+        table.close()
+        server.stop()
+    assert server.error is None
+    with pytest.raises(ValueError, match="must divide num_envs"):
+        make_table(model, num_actors=1, num_envs=3, num_env_splits=2)
 
 
 def test_a_batch_with_gaps_between_rows_gets_each_rows_answer(watchdog):
