@@ -450,10 +450,11 @@ class InferenceServer(ThreadGroup):
 
     def _serve_loop(self, server: int) -> None:
         torch.set_grad_enabled(False)  # for this thread: serving never backpropagates
+        collect = self.table.batcher.collector(
+            server, self.max_batch, batch_window=self.batch_window
+        )
         while not self._stop.is_set():
-            indices = self.table.batcher.collect(
-                server, self.max_batch, timeout=_POLL_SECONDS, batch_window=self.batch_window
-            )
+            indices = collect(_POLL_SECONDS)
             if len(indices):
                 self._sync()
                 self.serve(indices)

@@ -154,6 +154,8 @@ def test_invalid_arguments(impl):
         lambda: b.collect(0, 2, min_batch=3),
         lambda: b.collect(0, 2, min_batch=0),
         lambda: b.collect(0, 2, batch_window=-1),
+        lambda: b.collector(1, 1),
+        lambda: b.collector(0, 2, min_batch=3),
         lambda: b.answer([6]),
         lambda: b.answer([-1]),
         lambda: b.reset_group(2),
@@ -184,6 +186,27 @@ def test_post_collect_answer_round_trip(impl):
     assert b.stats == BatcherStats(posted=6, answered=6, dropped=0, stale=0)
     b.post(1)  # answered groups may post again
     assert b.collect(0, 100, timeout=0).tolist() == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_collector_collects_as_collect_does(impl):
+    """A server loop's collector: the same batches as collect; with the native Batcher
+    each batch is a view of one buffer, so it is answered before the next collect."""
+    b = impl(3, 2)
+    collect = b.collector(0, 4)
+    assert collect(0).numel() == 0  # nothing ready: times out at once
+    b.post(2)
+    b.post(0)
+    first = collect(0)
+    assert first.tolist() == [0, 1, 4, 5]
+    b.answer(first)
+    b.post(1, 1)
+    second = collect(None)
+    assert second.tolist() == [2]
+    b.answer(second)
+    assert b.stats == BatcherStats(posted=5, answered=5, dropped=0, stale=0)
+    if impl is Batcher:
+        assert first.data_ptr() == second.data_ptr()  # reused: no allocation per batch
 
 
 @pytest.mark.parametrize("impl", IMPLS)

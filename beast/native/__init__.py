@@ -31,6 +31,7 @@ import operator
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -497,22 +498,45 @@ class Batcher(_BatcherArgs):
         grow by themselves while the forward pass runs. Raises QueueClosed once
         closed. The indices must be passed to `answer` before collecting again.
         """
+        return self.collector(
+            server, max_batch, min_batch=min_batch, batch_window=batch_window, reuse=False
+        )(timeout)
+
+    def collector(
+        self,
+        server: int,
+        max_batch: int,
+        *,
+        min_batch: int | None = None,
+        batch_window: float = 0.0,
+        reuse: bool = True,
+    ) -> Callable[[float | None], torch.Tensor]:
+        """`collect` with these arguments checked once: `collector(...)(timeout)`, for a
+        server thread's loop (the wrapper's checks and allocations cost more than the
+        C call). With `reuse` every batch is a view of one buffer, overwritten by the
+        next call: answer a batch before collecting the next, as the rules say."""
         server = operator.index(server)
         cap, min_batch, window_ns = self._batch_bounds(server, max_batch, min_batch, batch_window)
-        deadline = _deadline_ns(timeout)
-        out = torch.empty(cap, dtype=torch.int64)
-        out_ptr = ffi.cast("int64_t *", out.data_ptr())
         n = ffi.new("uint32_t *")
-        while True:
-            status = lib.beast_batcher_collect(
-                self._mem, server, out_ptr, cap, min_batch, _remaining_ns(deadline), window_ns, n
-            )
-            if status != lib.BEAST_EINTR:
-                break
-        if status == lib.BEAST_ETIMEDOUT:
-            return out[:0]
-        _raise_for_batcher(status)
-        return out[: n[0]]
+        buffer = torch.empty(cap, dtype=torch.int64) if reuse else None
+
+        def collect(timeout: float | None = None) -> torch.Tensor:
+            deadline = _deadline_ns(timeout)
+            out = buffer if buffer is not None else torch.empty(cap, dtype=torch.int64)
+            out_ptr = ffi.cast("int64_t *", out.data_ptr())
+            while True:
+                remaining = _remaining_ns(deadline)
+                status = lib.beast_batcher_collect(
+                    self._mem, server, out_ptr, cap, min_batch, remaining, window_ns, n
+                )
+                if status != lib.BEAST_EINTR:
+                    break
+            if status == lib.BEAST_ETIMEDOUT:
+                return out[:0]
+            _raise_for_batcher(status)
+            return out[: n[0]]
+
+        return collect
 
     def answer(self, indices) -> None:
         """Mark collected slots answered (write their outputs first); wakes
@@ -661,6 +685,25 @@ class PyBatcher(_BatcherArgs):
                         break
                 self._cond.wait(None if remaining < 0 else remaining / 1e9)
         return torch.tensor(sorted(out), dtype=torch.int64)
+
+    def collector(
+        self,
+        server: int,
+        max_batch: int,
+        *,
+        min_batch: int | None = None,
+        batch_window: float = 0.0,
+        reuse: bool = True,
+    ) -> Callable[[float | None], torch.Tensor]:
+        del reuse  # every batch is a new tensor here
+        self._batch_bounds(server, max_batch, min_batch, batch_window)  # checks, as Batcher
+
+        def collect(timeout: float | None = None) -> torch.Tensor:
+            return self.collect(
+                server, max_batch, min_batch=min_batch, timeout=timeout, batch_window=batch_window
+            )
+
+        return collect
 
     def answer(self, indices) -> None:
         slots = self._as_indices(indices).tolist()
