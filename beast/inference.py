@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from beast.buffers import shared_zeros
 from beast.models import AgentOutput
 from beast.native import Batcher, QueueClosed
 from beast.native.acting import SoftmaxSampler, StepCopies, sample_softmax
@@ -94,9 +95,40 @@ def sample_actions(policy_logits: torch.Tensor) -> torch.Tensor:
 def forward_precision(device_type: str, bf16: bool) -> contextlib.AbstractContextManager:
     """bf16 autocast for an acting forward pass, or nothing at all: even a disabled
     autocast costs its enter and exit on every step."""
-    if bf16:
-        return torch.autocast(device_type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    return _ThreadAutocast(device_type) if bf16 else contextlib.nullcontext()
+
+
+class _ThreadAutocast:
+    """bf16 autocast of this thread's ops that leaves torch's cast cache alone.
+
+    `torch.autocast` keeps weight casts in a cache shared by every thread, and its exit
+    clears that cache under a mutex with the GIL released. Destroying casts the learner
+    thread cached while compiling needs the GIL, and the learner holds the GIL while it
+    waits for the mutex: in a bf16 `--policy central` run, the inference thread and the
+    learner deadlocked (torch 2.13). Setting the thread's autocast state directly, with
+    its cache off, never takes that mutex and never clears the cache.
+    """
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+        self._saved: tuple[bool, torch.dtype, bool] | None = None
+
+    def __enter__(self) -> None:
+        device = self.device_type
+        self._saved = (
+            torch.is_autocast_enabled(device),
+            torch.get_autocast_dtype(device),
+            torch.is_autocast_cache_enabled(),
+        )
+        torch.set_autocast_enabled(device, True)
+        torch.set_autocast_dtype(device, torch.bfloat16)
+        torch.set_autocast_cache_enabled(False)
+
+    def __exit__(self, *exc_info: object) -> None:
+        enabled, dtype, cache_enabled = self._saved
+        torch.set_autocast_enabled(self.device_type, enabled)
+        torch.set_autocast_dtype(self.device_type, dtype)
+        torch.set_autocast_cache_enabled(cache_enabled)
 
 
 def _no_grad() -> contextlib.AbstractContextManager:
@@ -238,7 +270,7 @@ class InferenceTable:
         self.batcher = Batcher(num_actors * num_env_splits, self.lane_envs, num_servers)
 
         def shared(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros((rows, *shape), dtype=dtype).share_memory_()
+            return shared_zeros((rows, *shape), dtype)
 
         # Inputs, written by actors.
         self.obs = shared(obs_shape, obs_dtype)

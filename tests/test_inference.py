@@ -198,6 +198,66 @@ def test_central_policy_gives_the_local_policy_outputs_and_states(watchdog):
     assert server.stats.requests == 12 * num_actors * num_envs
 
 
+_COMPILE_BESIDE_BF16_SERVING = """
+import threading
+import torch
+from torch import nn
+from beast.inference import forward_precision
+
+torch.set_num_threads(1)
+
+
+def net():
+    return nn.Sequential(
+        nn.Conv2d(4, 16, 8, 4), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 20 * 20, 6)
+    )
+
+
+learner, server = net(), net()
+x = torch.randn(8, 4, 84, 84)
+stop = threading.Event()
+
+
+def learn():  # as the learner thread: compile under torch.autocast, with gradients
+    compiled = torch.compile(learner)
+    for i in range(3):
+        torch._dynamo.reset()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = compiled(x + i)
+        y.float().sum().backward()
+    stop.set()
+
+
+def serve():  # as an inference thread
+    with torch.no_grad():
+        while not stop.is_set():
+            with forward_precision("cpu", True):
+                assert server(x[:2]).dtype == torch.bfloat16
+
+
+threads = [threading.Thread(target=learn), threading.Thread(target=serve)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print("done")
+"""
+
+
+def test_bf16_serving_beside_a_compiling_learner_does_not_deadlock():
+    """With `torch.autocast` as the serving context, this script froze (2 of 3 tries;
+    passing, it takes about 15 s): the autocast exit cleared torch's shared cast cache
+    under a mutex the compiling learner thread waited for while holding the GIL that
+    the clearing needed."""
+    out = subprocess.run(
+        [sys.executable, "-c", _COMPILE_BESIDE_BF16_SERVING],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr[-2000:]
+
+
 def test_lanes_post_and_wait_in_turn_and_get_their_own_answers(watchdog):
     """An actor's envs in two lanes (--num_env_splits 2): lane 0 posts and, before it
     waits, lane 1 posts too; each lane's answer is the model's on its own envs."""
