@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from beast.buffers import shared_zeros
+
 __all__ = [
     "ACTOR_PHASES",
     "LEARNER_PHASES",
@@ -35,7 +37,7 @@ LEARNER_PHASES = ("wait_batch", "forward", "backward", "optimizer", "publish")
 
 def shared_counters(rows: int, phases: Sequence[str]) -> torch.Tensor:
     """Zeroed float64 [rows, len(phases)] seconds in shared memory."""
-    return torch.zeros((rows, len(phases)), dtype=torch.float64).share_memory_()
+    return shared_zeros((rows, len(phases)), torch.float64)
 
 
 class PhaseClock:

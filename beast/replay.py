@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from beast.buffers import Field, core_state_key
+from beast.buffers import Field, core_state_key, shared_zeros
 from beast.native import SumTree
 
 __all__ = [
@@ -391,8 +391,7 @@ class PrioritizedReplay:
         self.storage = storage_spec(spec, frame_dedup)
         self.tree = SumTree(self.capacity)
         self.tensors = {
-            key: torch.zeros((self.capacity, *f.shape), dtype=f.dtype).share_memory_()
-            for key, f in self.storage.items()
+            key: shared_zeros((self.capacity, *f.shape), f.dtype) for key, f in self.storage.items()
         }
 
     def __len__(self) -> int:

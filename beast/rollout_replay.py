@@ -35,7 +35,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from beast.buffers import Field
+from beast.buffers import Field, shared_zeros
 
 __all__ = ["RolloutReplay"]
 
@@ -54,8 +54,7 @@ class RolloutReplay:
         self.spec = dict(spec)
         self.capacity = capacity
         self.tensors = {
-            key: torch.zeros((capacity, *f.shape), dtype=f.dtype).share_memory_()
-            for key, f in self.spec.items()
+            key: shared_zeros((capacity, *f.shape), f.dtype) for key, f in self.spec.items()
         }
         # Guards the tensors, _next, _size and _generator: batch threads (one
         # per learner thread) add and sample concurrently, and a sample must

@@ -39,13 +39,14 @@ machine's cores.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 from beast.algos.r2d2 import actor_epsilons, epsilon_greedy
+from beast.buffers import shared_zeros
 from beast.envs.batch import EnvBatch
 from beast.profile import PhaseClock
 from beast.replay import PrioritizedReplay, SequenceBuilder
@@ -60,10 +61,6 @@ _RATE_LIMIT_POLL_SECONDS = 0.002
 # one that falls further behind than half of it loses the oldest (counted), so a
 # reader never reads a row the writer is overwriting.
 EPISODE_RING_SIZE = 4096
-
-
-def _shared(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    return torch.zeros(tuple(shape), dtype=dtype).share_memory_()
 
 
 class SequenceSink:
@@ -106,13 +103,13 @@ class SequenceSink:
         self.samples_per_insert = samples_per_insert
         self.min_replay_size = min_replay_size
         self.insert_slack = max(1.0, batch_size / samples_per_insert) if samples_per_insert else 0
-        self.env_steps = _shared((num_actors,), torch.int64)
-        self.inserted = _shared((num_actors,), torch.int64)
-        self.sampled = _shared((1,), torch.int64)
-        self.episode_returns = _shared((num_actors, EPISODE_RING_SIZE), torch.float32)
-        self.episode_lengths = _shared((num_actors, EPISODE_RING_SIZE), torch.int32)
-        self.episode_count = _shared((num_actors,), torch.int64)
-        self._stop = _shared((1,), torch.bool)
+        self.env_steps = shared_zeros((num_actors,), torch.int64)
+        self.inserted = shared_zeros((num_actors,), torch.int64)
+        self.sampled = shared_zeros((1,), torch.int64)
+        self.episode_returns = shared_zeros((num_actors, EPISODE_RING_SIZE), torch.float32)
+        self.episode_lengths = shared_zeros((num_actors, EPISODE_RING_SIZE), torch.int32)
+        self.episode_count = shared_zeros((num_actors,), torch.int64)
+        self._stop = shared_zeros((1,), torch.bool)
 
     # Shutdown and supervision (the protocol of beast.buffers.RolloutBuffers that
     # runner and supervisor use).

@@ -1,12 +1,14 @@
 """Rollout buffers: one block per field, shared across processes, slot protocol."""
 
 import multiprocessing as mp
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from beast.buffers import RolloutBuffers, core_state_key, rollout_spec
+from beast.buffers import RolloutBuffers, core_state_key, rollout_spec, shared_zeros
 
 
 def make_buffers(num_buffers=6, unroll_length=3, core_state_shapes=((1, 5), (1, 5))):
@@ -68,3 +70,31 @@ def test_gather_copies_out_of_the_slots():
     batch = buffers.gather([2])
     buffers.tensors["reward"][2] = 7.0  # an actor reusing the slot
     assert torch.all(batch["reward"] == 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bool, torch.float32, torch.int64])
+def test_shared_zeros_are_zero_shared_and_shaped(dtype):
+    tensor = shared_zeros((3, 0, 2), dtype)
+    assert tensor.shape == (3, 0, 2) and tensor.dtype == dtype and tensor.is_shared()
+    tensor = shared_zeros((5, 7), dtype)
+    assert tensor.shape == (5, 7) and tensor.is_contiguous() and tensor.is_shared()
+    assert not tensor.any()
+
+
+def test_shared_zeros_do_not_touch_their_pages_until_written():
+    """A 1 GiB block raises the process's peak resident memory by almost nothing (zeros
+    then share_memory_() needed 2 GiB at the peak: private zeros, then the copy)."""
+    code = (
+        "import torch\n"
+        "from beast.buffers import shared_zeros\n"
+        "def peak_mib():\n"
+        "    status = open('/proc/self/status').read()\n"
+        "    return int(status.split('VmHWM:')[1].split()[0]) // 1024\n"
+        "before = peak_mib()\n"
+        "block = shared_zeros((1024, 1024, 1024), torch.uint8)\n"
+        "block[0] = 1  # 1 MiB written: only the pages written take memory\n"
+        "print(peak_mib() - before)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) < 64, f"peak resident memory grew by {out.stdout.strip()} MiB"

@@ -140,6 +140,7 @@ def test_env_servers_default_to_the_actor_layout_of_the_config():
         (["--num_env_servers", "1", "--num_learners", "2"], "each learner needs"),
         (["--ray_address", "not an address"], "--ray_address must be HOST:PORT"),
         (["--num_buffers", "5"], "--num_buffers 5 is too small"),
+        (["--num_env_splits", "2"], "polybeast's env servers step their envs as one batch"),
     ],
 )
 def test_bad_combinations_are_config_errors(argv, fragment):

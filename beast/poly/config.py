@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from beast.config import Config, ConfigError, _flag, parse_args
+from beast.config import AUTO, Config, ConfigError, _flag, parse_args
 
 __all__ = ["PolyConfig", "parse_poly_args"]
 
@@ -106,6 +106,11 @@ class PolyConfig(Config):
         # build the IMPALA loss so far.
         if getattr(self, "algo", "impala") != "impala":
             raise ConfigError(f"polybeast runs --algo impala only so far, got {self.algo!r}")
+        if self.num_env_splits not in (AUTO, 1):
+            raise ConfigError(
+                "--num_env_splits splits monobeast's actors into lanes; polybeast's env"
+                " servers step their envs as one batch (leave it at auto or 1)"
+            )
         if self.servers < self.num_learners:
             raise ConfigError(
                 f"--num_env_servers {self.servers} is fewer than --num_learners"
