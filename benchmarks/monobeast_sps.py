@@ -67,6 +67,10 @@ def bench_argv(entry: str, env: str, savedir: str, flags: list[str]) -> list[str
     ]
 
 
+# How long a run may take to stop cleanly after SIGINT (final checkpoint included).
+_EXIT_TIMEOUT = 60
+
+
 def measure_monobeast_sps(env: str, seconds: float, warmup: float, flags: list[str]) -> float:
     with tempfile.TemporaryDirectory() as savedir:
         proc = subprocess.Popen(
@@ -82,7 +86,15 @@ def measure_monobeast_sps(env: str, seconds: float, warmup: float, flags: list[s
             time.sleep(seconds)
         finally:
             os.killpg(proc.pid, signal.SIGINT)
-            _, err = proc.communicate(timeout=60)
+            try:
+                _, err = proc.communicate(timeout=_EXIT_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # the run and its actors: no orphans
+                proc.communicate()
+                raise RuntimeError(
+                    f"monobeast did not stop within {_EXIT_TIMEOUT} s of SIGINT (killed it):"
+                    f" {' '.join(proc.args)}"
+                ) from None
         if proc.returncode not in (0, 130):
             raise RuntimeError(f"monobeast failed ({proc.returncode}): {err.strip()[-2000:]}")
         return steady_sps(Path(savedir) / "bench" / "logs.csv", warmup)
