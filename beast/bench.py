@@ -1246,9 +1246,10 @@ def _ratios(args: argparse.Namespace, figures: _Figures) -> list[str]:
 
 
 def inference(args: argparse.Namespace) -> list[str]:
-    """Issue 3's figures, interleaved repeats: env only, acting with a trivial policy
-    (central and local), the same with the real model, one request's round trip, and
-    end to end with each policy. Returns the markdown summary."""
+    """Issue 3's figures, interleaved repeats: acting with a trivial policy (central and
+    local) and with the real model, each run right after an env-only run it is divided
+    by; one request's round trip; end to end with each policy. Returns the markdown
+    summary."""
     print(f"machine: {machine_summary()}", flush=True)
     probe = envs.make(args.env, seed=args.seed)
     spec = envs.env_spec(probe)
@@ -1264,12 +1265,15 @@ def inference(args: argparse.Namespace) -> list[str]:
     ]
     env_only: list[float] = []
     acting: dict[tuple[str, str], list[float]] = {kind[:2]: [] for kind in acting_kinds}
+    # Each acting run over the env-only run just before it: this VM's speed drifts by
+    # 10-20% within minutes, which a ratio of medians taken minutes apart absorbs.
+    paired: dict[tuple[str, str], list[float]] = {kind[:2]: [] for kind in acting_kinds}
     end_to_end: dict[str, list[float]] = {"central": [], "local": []}
     for repeat in range(args.repeats):
         tag = f"[{repeat + 1}/{args.repeats}]"
-        env_only.append(_run_env_only(args.env, args.num_actors, args.seconds))
-        print(f"{tag} (a) env only, {args.num_actors} procs: {env_only[-1]:,.0f} steps/s")
         for policy, label, model in acting_kinds:
+            env_only.append(_run_env_only(args.env, args.num_actors, args.seconds))
+            print(f"{tag} (a) env only, {args.num_actors} procs: {env_only[-1]:,.0f} steps/s")
             rate = measure_acting(
                 env=args.env,
                 num_actors=args.num_actors,
@@ -1284,7 +1288,11 @@ def inference(args: argparse.Namespace) -> list[str]:
                 num_env_splits=args.num_env_splits,
             ).steps_per_second
             acting[policy, label].append(rate)
-            print(f"{tag} acting, {policy} inference, {label} policy: {rate:,.0f} steps/s")
+            paired[policy, label].append(rate / env_only[-1])
+            print(
+                f"{tag} acting, {policy} inference, {label} policy: {rate:,.0f} steps/s"
+                f" ({paired[policy, label][-1]:.3f} of the env-only run before it)"
+            )
         if args.end_to_end_seconds > 0:
             from benchmarks.monobeast_sps import measure_monobeast_sps
 
@@ -1327,12 +1335,15 @@ def inference(args: argparse.Namespace) -> list[str]:
         lines.append(
             f"| (d) round trip, {k} request(s) per post (us) | p50 {p50:.0f} | | p99 {p99:.0f} |"
         )
-    env_median = _median(env_only)
     ratios = [
-        f"{policy} {label}: **{_median(rates) / env_median:.3f}**"
-        for (policy, label), rates in acting.items()
+        f"{policy} {label}: **{_median(pairs):.3f}** ({', '.join(f'{r:.3f}' for r in pairs)})"
+        for (policy, label), pairs in paired.items()
     ]
-    lines += ["", "- acting / env only (medians): " + "; ".join(ratios)]
+    lines += [
+        "",
+        "- acting / env only, each acting run over the env-only run just before it"
+        " (median, then each): " + "; ".join(ratios),
+    ]
     lines.append(
         f"- {args.repeats} repeat(s), interleaved; batch window {args.inference_timeout_ms} ms"
     )
