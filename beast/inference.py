@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -407,10 +408,18 @@ class InferenceStats:
     batches: int = 0
     requests: int = 0
     syncs: int = 0
+    serving_seconds: float = 0.0  # from a batch's collect to its answer, all threads
 
     @property
     def mean_batch(self) -> float:
         return self.requests / self.batches if self.batches else 0.0
+
+    def summary(self) -> str:
+        """One line for the run log: how well requests batch, and the servers' load."""
+        return (
+            f"{self.batches:,} batches of {self.mean_batch:.1f} envs on average,"
+            f" {self.serving_seconds:.1f} s serving, {self.syncs:,} weight refreshes"
+        )
 
 
 class InferenceServer(ThreadGroup):
@@ -485,11 +494,14 @@ class InferenceServer(ThreadGroup):
         collect = self.table.batcher.collector(
             server, self.max_batch, batch_window=self.batch_window
         )
+        stats = self.stats
         while not self._stop.is_set():
             indices = collect(_POLL_SECONDS)
             if len(indices):
+                started = time.perf_counter()
                 self._sync()
                 self.serve(indices)
+                stats.serving_seconds += time.perf_counter() - started
 
     def serve(self, indices: torch.Tensor) -> None:
         """Answer the requests in rows `indices` (int64 [n], ascending, from collect)."""

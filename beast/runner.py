@@ -657,6 +657,8 @@ def train(config: Config) -> None:
             log.print(f"checkpoint at step {progress.step:,} in {config.run_dir}")
             if config.profile:
                 _print_profile(learner, actors, log)
+            if server is not None:
+                log.print(f"central inference: {server.stats.summary()}")
         except CheckpointError as error:
             failure = failure or str(error)
         finally:
@@ -704,6 +706,8 @@ def _monitor(
                 log.report_progress()
             if config.profile:
                 _print_profile(learner, actors, log)
+                if server is not None:
+                    log.print(f"profile: central inference: {server.stats.summary()}")
             last_line = now
         if now - last_checkpoint >= config.checkpoint_interval:
             checkpoint()

@@ -196,6 +196,9 @@ def test_central_policy_gives_the_local_policy_outputs_and_states(watchdog):
         server.stop()
     assert server.error is None
     assert server.stats.requests == 12 * num_actors * num_envs
+    assert server.stats.serving_seconds > 0
+    summary = server.stats.summary()
+    assert f"{server.stats.batches:,} batches of {server.stats.mean_batch:.1f} envs" in summary
 
 
 _COMPILE_BESIDE_BF16_SERVING = """
@@ -519,6 +522,7 @@ def test_central_run_survives_actors_killed_mid_request(tmp_path):
     assert proc.returncode == 0, err
     assert kills >= 5, f"only {kills} kills happened"
     assert out.count("killed by SIGKILL") >= kills - 2
+    assert "central inference: " in out and " envs on average" in out  # the run's summary
     rows = read_csv(tmp_path / "kills" / "logs.csv")
     assert int(rows[-1]["step"]) >= 30_000
     assert int(rows[-1]["torn_rollouts"]) == 0
