@@ -334,6 +334,52 @@ class _BatcherArgs:
             raise ValueError(f"count must be in [1, group_size={self.group_size}], got {count}")
         return count
 
+    def collect(
+        self,
+        server: int,
+        max_batch: int,
+        *,
+        min_batch: int | None = None,
+        timeout: float | None = None,
+        batch_window: float = 0.0,
+    ) -> torch.Tensor:
+        """Take a batch of ready requests of `server`'s groups: int64 [n], ascending.
+
+        Waits up to `timeout` seconds (None: forever) for a first request and
+        returns an empty tensor if none comes. Then keeps taking requests until
+        it has `max_batch`, or at least `min_batch` (default: max_batch), or
+        `batch_window` seconds have passed since the first was taken (0: take
+        what is ready now). min_batch=1 is greedy: no added latency, batches
+        grow by themselves while the forward pass runs. Raises QueueClosed once
+        closed. The indices must be passed to `answer` before collecting again.
+        """
+        return self.collector(
+            server, max_batch, min_batch=min_batch, batch_window=batch_window, reuse=False
+        )(timeout)
+
+    def collector(
+        self,
+        server: int,
+        max_batch: int,
+        *,
+        min_batch: int | None = None,
+        batch_window: float = 0.0,
+        reuse: bool = True,
+    ) -> Callable[[float | None], torch.Tensor]:
+        """`collect` with these arguments checked once: `collector(...)(timeout)`, for a
+        server thread's loop (the wrapper's checks and allocations cost more than the
+        C call). With `reuse` every batch may be a view of one buffer, overwritten by
+        the next call: answer a batch before collecting the next, as the rules say."""
+        server = operator.index(server)
+        cap, min_batch, window_ns = self._batch_bounds(server, max_batch, min_batch, batch_window)
+        return self._collector(server, cap, min_batch, window_ns, reuse)
+
+    def _collector(
+        self, server: int, cap: int, min_batch: int, window_ns: int, reuse: bool
+    ) -> Callable[[float | None], torch.Tensor]:
+        """The implementation's collect loop over checked bounds."""
+        raise NotImplementedError
+
     def _batch_bounds(
         self, server: int, max_batch: int, min_batch: int | None, batch_window: float
     ) -> tuple[int, int, int]:
@@ -479,44 +525,9 @@ class Batcher(_BatcherArgs):
         _raise_for_batcher(status)
         return True
 
-    def collect(
-        self,
-        server: int,
-        max_batch: int,
-        *,
-        min_batch: int | None = None,
-        timeout: float | None = None,
-        batch_window: float = 0.0,
-    ) -> torch.Tensor:
-        """Take a batch of ready requests of `server`'s groups: int64 [n], ascending.
-
-        Waits up to `timeout` seconds (None: forever) for a first request and
-        returns an empty tensor if none comes. Then keeps taking requests until
-        it has `max_batch`, or at least `min_batch` (default: max_batch), or
-        `batch_window` seconds have passed since the first was taken (0: take
-        what is ready now). min_batch=1 is greedy: no added latency, batches
-        grow by themselves while the forward pass runs. Raises QueueClosed once
-        closed. The indices must be passed to `answer` before collecting again.
-        """
-        return self.collector(
-            server, max_batch, min_batch=min_batch, batch_window=batch_window, reuse=False
-        )(timeout)
-
-    def collector(
-        self,
-        server: int,
-        max_batch: int,
-        *,
-        min_batch: int | None = None,
-        batch_window: float = 0.0,
-        reuse: bool = True,
+    def _collector(
+        self, server: int, cap: int, min_batch: int, window_ns: int, reuse: bool
     ) -> Callable[[float | None], torch.Tensor]:
-        """`collect` with these arguments checked once: `collector(...)(timeout)`, for a
-        server thread's loop (the wrapper's checks and allocations cost more than the
-        C call). With `reuse` every batch is a view of one buffer, overwritten by the
-        next call: answer a batch before collecting the next, as the rules say."""
-        server = operator.index(server)
-        cap, min_batch, window_ns = self._batch_bounds(server, max_batch, min_batch, batch_window)
         n = ffi.new("uint32_t *")
         buffer = torch.empty(cap, dtype=torch.int64) if reuse else None
 
@@ -650,58 +661,36 @@ class PyBatcher(_BatcherArgs):
                     self._cursor[server] = rel if split else (rel + 1) % len(groups)
                     return
 
-    def collect(
-        self,
-        server: int,
-        max_batch: int,
-        *,
-        min_batch: int | None = None,
-        timeout: float | None = None,
-        batch_window: float = 0.0,
-    ) -> torch.Tensor:
-        server = operator.index(server)
-        cap, min_batch, window_ns = self._batch_bounds(server, max_batch, min_batch, batch_window)
-        deadline = _deadline_ns(timeout)
-        window_end = None
-        out: list[int] = []
-        with self._cond:
-            while True:
-                if self._closed:
-                    raise QueueClosed("PyBatcher is closed")
-                self._scan(server, out, cap)
-                if len(out) == cap or (out and len(out) >= min_batch):
-                    break
-                if not out:
-                    remaining = _remaining_ns(deadline)
-                    if remaining == 0:
-                        break
-                else:
-                    if window_end is None:
-                        if window_ns == 0:
-                            break
-                        window_end = time.monotonic_ns() + window_ns
-                    remaining = _remaining_ns(window_end)
-                    if remaining == 0:
-                        break
-                self._cond.wait(None if remaining < 0 else remaining / 1e9)
-        return torch.tensor(sorted(out), dtype=torch.int64)
-
-    def collector(
-        self,
-        server: int,
-        max_batch: int,
-        *,
-        min_batch: int | None = None,
-        batch_window: float = 0.0,
-        reuse: bool = True,
+    def _collector(
+        self, server: int, cap: int, min_batch: int, window_ns: int, reuse: bool
     ) -> Callable[[float | None], torch.Tensor]:
         del reuse  # every batch is a new tensor here
-        self._batch_bounds(server, max_batch, min_batch, batch_window)  # checks, as Batcher
 
         def collect(timeout: float | None = None) -> torch.Tensor:
-            return self.collect(
-                server, max_batch, min_batch=min_batch, timeout=timeout, batch_window=batch_window
-            )
+            deadline = _deadline_ns(timeout)
+            window_end = None
+            out: list[int] = []
+            with self._cond:
+                while True:
+                    if self._closed:
+                        raise QueueClosed("PyBatcher is closed")
+                    self._scan(server, out, cap)
+                    if len(out) == cap or (out and len(out) >= min_batch):
+                        break
+                    if not out:
+                        remaining = _remaining_ns(deadline)
+                        if remaining == 0:
+                            break
+                    else:
+                        if window_end is None:
+                            if window_ns == 0:
+                                break
+                            window_end = time.monotonic_ns() + window_ns
+                        remaining = _remaining_ns(window_end)
+                        if remaining == 0:
+                            break
+                    self._cond.wait(None if remaining < 0 else remaining / 1e9)
+            return torch.tensor(sorted(out), dtype=torch.int64)
 
         return collect
 
