@@ -510,11 +510,9 @@ def measure_acting(
         raise ValueError("warmup_seconds and capture must be >= 0")
     if policy not in ("local", "central"):
         raise ValueError(f"policy must be local or central, got {policy!r}")
-    splits = Config(
-        num_envs_per_actor=num_envs_per_actor, num_env_splits=num_env_splits
-    ).env_splits(policy)
-    if num_envs_per_actor % splits:
-        raise ValueError(f"num_env_splits {splits} must divide num_envs_per_actor")
+    layout = Config(num_envs_per_actor=num_envs_per_actor, num_env_splits=num_env_splits)
+    layout.validate()  # monobeast's checks: the lanes must split K evenly
+    splits = layout.env_splits(policy)
     probe = envs.make(env, seed=seed)
     spec = envs.env_spec(probe)
     probe.close()
