@@ -14,6 +14,10 @@ of `beast.buffers` rollouts). Row t (the rollout alignment of `beast.buffers`):
     obs          [L, *obs_shape]  the observation x_t
     reward       float32 [L]      received on the transition into row t
     done         bool [L]         row t starts a new episode
+    terminated   bool [L]         the transition into row t ended the episode
+                                  in a terminal state (no bootstrap)
+    truncated    bool [L]         x_t is a time-limited episode's final
+                                  observation (bootstrap from it)
     last_action  int64 [L]        the action taken before x_t
     action       int64 [L]        a_t, taken at x_t
     mask         bool [L]         row t is a real step of this sequence's
@@ -68,7 +72,7 @@ __all__ = [
 
 # Fields written once per step; the others are "mask" (set by the builder) and
 # the core_state_i fields (once per sequence).
-STEP_KEYS = ("obs", "reward", "done", "last_action", "action")
+STEP_KEYS = ("obs", "reward", "done", "terminated", "truncated", "last_action", "action")
 # The stored field that replaces "obs" under frame deduplication.
 FRAMES_KEY = "frames"
 
@@ -100,6 +104,8 @@ def sequence_spec(
         "obs": Field((rows, *obs_shape), _torch_dtype(obs_dtype)),
         "reward": Field((rows,), torch.float32),
         "done": Field((rows,), torch.bool),
+        "terminated": Field((rows,), torch.bool),
+        "truncated": Field((rows,), torch.bool),
         "last_action": Field((rows,), torch.int64),
         "action": Field((rows,), torch.int64),
         "mask": Field((rows,), torch.bool),
@@ -215,11 +221,16 @@ class SequenceBuilder:
     Windows start at the first row of an episode and every ``stride =
     seq_len - seq_overlap`` rows after it; a window is emitted when it has
     ``seq_len + 1`` rows (its steps and the next one). When an episode ends
-    (a row with done arrives), the open window is completed with that row as
-    its terminal row (mask False: it carries the last transition's reward
-    and done; its observation belongs to the next episode) and padded
-    (zeros, done True, mask False); the done row then starts the next
-    episode's first window. So sequences never cross an episode boundary
+    in a terminal state (a row with terminated arrives: its observation is
+    already the next episode's first, beast/envs/batch.py), the open window
+    is completed with that row as its terminal row (mask False: it carries
+    the last transition's reward and terminated flag) and padded (zeros,
+    done and terminated True, mask False); the row then starts the next
+    episode's first window. When an episode is truncated (a row with
+    truncated arrives: the episode's final observation, whose action is
+    never taken), that row completes the window as its terminal row (mask
+    False; targets bootstrap from its observation), and the reset row after
+    it starts the next window. So sequences never cross an episode boundary
     (R2D2 section 2.3), padding is masked, and the state stored with an
     episode's first window is whatever the actor held (the model zeroes it
     at a done row anyway).
@@ -281,6 +292,7 @@ class SequenceBuilder:
             for rows in sequence.values():
                 rows[count:] = 0
             sequence["done"][count:] = True
+            sequence["terminated"][count:] = True
         for i, buffer in enumerate(self._states):
             sequence[core_state_key(i)] = buffer[0].clone()
         return sequence
@@ -301,11 +313,24 @@ class SequenceBuilder:
                 f"got {len(core_state)} core state tensors, the spec has {self.num_core_state}"
             )
         sequence = None
-        if self._count > 0 and bool(step["done"]):
-            # This row ends the open window's episode: its terminal row.
+        if bool(step["truncated"]):
+            # The episode's final observation: the open window's terminal row. The
+            # reset row that follows starts the next window.
+            if self._count == 0:
+                return None  # no open window to complete
             self._write(self._count, step, core_state, mask=False)
             self._count += 1
             sequence = self._emit()
+            self._count = 0
+            return sequence
+        if self._count > 0 and bool(step["done"]):
+            if bool(step["terminated"]):
+                # This row ends the open window's episode: its terminal row.
+                self._write(self._count, step, core_state, mask=False)
+                self._count += 1
+                sequence = self._emit()
+            # (A done row that no truncated row announced, with no termination, would
+            # join two episodes: the open window is dropped instead.)
             self._count = 0
         self._write(self._count, step, core_state, mask=True)
         self._count += 1

@@ -4,10 +4,16 @@ Batch layout (time-major, ``T + 1`` steps per rollout; step 0 repeats the
 last step of the previous rollout). Index t of the batch holds:
 
     reward          float32 [T+1, B]     received on arriving at obs_t
-    done            bool    [T+1, B]     obs_t starts a new episode (the
-                                         transition into it ended one, by
-                                         termination or truncation; both are
-                                         treated as terminal)
+    terminated      bool    [T+1, B]     the transition into obs_t ended an
+                                         episode in a terminal state (obs_t is
+                                         already the next episode's first): no
+                                         bootstrap across it
+    truncated       bool    [T+1, B]     obs_t is the final observation of an
+                                         episode cut by a time limit: the
+                                         transition into it bootstraps from
+                                         V(obs_t); no action is taken from it
+                                         (the env resets), so step t trains
+                                         nothing (beast/envs/batch.py)
     action          int64   [T+1, B]     taken by the behaviour policy at obs_t
     policy_logits   float32 [T+1, B, A]  behaviour policy logits at obs_t
 
@@ -28,8 +34,15 @@ not means: TorchBeast's tuned learning rates, baseline and entropy costs
 The price is that the effective step size scales with ``T * B``.
 
 The three terms are small pure functions with an optional ``[T, B]`` mask so
-that other losses (LASER masks some steps out of the policy gradient) can
-compose them.
+that other losses compose them: ``impala_loss`` itself takes a ``keep`` mask
+of steps whose data may train the policy and baseline (LASER's trust region
+computes one, beast/algos/laser.py).
+
+Truncation (`step_discounts_and_valid`): the transition out of step t is
+discounted by ``gamma * (1 - terminated[t+1])`` and is not a transition at
+all when ``truncated[t]``: such a step gets importance weight 0 in V-trace
+(``v_t = V(x_t)``, traces cut), so the step before it bootstraps from
+``V(final observation)``, and it is left out of every loss term.
 """
 
 from __future__ import annotations
@@ -52,6 +65,7 @@ __all__ = [
     "entropy_loss",
     "impala_loss",
     "policy_gradient_loss",
+    "step_discounts_and_valid",
 ]
 
 REWARD_CLIPPING_MODES = ("abs_one", "none")
@@ -150,7 +164,7 @@ def check_loss_inputs(learner_outputs: Mapping[str, Tensor], batch: Mapping[str,
             f"baseline has shape {tuple(baseline.shape)}, expected "
             f"{tuple(target_logits.shape[:-1])}"
         )
-    for key in ("reward", "done", "action"):
+    for key in ("reward", "terminated", "truncated", "action"):
         if batch[key].shape != baseline.shape:
             raise ValueError(
                 f"batch[{key!r}] has shape {tuple(batch[key].shape)}, "
@@ -163,6 +177,27 @@ def check_loss_inputs(learner_outputs: Mapping[str, Tensor], batch: Mapping[str,
         )
 
 
+def step_discounts_and_valid(
+    batch: Mapping[str, Tensor], discounting: float
+) -> tuple[Tensor, Tensor]:
+    """Per-transition discounts and the steps that train, from the episode-end flags.
+
+    Args:
+        batch: ``terminated`` and ``truncated``, bool ``[T+1, B]`` (module docstring).
+        discounting: ``gamma``.
+
+    Returns:
+        ``discounts`` float32 ``[T, B]``: ``gamma`` for the transition out of step t,
+        0 where it ended the episode in a terminal state (``terminated[t+1]``) or is
+        no transition (``truncated[t]``: the env reset instead); and ``valid`` bool
+        ``[T, B]``: the steps whose action was taken, ``~truncated[t]``.
+    """
+    terminated = batch["terminated"][1:]
+    valid = batch["truncated"][:-1].logical_not()
+    discounts = discounting * (terminated.logical_not() & valid).to(torch.float32)
+    return discounts, valid
+
+
 def impala_loss(
     learner_outputs: Mapping[str, Tensor],
     batch: Mapping[str, Tensor],
@@ -173,6 +208,7 @@ def impala_loss(
     entropy_cost: float,
     clip_rho_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
+    keep: Tensor | None = None,
 ) -> LossOutput:
     """IMPALA's V-trace actor-critic loss over one learner batch.
 
@@ -180,14 +216,19 @@ def impala_loss(
         learner_outputs: ``policy_logits`` float ``[T+1, B, A]`` and
             ``baseline`` float ``[T+1, B]``, from the learner's model over
             the batch (differentiable).
-        batch: ``reward``, ``done``, ``action``, ``policy_logits`` laid out
-            as in the module docstring, ``[T+1, ...]``; other keys ignored.
+        batch: ``reward``, ``terminated``, ``truncated``, ``action``,
+            ``policy_logits`` laid out as in the module docstring, ``[T+1, ...]``;
+            other keys ignored.
         discounting: ``gamma``.
         reward_clipping: ``"abs_one"`` or ``"none"``.
         baseline_cost: weight of the baseline loss.
         entropy_cost: weight of the entropy loss.
         clip_rho_threshold: V-trace ``rho_bar``; None for no clipping.
         clip_pg_rho_threshold: V-trace ``rho^pg_bar``; None for no clipping.
+        keep: optional bool ``[T, B]``, the steps whose data may train (LASER's
+            trust region); a step not kept gets importance weight 0 in V-trace
+            (its TD error dropped, every trace through it cut) and is left out
+            of the policy-gradient and baseline terms, not of the entropy term.
 
     Returns:
         ``LossOutput(total_loss, stats)``; ``total_loss = pg_loss +
@@ -196,31 +237,33 @@ def impala_loss(
 
         - ``total_loss``, ``pg_loss``, ``baseline_loss``, ``entropy_loss``:
           the terms of the total, costs included.
-        - ``mean_rho``: mean UNCLIPPED ratio ``pi(a|x) / mu(a|x)``, a gauge
-          of policy lag (the clipped mean is capped by the threshold and
+        - ``mean_rho``: mean UNCLIPPED ratio ``pi(a|x) / mu(a|x)`` over the
+          steps whose action was taken (those ``keep`` rejects included), a
+          gauge of policy lag (the clipped mean is capped by the threshold and
           hides it).
-        - ``rho_clipped_fraction``: fraction of steps with ``rho >
+        - ``rho_clipped_fraction``: fraction of those steps with ``rho >
           clip_rho_threshold`` (0 when the threshold is None).
         - ``mean_entropy``: mean per-step policy entropy in nats, unscaled.
     """
     check_loss_inputs(learner_outputs, batch)
     rewards = clip_rewards(batch["reward"][1:], reward_clipping)
-
     target_logits = learner_outputs["policy_logits"]
     baseline = learner_outputs["baseline"]
-
-    # The transition out of obs_t (t < T) ended an episode iff obs_{t+1}
-    # starts one; the bootstrap V(obs_T) is then cut.
-    not_done = batch["done"][1:].logical_not()
-    discounts = discounting * not_done.to(rewards.dtype)
+    discounts, valid = step_discounts_and_valid(batch, discounting)
+    discounts = discounts.to(rewards.dtype)
     logits = target_logits[:-1]
     actions = batch["action"][:-1]
     values = baseline[:-1]
+    trained = valid if keep is None else valid & keep
 
-    vtrace_returns = vtrace.from_logits(
-        behavior_policy_logits=batch["policy_logits"][:-1],
-        target_policy_logits=logits,
-        actions=actions,
+    with torch.no_grad():
+        log_rhos = vtrace.action_log_probs(logits, actions) - vtrace.action_log_probs(
+            batch["policy_logits"][:-1], actions
+        )
+        # A step that does not train has importance weight 0 (exp(-inf)): v_t = V(x_t).
+        vtrace_log_rhos = log_rhos.masked_fill(trained.logical_not(), -torch.inf)
+    vtrace_returns = vtrace.from_importance_weights(
+        log_rhos=vtrace_log_rhos,
         discounts=discounts,
         rewards=rewards,
         values=values,
@@ -229,25 +272,25 @@ def impala_loss(
         clip_pg_rho_threshold=clip_pg_rho_threshold,
     )
 
-    pg_loss = policy_gradient_loss(logits, actions, vtrace_returns.pg_advantages)
-    value_loss = baseline_cost * baseline_loss(values, vtrace_returns.vs)
-    negentropy_loss = entropy_cost * entropy_loss(logits)
+    pg_loss = policy_gradient_loss(logits, actions, vtrace_returns.pg_advantages, trained)
+    value_loss = baseline_cost * baseline_loss(values, vtrace_returns.vs, trained)
+    negentropy_loss = entropy_cost * entropy_loss(logits, valid)
     total_loss = pg_loss + value_loss + negentropy_loss
 
     with torch.no_grad():
-        rhos = vtrace_returns.log_rhos.exp()
+        rhos = log_rhos.exp()[valid]
+        num_valid = max(rhos.numel(), 1)
         if clip_rho_threshold is None:
             rho_clipped_fraction = torch.zeros((), dtype=rhos.dtype, device=rhos.device)
         else:
-            rho_clipped_fraction = (rhos > clip_rho_threshold).to(rhos.dtype).mean()
-        num_steps = values.numel()
+            rho_clipped_fraction = (rhos > clip_rho_threshold).to(rhos.dtype).sum() / num_valid
         stats = {
             "total_loss": total_loss.detach(),
             "pg_loss": pg_loss.detach(),
             "baseline_loss": value_loss.detach(),
             "entropy_loss": negentropy_loss.detach(),
-            "mean_rho": rhos.mean(),
+            "mean_rho": rhos.sum() / num_valid,
             "rho_clipped_fraction": rho_clipped_fraction,
-            "mean_entropy": -entropy_loss(logits.detach()) / num_steps,
+            "mean_entropy": -entropy_loss(logits.detach(), valid) / num_valid,
         }
     return LossOutput(total_loss=total_loss, stats=stats)

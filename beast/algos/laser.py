@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from beast.algos import impala, vtrace
+from beast.algos import impala
 from beast.algos.impala import LossOutput
 
 __all__ = ["laser_loss", "trust_region_kl", "trust_region_mask"]
@@ -125,73 +125,41 @@ def laser_loss(
             ``impala.impala_loss``; ``clip_rho_threshold`` also defines the
             implied policy of the trust region.
         trust_region_threshold: the KL bound b; steps above it are rejected as
-            the module docstring says. None or 0: no step is rejected.
+            the module docstring says (``impala_loss``'s ``keep``). None or 0:
+            no step is rejected, and the loss is exactly ``impala_loss``'s.
 
     Returns:
         ``LossOutput(total_loss, stats)`` with impala_loss's stats (costs
         included; ``mean_rho`` is the mean unclipped importance ratio over all
-        steps, rejected ones included) plus detached scalars:
+        steps, rejected ones included) plus detached scalars over the steps
+        whose action was taken (a truncated episode's final step is not one):
 
         - ``mean_kl``: mean per-step ``KL(pi || pi~)`` in nats (computed with
           the trust region off too, as a gauge of how off-policy the batch is).
         - ``masked_fraction``: fraction of steps rejected (0 when off).
     """
     impala.check_loss_inputs(learner_outputs, batch)
-    rewards = impala.clip_rewards(batch["reward"][1:], reward_clipping)
-    target_logits = learner_outputs["policy_logits"]
-    baseline = learner_outputs["baseline"]
-
-    # As in impala_loss: the transition out of obs_t ended an episode iff obs_{t+1} starts one.
-    not_done = batch["done"][1:].logical_not()
-    discounts = discounting * not_done.to(rewards.dtype)
-    logits = target_logits[:-1]
-    actions = batch["action"][:-1]
-    values = baseline[:-1]
-    behavior_logits = batch["policy_logits"][:-1]
-
-    with torch.no_grad():
-        log_rhos = vtrace.action_log_probs(logits, actions) - vtrace.action_log_probs(
-            behavior_logits, actions
-        )
-        kl = trust_region_kl(behavior_logits, logits, clip_rho_threshold)
-        keep = trust_region_mask(kl, trust_region_threshold)
-        # A rejected step's importance weight is 0 (exp(-inf)): see the module docstring.
-        vtrace_log_rhos = log_rhos if keep is None else log_rhos.masked_fill(~keep, -torch.inf)
-
-    vtrace_returns = vtrace.from_importance_weights(
-        log_rhos=vtrace_log_rhos,
-        discounts=discounts,
-        rewards=rewards,
-        values=values,
-        bootstrap_value=baseline[-1],
+    logits = learner_outputs["policy_logits"][:-1]
+    _, valid = impala.step_discounts_and_valid(batch, discounting)
+    kl = trust_region_kl(batch["policy_logits"][:-1], logits, clip_rho_threshold)
+    keep = trust_region_mask(kl, trust_region_threshold)
+    loss = impala.impala_loss(
+        learner_outputs,
+        batch,
+        discounting=discounting,
+        reward_clipping=reward_clipping,
+        baseline_cost=baseline_cost,
+        entropy_cost=entropy_cost,
         clip_rho_threshold=clip_rho_threshold,
         clip_pg_rho_threshold=clip_pg_rho_threshold,
+        keep=keep,
     )
-
-    pg_loss = impala.policy_gradient_loss(logits, actions, vtrace_returns.pg_advantages, keep)
-    value_loss = baseline_cost * impala.baseline_loss(values, vtrace_returns.vs, keep)
-    negentropy_loss = entropy_cost * impala.entropy_loss(logits)
-    total_loss = pg_loss + value_loss + negentropy_loss
-
     with torch.no_grad():
-        rhos = log_rhos.exp()
-        if clip_rho_threshold is None:
-            rho_clipped_fraction = torch.zeros((), dtype=rhos.dtype, device=rhos.device)
-        else:
-            rho_clipped_fraction = (rhos > clip_rho_threshold).to(rhos.dtype).mean()
-        if keep is None:
-            masked_fraction = torch.zeros((), dtype=kl.dtype, device=kl.device)
-        else:
-            masked_fraction = (~keep).to(kl.dtype).mean()
+        num_valid = max(int(valid.sum()), 1)
+        rejected = torch.zeros_like(valid) if keep is None else valid & keep.logical_not()
         stats = {
-            "total_loss": total_loss.detach(),
-            "pg_loss": pg_loss.detach(),
-            "baseline_loss": value_loss.detach(),
-            "entropy_loss": negentropy_loss.detach(),
-            "mean_rho": rhos.mean(),
-            "rho_clipped_fraction": rho_clipped_fraction,
-            "mean_entropy": -impala.entropy_loss(logits.detach()) / values.numel(),
-            "mean_kl": kl.mean(),
-            "masked_fraction": masked_fraction,
+            **loss.stats,
+            "mean_kl": kl[valid].sum() / num_valid,
+            "masked_fraction": rejected.to(kl.dtype).sum() / num_valid,
         }
-    return LossOutput(total_loss=total_loss, stats=stats)
+    return LossOutput(total_loss=loss.total_loss, stats=stats)

@@ -11,19 +11,26 @@ alignment as beast's rollouts (``beast.buffers``; ``beast.replay`` stores
 
     obs           [L, B, ...]  the observation x_t
     reward        float [L, B] received on the transition INTO row t
-    done          bool  [L, B] row t starts a new episode (the transition
-                               into it ended one, so nothing bootstraps
-                               across it)
+    done          bool  [L, B] row t starts a new episode (recurrent state
+                               resets there)
+    terminated    bool  [L, B] the transition into row t ended the episode
+                               in a terminal state: nothing bootstraps
+                               across it (x_t is the next episode's first
+                               observation, kept for its reward)
+    truncated     bool  [L, B] x_t is the final observation of an episode
+                               cut by a time limit: targets that reach it
+                               stop there and bootstrap from Q(x_t, .)
     action        int64 [L, B] a_t, taken at x_t
     mask          bool  [L, B] row t is a real step of the sequence's
-                               episode; False on the terminal row (the
-                               next episode's first observation, kept only
-                               for its reward and done) and on padding
+                               episode; False on the terminal row (a
+                               terminated or truncated episode's last row,
+                               whose action was never taken) and on padding
 
 so the transition out of row t pairs ``action[t]`` with ``reward[t + 1]``
-and ``done[t + 1]``. Sequences never cross an episode boundary (R2D2 section
-2.3 stores fixed-length sequences "never crossing episode boundaries"):
-a sequence that reaches an episode end holds the terminal row, then padding.
+and ``terminated[t + 1]``. Sequences never cross an episode boundary (R2D2
+section 2.3 stores fixed-length sequences "never crossing episode
+boundaries"): a sequence that reaches an episode end holds the terminal row,
+then padding.
 
 The n-step double-Q target for row t (R2D2 section 2, with Ape-X's n-step
 return and van Hasselt et al.'s double-Q action), in paper notation:
@@ -33,7 +40,10 @@ return and van Hasselt et al.'s double-Q action), in paper notation:
 
 where ``r_{t+k}`` is ``reward[t + k + 1]`` here, theta the online and theta-
 the target network, and h the value rescaling below. An episode end inside
-the window stops the sum after its reward and drops the bootstrap term.
+the window stops the sum after its reward and drops the bootstrap term; a
+truncated row inside the window stops the sum there and bootstraps from that
+row (its Q-values are the final observation's, not 0 and not the next
+episode's).
 
 Priorities (R2D2 section 2.3): ``p = eta * max_t |delta_t| + (1 - eta) *
 mean_t |delta_t|`` over the sequence's trained steps, ``delta_t = y_t -
@@ -152,7 +162,8 @@ def n_step_double_q_targets(
     online_q: Tensor,
     target_q: Tensor,
     rewards: Tensor,
-    dones: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
     mask: Tensor,
     *,
     n_step: int,
@@ -166,7 +177,10 @@ def n_step_double_q_targets(
         online_q: float [T, B, A], online Q-values at every row (for a*).
         target_q: float [T, B, A], target-network Q-values at every row.
         rewards: float [T, B], ``rewards[t]`` received on arriving at row t.
-        dones: bool [T, B], row t starts a new episode.
+        terminated: bool [T, B], the transition into row t ended the episode in
+            a terminal state.
+        truncated: bool [T, B], row t is a time-limited episode's final
+            observation.
         mask: bool [T, B], row t is a real step (see the module docstring).
         n_step: n >= 1, the number of rewards summed before bootstrapping.
         discounting: gamma in [0, 1].
@@ -184,7 +198,8 @@ def n_step_double_q_targets(
     Returns:
         `NStepTargets`: y_t where ``valid[t]``, and ``valid[t] = mask[t]``
         and some row follows t in the sequence (and, without
-        ``truncate_at_end``, the window is complete).
+        ``truncate_at_end``, the window is complete: n steps, or an episode end
+        of either kind inside it).
 
     Rewards are used as given: clip them before calling if wanted (R2D2
     relies on the rescaling instead and does not clip).
@@ -193,14 +208,19 @@ def n_step_double_q_targets(
         raise ValueError(f"n_step must be >= 1, got {n_step}")
     if not 0.0 <= discounting <= 1.0:
         raise ValueError(f"discounting must be in [0, 1], got {discounting}")
-    for name, tensor in (("rewards", rewards), ("dones", dones), ("mask", mask)):
+    for name, tensor in (
+        ("rewards", rewards),
+        ("terminated", terminated),
+        ("truncated", truncated),
+        ("mask", mask),
+    ):
         if tensor.shape != online_q.shape[:-1]:
             raise ValueError(
                 f"{name} has shape {tuple(tensor.shape)}, expected {tuple(online_q.shape[:-1])}"
             )
     dtype = _compute_dtype(online_q, target_q, rewards)
     rewards = rewards.to(dtype)
-    dones = dones.bool()
+    terminated, truncated = terminated.bool(), truncated.bool()
     bootstrap = double_q_values(online_q, target_q).to(dtype)
     if rescale_eps is not None:
         bootstrap = inverse_value_rescaling(bootstrap, rescale_eps)
@@ -211,7 +231,8 @@ def n_step_double_q_targets(
     returns = torch.zeros_like(rewards)
     discount = torch.ones_like(rewards)  # gamma^k for the k steps taken so far
     boot_row = rows.clone()  # the row the bootstrap value comes from
-    ended = torch.zeros_like(dones)  # an episode end was reached in the window
+    ended = torch.zeros_like(terminated)  # a terminal state was reached: no bootstrap
+    cut = torch.zeros_like(truncated)  # a truncated row was reached: bootstrap from it
     steps = torch.zeros_like(rows)  # steps taken, <= n
     for k in range(1, n_step + 1):
         if k >= num_rows:
@@ -219,15 +240,18 @@ def n_step_double_q_targets(
         # Row t looks at row t + k; rows in the last k have no such row.
         reward_k = torch.zeros_like(rewards)
         reward_k[:-k] = rewards[k:]
-        done_k = torch.zeros_like(dones)
-        done_k[:-k] = dones[k:]
+        terminated_k = torch.zeros_like(terminated)
+        terminated_k[:-k] = terminated[k:]
+        truncated_k = torch.zeros_like(truncated)
+        truncated_k[:-k] = truncated[k:]
         in_sequence = rows < num_rows - k
-        active = in_sequence & ~ended
+        active = in_sequence & ~ended & ~cut
         returns = torch.where(active, returns + discount * reward_k, returns)
         discount = torch.where(active, discount * discounting, discount)
         boot_row = torch.where(active, rows + k, boot_row)
         steps = torch.where(active, steps + 1, steps)
-        ended = ended | (active & done_k)
+        ended = ended | (active & terminated_k)
+        cut = cut | (active & truncated_k & ~terminated_k)
 
     bootstrap_term = discount * bootstrap.gather(0, boot_row)
     # where, not a multiply by (1 - ended): the terminal row's Q-values are of
@@ -237,7 +261,7 @@ def n_step_double_q_targets(
         targets = value_rescaling(targets, rescale_eps)
     valid = mask.bool() & (steps > 0)
     if not truncate_at_end:
-        valid = valid & ((steps == n_step) | ended)
+        valid = valid & ((steps == n_step) | ended | cut)
     targets = torch.where(valid, targets, torch.zeros_like(targets))
     return NStepTargets(targets=targets, valid=valid)
 
@@ -314,8 +338,8 @@ def r2d2_loss(
         online_q: float [L, B, A], the online network over all L rows (rows
             before burn_in may be detached: see `unroll_with_burn_in`).
         target_q: float [L, B, A], the target network over the same rows.
-        batch: "action" int64 [L, B], "reward" float [L, B], "done" bool
-            [L, B], "mask" bool [L, B] (module docstring).
+        batch: "action" int64 [L, B], "reward" float [L, B], "terminated" and
+            "truncated" bool [L, B], "mask" bool [L, B] (module docstring).
         weights: float [B], importance-sampling weights (replay), 0 for a
             sample to ignore.
         burn_in: rows at the start that get no loss, 0 <= burn_in < L.
@@ -335,14 +359,15 @@ def r2d2_loss(
             f"weights has shape {tuple(weights.shape)}, expected {tuple(online_q.shape[1:2])}"
         )
     online_q, target_q = online_q[burn_in:], target_q[burn_in:]
-    actions, rewards, dones, mask = (
-        batch[key][burn_in:] for key in ("action", "reward", "done", "mask")
+    actions, rewards, terminated, truncated, mask = (
+        batch[key][burn_in:] for key in ("action", "reward", "terminated", "truncated", "mask")
     )
     targets, valid = n_step_double_q_targets(
         online_q,
         target_q,
         rewards,
-        dones,
+        terminated,
+        truncated,
         mask,
         n_step=n_step,
         discounting=discounting,

@@ -9,17 +9,33 @@ Every backend exposes the same arrays, updated in place by `step` (actors keep
 
     obs             [K, *obs_shape]  obs_dtype (uint8 [K, 4, 84, 84] for Atari)
     reward          [K] float32      the step's raw reward (losses clip it)
-    done            [K] bool         the step ended the agent's episode (a lost life too,
-                                     with episodic life); True for all K before the first step
+    done            [K] bool         obs starts a new episode (recurrent state resets here);
+                                     True for all K before the first step
+    terminated      [K] bool         the step ended the agent's episode in a terminal state
+                                     (a lost life too, with episodic life): nothing bootstraps
+                                     across it; obs is already the next episode's first
+    truncated       [K] bool         the step hit a time limit: obs is the episode's FINAL
+                                     observation, which targets bootstrap from
     episode_end     [K] bool         the step ended a real episode (game over or truncation)
     episode_return  [K] float32      that episode's raw undiscounted return; kept until the
                                      next real episode end of the same env
     episode_step    [K] int32        that episode's length in agent steps; kept likewise
 
-Auto-reset: the `obs` returned with `done=True` is already the first observation of the
-next episode; `reward` and `done` are the step's own. (Gymnasium 1.x vector envs default
-to the opposite, "next-step" autoreset; the ALE backend is run in "same-step" mode, which
-is this contract.)
+Auto-reset differs by how an episode ends, so that every target can do the right thing
+at each end:
+
+- termination, same step: the `obs` returned with `terminated=True` (and `done=True`) is
+  already the first observation of the next episode; `reward` is the step's own. A
+  terminal state has value 0, so its observation is not needed.
+- truncation (a time limit), next step: the step returns the episode's final
+  observation with `truncated=True` and `done=False`, so that V(final obs) or Q(final obs)
+  is there to bootstrap from (bootstrapping from 0 would treat a time limit as a terminal
+  state; from the reset observation, as the next episode's value). The following `step`
+  ignores that env's action (no action is taken from a final observation), resets it and
+  returns the first observation with `done=True`, `reward=0` and neither flag. Targets
+  therefore skip the transition out of a truncated row (see beast/algos).
+
+A truncation costs one extra row, counted as an agent step like any other.
 
 Backends (`make_env_batch(..., backend=)`):
 
@@ -54,7 +70,10 @@ reset, as beast's loop does none), and where it cannot:
   used, because it restarts the whole game at every lost life.
 - Truncation: both cut a game at the id's `max_num_frames_per_episode` (108000 frames);
   the ALE counts from after the no-op start, beast's ALE from before it (up to 30
-  frames, i.e. 8 agent steps, later here).
+  frames, i.e. 8 agent steps, later here). The ALE resets a truncated game in the same
+  step (its `final_obs` info gives the final observation, returned here with
+  `truncated=True`) and cannot hold one env back, so the row after a truncation is the
+  new game one step in: the action chosen at the final observation was played there.
 """
 
 from __future__ import annotations
@@ -144,8 +163,9 @@ class EnvBatch(abc.ABC):
         num_envs: K.
         spec: observation shape and dtype and number of actions of each env.
         obs_shape: `spec.obs_shape`, one observation without the batch axis.
-        obs, reward, done, episode_end, episode_return, episode_step: the arrays of the
-            module docstring, overwritten in place by every `step`.
+        obs, reward, done, terminated, truncated, episode_end, episode_return,
+            episode_step: the arrays of the module docstring, overwritten in place by
+            every `step`.
     """
 
     env_name: str
@@ -155,6 +175,8 @@ class EnvBatch(abc.ABC):
     obs: np.ndarray
     reward: np.ndarray
     done: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
     episode_end: np.ndarray
     episode_return: np.ndarray
     episode_step: np.ndarray
@@ -168,6 +190,8 @@ class EnvBatch(abc.ABC):
         self.obs = np.zeros((num_envs, *spec.obs_shape), dtype=spec.obs_dtype)
         self.reward = np.zeros(num_envs, dtype=np.float32)
         self.done = np.ones(num_envs, dtype=bool)
+        self.terminated = np.zeros(num_envs, dtype=bool)
+        self.truncated = np.zeros(num_envs, dtype=bool)
         self.episode_end = np.zeros(num_envs, dtype=bool)
         self.episode_return = np.zeros(num_envs, dtype=np.float32)
         self.episode_step = np.zeros(num_envs, dtype=np.int32)
@@ -236,19 +260,28 @@ class LoopEnvBatch(EnvBatch):
         actions = self._actions(actions).tolist()
         self.episode_end[:] = False
         for i, env in enumerate(self.envs):
+            if self.truncated[i]:
+                # The previous step returned a truncated episode's final observation: no
+                # action is taken from it; the env starts its next episode.
+                obs, _ = env.reset()
+                self._store_obs(i, obs, "reset")
+                self.reward[i] = 0.0
+                self.done[i], self.terminated[i], self.truncated[i] = True, False, False
+                continue
             obs, reward, terminated, truncated, info = env.step(actions[i])
             if not math.isfinite(reward):
                 raise ValueError(f"env {self.env_name} returned a non-finite reward {reward}")
-            done = terminated or truncated
             if "episode" in info:
                 self.episode_end[i] = True
                 self.episode_return[i] = info["episode"]["r"]
                 self.episode_step[i] = info["episode"]["l"]
-            if done:
+            if terminated:
                 obs, _ = env.reset()
             self._store_obs(i, obs, "step")
             self.reward[i] = reward
-            self.done[i] = done
+            self.done[i] = terminated
+            self.terminated[i] = terminated
+            self.truncated[i] = truncated and not terminated
 
     def _store_obs(self, i: int, obs: np.ndarray, call: str) -> None:
         row = self._obs_rows[i]
@@ -422,6 +455,9 @@ class AleVectorEnvBatch(EnvBatch):
                 f"got {actions.tolist()}"
             )
         obs, reward, terminated, truncated, info = self._vector_env.step(actions)
+        # Envs whose previous row was a truncated game's final observation: the ALE
+        # restarted them then, so this row is the new game's (module docstring).
+        restarted = self.truncated.copy()
         np.copyto(self.obs, obs)
         self.reward[:] = reward
         # The ALE's own episodic life is off, so these are real episode ends (the game is
@@ -438,14 +474,18 @@ class AleVectorEnvBatch(EnvBatch):
             self._running_length[game_over] = 0
             self._age[game_over] = 0
         lives = info["lives"]
+        ended = terminated.copy()
         if self._episodic_life:
             # beast's EpisodicLife rule: lives went down, some are left, game not over.
             # After a game over `lives` is the new game's, so the comparison restarts.
             life_lost = ~game_over & (lives > 0) & (lives < self._lives)
             self._age[life_lost] = 0
-            np.logical_or(game_over, life_lost, out=self.done)
-        else:
-            np.copyto(self.done, game_over)
+            ended |= life_lost
+        np.copyto(self.terminated, ended)
+        np.logical_or(ended, restarted, out=self.done)
+        np.logical_and(truncated, ~terminated, out=self.truncated)
+        if self.truncated.any():
+            self.obs[self.truncated] = info["final_obs"][self.truncated]
         self._lives[:] = lives
         self._pad_young_stacks()
 
@@ -457,7 +497,8 @@ class AleVectorEnvBatch(EnvBatch):
         FrameStack holds copies of the first frame after a reset.
         """
         last = self.obs_shape[0] - 1
-        for i in np.flatnonzero(self._age < last).tolist():
+        # A truncated row holds the old game's final stack, not the new game's frames.
+        for i in np.flatnonzero((self._age < last) & ~self.truncated).tolist():
             first = last - int(self._age[i])
             self.obs[i, :first] = self.obs[i, first]
 
