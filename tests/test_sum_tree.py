@@ -6,9 +6,12 @@ agree bit for bit, operation by operation. Sampling frequencies are checked
 against priorities with a chi-square test at a fixed seed. The process tests
 hammer one tree from several children (claims, updates, samples) and check
 that the total is still exactly the sum of the leaves; one kills a child
-while it holds the tree's lock.
+while it holds the tree's lock. Checkpoints: a state_dict restored into a
+fresh tree (in this process or shared with a child) samples, claims and
+reports exactly as the saved tree does.
 """
 
+import io
 import math
 import os
 import pickle
@@ -73,6 +76,20 @@ def _hammer(tree, seed, iterations, errors):
             if not (sample.priorities > 0).all() or (sample.priorities > sample.total).any():
                 errors.put(f"bad sample {sample}")
     errors.put(None)
+
+
+def _sample_and_report(tree, draws, results):
+    sample = tree.sample(draws)
+    # Lists, not tensors: torch sends a queued tensor as a file descriptor the
+    # parent must fetch from this process, which may have exited by then.
+    results.put(
+        (
+            sample.indices.tolist(),
+            sample.generations.tolist(),
+            sample.priorities.tolist(),
+            sample.total,
+        )
+    )
 
 
 def _churn(tree):
@@ -363,6 +380,192 @@ def test_threads_share_one_tree():
     for thread in threads:
         thread.join()
     assert tree.total() == rebuilt_total(tree.get(range(257)).tolist())
+
+
+# Checkpoints: state_dict / load_state_dict.
+
+
+def _random_history(tree, seed, steps=300):
+    """Updates (some generation-guarded), committed claims and a few claims left
+    uncommitted; the same seed gives the same calls on any implementation."""
+    rng = random.Random(seed)
+    capacity = tree.capacity
+    pending = []
+    for _ in range(steps):
+        op = rng.random()
+        if op < 0.3:
+            index, generation = tree.claim()
+            # Never all slots held: the next claim would find none free.
+            if rng.random() < 0.1 and len(pending) < capacity - 1:
+                pending.append((index, generation))
+            else:
+                tree.commit(
+                    index, generation, rng.choice([0.0, rng.random(), 10.0 ** rng.uniform(-8, 8)])
+                )
+        else:
+            indices = [rng.randrange(capacity) for _ in range(rng.randrange(1, 8))]
+            priorities = [rng.choice([0.0, 10.0 ** rng.uniform(-8, 8)]) for _ in indices]
+            generations = tree.generations(indices).tolist() if rng.random() < 0.5 else None
+            tree.update(indices, priorities, generations)
+    # Slots still mid-write would make the original skip them on its next
+    # claims while a restored tree (no writers) would not: commit them here,
+    # and let test_restore_frees_slots_claimed_but_not_committed cover that case.
+    for index, generation in pending:
+        tree.commit(index, generation, rng.random())
+
+
+def _assert_same_tree(a, b, draws):
+    """Every observable of a and b is equal, bit for bit."""
+    everything = range(a.capacity)
+    assert a.stats() == b.stats()
+    assert a.get(everything).tolist() == b.get(everything).tolist()
+    assert a.generations(everything).tolist() == b.generations(everything).tolist()
+    x, y = a.sample(draws), b.sample(draws)
+    assert x.indices.tolist() == y.indices.tolist()
+    assert x.generations.tolist() == y.generations.tolist()
+    assert x.priorities.tolist() == y.priorities.tolist() and x.total == y.total
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("capacity", [1, 5, 64, 100])
+def test_state_dict_round_trip_restores_every_observable(impl, capacity):
+    """Save through torch.save / torch.load(weights_only=True), restore into a
+    fresh tree: totals, leaves, generations, samples and the next claims equal
+    the original's, and both keep agreeing under the same further calls."""
+    original = impl(capacity)
+    _random_history(original, seed=capacity)
+    if original.total() == 0.0:
+        original.update([0], [1.0])  # so that both can be sampled
+    state = original.state_dict()
+    assert state["priorities"].dtype == torch.float64 and state["priorities"].shape == (capacity,)
+    assert state["generations"].dtype == torch.int64 and state["generations"].shape == (capacity,)
+    assert type(state["claims"]) is int and type(state["cursor"]) is int
+    assert state["claims"] == original.stats().claims
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+
+    restored = impl(capacity)
+    restored.load_state_dict(loaded)
+    draws = torch.linspace(0.0, 1.0, 257, dtype=torch.float64)
+    _assert_same_tree(original, restored, draws)
+    # The internal sums were rebuilt exactly as updates would have left them.
+    assert restored.total() == rebuilt_total(restored.get(range(capacity)).tolist())
+    for _ in range(capacity + 2):  # once round the ring and a bit
+        claimed = original.claim()
+        assert restored.claim() == claimed
+        assert original.commit(*claimed, 0.5) and restored.commit(*claimed, 0.5)
+    _assert_same_tree(original, restored, draws)
+    # The state is a copy, not a view of the tree.
+    original.update([0], [123.0])
+    assert state["priorities"][0].item() != 123.0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_restore_frees_slots_claimed_but_not_committed(impl):
+    """Writers are not part of the state: a slot mid-write when saved is saved
+    with priority 0 (never sampled) and is free to claim after the restore."""
+    original = impl(3)
+    original.update(range(3), [1.0, 2.0, 3.0])
+    assert original.claim() == (0, 1)  # never committed
+    original.commit(*original.claim(), 5.0)  # slot 1
+    restored = impl(3)
+    restored.claim()  # slot 0 held in the tree restored into, too: released
+    restored.load_state_dict(original.state_dict())
+    assert restored.get(range(3)).tolist() == [0.0, 5.0, 3.0]
+    assert restored.sample([0.0, 1.0]).indices.tolist() == [1, 2]
+    assert original.claim() == restored.claim() == (2, 1)
+    # The original still has a writer in slot 0 and skips it; the restored one
+    # does not.
+    assert original.claim() == (1, 2)
+    assert restored.claim() == (0, 2)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_load_state_dict_rejects_bad_states_and_changes_nothing(impl):
+    tree = impl(4)
+    tree.update(range(4), [1.0, 2.0, 3.0, 4.0])
+    tree.commit(*tree.claim(), 7.0)
+    before = tree.state_dict()
+    good = impl(4).state_dict()
+    good["priorities"] = torch.tensor([0.5, 0.0, 2.0, 1.0], dtype=torch.float64)
+
+    def bad(**changes):
+        return {**good, **changes}
+
+    cases = [
+        (impl(5).state_dict(), r"tensor \[4\]"),  # a tree of another capacity
+        (bad(priorities=torch.tensor([0.5, -1.0, 2.0, 1.0], dtype=torch.float64)), "finite"),
+        (bad(priorities=torch.tensor([0.5, math.nan, 2.0, 1.0], dtype=torch.float64)), "finite"),
+        (bad(priorities=torch.tensor([0.5, math.inf, 2.0, 1.0], dtype=torch.float64)), "finite"),
+        (bad(priorities=good["priorities"].float()), "float64"),
+        (bad(generations=good["generations"].to(torch.int32)), "int64"),
+        (bad(generations=[0, 0, 0, 0]), "int64"),
+        (bad(claims=-1), "claims"),
+        (bad(cursor=2**64), "cursor"),
+        (bad(cursor=1.0), "cursor"),
+        ({k: v for k, v in good.items() if k != "cursor"}, "keys"),
+        (bad(extra=1), "keys"),
+    ]
+    for state, match in cases:
+        with pytest.raises(ValueError, match=match):
+            tree.load_state_dict(state)
+        after = tree.state_dict()
+        assert after["priorities"].tolist() == before["priorities"].tolist()
+        assert after["generations"].tolist() == before["generations"].tolist()
+        assert (after["claims"], after["cursor"]) == (before["claims"], before["cursor"])
+        assert tree.total() == 16.0 and tree.max() == 7.0
+    tree.load_state_dict(good)  # the same calls with a good state do apply
+    assert tree.get(range(4)).tolist() == [0.5, 0.0, 2.0, 1.0] and tree.total() == 3.5
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_state_dicts_match_reference_and_load_across_implementations(seed):
+    """Native and reference trees export equal states after the same calls, and
+    each restores the other's state into a tree that keeps agreeing with it."""
+    capacity = random.Random(seed).choice([1, 7, 64, 100])
+    native, reference = SumTree(capacity), PySumTree(capacity)
+    _random_history(native, seed)
+    _random_history(reference, seed)
+    a, b = native.state_dict(), reference.state_dict()
+    assert a.keys() == b.keys()
+    for key in ("priorities", "generations"):
+        assert a[key].dtype == b[key].dtype and a[key].tolist() == b[key].tolist()
+    assert (a["claims"], a["cursor"]) == (b["claims"], b["cursor"])
+
+    native_from_reference, reference_from_native = SumTree(capacity), PySumTree(capacity)
+    native_from_reference.load_state_dict(b)
+    reference_from_native.load_state_dict(a)
+    _random_history(native_from_reference, seed + 100)
+    _random_history(reference_from_native, seed + 100)
+    native_from_reference.update([0], [1.0])
+    reference_from_native.update([0], [1.0])
+    _assert_same_tree(
+        native_from_reference, reference_from_native, torch.rand(64, dtype=torch.float64)
+    )
+
+
+def test_restored_tree_samples_the_same_in_a_child(processes, forkserver):
+    """A tree restored from a checkpoint, then shared with a child process,
+    samples there exactly as the saved tree does here."""
+    capacity = 100
+    original = SumTree(capacity)
+    _random_history(original, seed=7)
+    restored = SumTree(capacity)
+    restored.load_state_dict(original.state_dict())
+    draws = torch.rand(500, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    results = forkserver.Queue()
+    child = processes.start(
+        forkserver, _sample_and_report, restored, draws, results, name="restored-sampler"
+    )
+    indices, generations, priorities, total = results.get(timeout=25)
+    child.join(5)
+    assert child.exitcode == 0
+    expected = original.sample(draws)
+    assert indices == expected.indices.tolist()
+    assert generations == expected.generations.tolist()
+    assert priorities == expected.priorities.tolist() and total == expected.total
 
 
 # Processes.

@@ -805,6 +805,51 @@ def _same_length(name: str, tensor: torch.Tensor, n: int) -> None:
         raise ValueError(f"{name} has {tensor.numel()} entries, expected {n} (one per index)")
 
 
+_UINT64_MAX = 2**64 - 1
+_TREE_STATE_KEYS = ("priorities", "generations", "claims", "cursor")
+_BAD_STATE_PRIORITIES = "state['priorities'] must all be finite and >= 0"
+
+
+class _TreeState(NamedTuple):
+    """A checked `SumTree.state_dict()`: tensors contiguous on the CPU."""
+
+    priorities: torch.Tensor  # float64 [capacity]
+    generations: torch.Tensor  # int64 [capacity] (uint64 in C, same bits)
+    claims: int
+    cursor: int
+
+
+def _check_tree_state(state, capacity: int) -> _TreeState:
+    """Shapes, dtypes and counter ranges of a state for a tree of `capacity`
+    leaves; ValueError with one line naming the first bad entry. Priorities'
+    values are the caller's to check (SumTree lets beast_sumtree_restore do it)."""
+    if not isinstance(state, dict) or set(state) != set(_TREE_STATE_KEYS):
+        got = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"a SumTree state is a dict with keys {list(_TREE_STATE_KEYS)}, got {got}")
+    tensors = []
+    for key, dtype in (("priorities", torch.float64), ("generations", torch.int64)):
+        value = state[key]
+        if (
+            not isinstance(value, torch.Tensor)
+            or value.dtype != dtype
+            or tuple(value.shape) != (capacity,)
+        ):
+            got = (
+                f"{value.dtype} {list(value.shape)}"
+                if isinstance(value, torch.Tensor)
+                else type(value).__name__
+            )
+            raise ValueError(f"state[{key!r}] must be a {dtype} tensor [{capacity}], got {got}")
+        tensors.append(value.detach().to("cpu").contiguous())
+    counters = []
+    for key in ("claims", "cursor"):
+        value = state[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _UINT64_MAX:
+            raise ValueError(f"state[{key!r}] must be an int in [0, 2**64), got {value!r}")
+        counters.append(value)
+    return _TreeState(*tensors, *counters)
+
+
 def _raise_for_tree(status: int, capacity: int) -> None:
     """The one place the SumTree's C status codes become Python exceptions."""
     if status == lib.BEAST_OK:
@@ -851,6 +896,12 @@ class SumTree:
 
     Picklable to `multiprocessing` children of any start method: only the
     shared-memory tensor travels, and the child re-derives its C pointer.
+
+    Checkpoints: ``state_dict()`` is the logical state (leaf priorities and
+    generations, claim counter, ring cursor) as plain tensors and ints, and
+    ``load_state_dict`` puts it back into a tree of the same capacity, which
+    then samples and claims exactly as the saved one would have. Which slots
+    were mid-write is not saved: after a restore every slot is free.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -1007,6 +1058,61 @@ class SumTree:
         """Times a process died inside a call and the lock was recovered."""
         return self.stats().owner_deaths
 
+    def state_dict(self) -> dict:
+        """The tree's logical state, copied in one critical section.
+
+        ``{"priorities": float64 [capacity], "generations": int64 [capacity],
+        "claims": int, "cursor": int}``: fresh tensors (not views of the shared
+        memory) and plain ints, so ``torch.save`` writes it and
+        ``torch.load(weights_only=True)`` reads it back. ``cursor`` is the ring
+        position the next `claim` starts looking at. Not included: which slots
+        are being written (pids mean nothing in another run) and owner_deaths.
+        """
+        priorities = torch.empty(self._capacity, dtype=torch.float64)
+        generations = torch.empty(self._capacity, dtype=torch.int64)
+        claims = ffi.new("uint64_t *")
+        cursor = ffi.new("uint64_t *")
+        status = lib.beast_sumtree_export(
+            self._mem,
+            ffi.cast("double *", priorities.data_ptr()),
+            ffi.cast("uint64_t *", generations.data_ptr()),
+            self._capacity,
+            claims,
+            cursor,
+        )
+        _raise_for_tree(status, self._capacity)
+        return {
+            "priorities": priorities,
+            "generations": generations,
+            "claims": int(claims[0]),
+            "cursor": int(cursor[0]),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replace the tree's state with ``state`` (a `state_dict` of a tree of
+        the same capacity, native or `PySumTree`), in one critical section.
+
+        The sums are rebuilt from the leaves and every slot is left free, so
+        the tree then samples, updates and claims exactly as the saved one
+        would have. Meant for resuming, before any writer claims a slot: a
+        claim made before the restore loses its slot. Raises ValueError,
+        changing nothing, for a wrong key, dtype or shape, a counter outside
+        [0, 2**64), or a priority that is negative or not finite.
+        """
+        checked = _check_tree_state(state, self._capacity)
+        status = lib.beast_sumtree_restore(
+            self._mem,
+            ffi.cast("double *", checked.priorities.data_ptr()),
+            ffi.cast("uint64_t *", checked.generations.data_ptr()),
+            self._capacity,
+            checked.claims,
+            checked.cursor,
+        )
+        if status == lib.BEAST_EINVAL:
+            # Capacity and shapes were checked above: C refused a priority.
+            raise ValueError(_BAD_STATE_PRIORITIES)
+        _raise_for_tree(status, self._capacity)
+
     def __repr__(self) -> str:
         return f"SumTree(capacity={self._capacity}, total={self.total()})"
 
@@ -1057,13 +1163,16 @@ class PySumTree:
             _raise_for_tree(lib.BEAST_EINVAL, self._capacity)
         return out
 
+    def _pull(self, k: int) -> None:
+        self._sum[k] = self._sum[2 * k] + self._sum[2 * k + 1]
+        self._max[k] = max(self._max[2 * k], self._max[2 * k + 1])
+
     def _set_leaf(self, i: int, p: float) -> None:
         k = self._leaves + i
         self._sum[k] = self._max[k] = p
         k //= 2
         while k >= 1:
-            self._sum[k] = self._sum[2 * k] + self._sum[2 * k + 1]
-            self._max[k] = max(self._max[2 * k], self._max[2 * k + 1])
+            self._pull(k)
             k //= 2
 
     def update(self, indices, priorities, generations=None) -> int:
@@ -1158,6 +1267,33 @@ class PySumTree:
             self._set_leaf(index, priority)
             self._writing[index] = False
             return True
+
+    def state_dict(self) -> dict:
+        with self._lock:
+            return {
+                "priorities": torch.tensor(
+                    self._sum[self._leaves : self._leaves + self._capacity], dtype=torch.float64
+                ),
+                "generations": torch.tensor(self._gen, dtype=torch.int64),
+                "claims": self._claims,
+                "cursor": self._cursor,
+            }
+
+    def load_state_dict(self, state: dict) -> None:
+        checked = _check_tree_state(state, self._capacity)
+        values = checked.priorities.tolist()
+        if any(not math.isfinite(p) or p < 0.0 for p in values):
+            raise ValueError(_BAD_STATE_PRIORITIES)
+        with self._lock:
+            self._sum[self._leaves : self._leaves + self._capacity] = values
+            self._max[self._leaves : self._leaves + self._capacity] = values
+            # The C tree's generations are uint64: a state's int64 -1 is 2**64 - 1
+            # there, and its claim wraps to 0 as this one's does from -1.
+            self._gen = checked.generations.tolist()
+            self._writing = [False] * self._capacity
+            self._claims, self._cursor = checked.claims, checked.cursor
+            for k in range(self._leaves - 1, 0, -1):
+                self._pull(k)
 
     def __repr__(self) -> str:
         return f"PySumTree(capacity={self._capacity}, total={self.total()})"

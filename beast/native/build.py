@@ -94,6 +94,10 @@ int beast_sumtree_claim(void *mem, int64_t *index, uint64_t *generation);
 int beast_sumtree_commit(void *mem, int64_t index, uint64_t generation, double priority,
                          uint32_t *applied);
 int beast_sumtree_stats(void *mem, struct beast_sumtree_stats *out);
+int beast_sumtree_export(void *mem, double *priorities, uint64_t *generations,
+                         uint32_t capacity, uint64_t *claims, uint64_t *cursor);
+int beast_sumtree_restore(void *mem, const double *priorities, const uint64_t *generations,
+                          uint32_t capacity, uint64_t claims, uint64_t cursor);
 
 struct beast_rng {
     uint64_t s[4];

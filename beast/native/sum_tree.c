@@ -375,3 +375,53 @@ int beast_sumtree_stats(void *mem, struct beast_sumtree_stats *out) {
   unlock(t);
   return BEAST_OK;
 }
+
+int beast_sumtree_export(void *mem, double *priorities, uint64_t *generations,
+                         uint32_t capacity, uint64_t *claims,
+                         uint64_t *cursor) {
+  struct beast_sumtree *t = checked(mem);
+  if (t == NULL || priorities == NULL || generations == NULL ||
+      claims == NULL || cursor == NULL || capacity != t->capacity)
+    return BEAST_EINVAL;
+  int rc = lock(t);
+  if (rc != BEAST_OK)
+    return rc;
+  /* The max tree's leaves equal the sum tree's (set_leaf writes both). */
+  memcpy(priorities, sums(t) + t->leaves, (size_t)capacity * sizeof(double));
+  memcpy(generations, gens(t), (size_t)capacity * sizeof(uint64_t));
+  *claims = t->claims;
+  *cursor = t->cursor;
+  unlock(t);
+  return BEAST_OK;
+}
+
+int beast_sumtree_restore(void *mem, const double *priorities,
+                          const uint64_t *generations, uint32_t capacity,
+                          uint64_t claims, uint64_t cursor) {
+  struct beast_sumtree *t = checked(mem);
+  /* capacity is immutable after init, so checking it (and the priorities)
+   * before the lock, as update does, is the same as checking under it: a bad
+   * state changes nothing. isfinite also rejects NaN. */
+  if (t == NULL || priorities == NULL || generations == NULL ||
+      capacity != t->capacity)
+    return BEAST_EINVAL;
+  for (uint32_t i = 0; i < capacity; i++)
+    if (!isfinite(priorities[i]) || priorities[i] < 0.0)
+      return BEAST_EINVAL;
+  int rc = lock(t);
+  if (rc != BEAST_OK)
+    return rc;
+  double *sum = sums(t), *max = maxes(t);
+  /* Leaves past capacity were zeroed at init and are never written. */
+  memcpy(sum + t->leaves, priorities, (size_t)capacity * sizeof(double));
+  memcpy(max + t->leaves, priorities, (size_t)capacity * sizeof(double));
+  memcpy(gens(t), generations, (size_t)capacity * sizeof(uint64_t));
+  /* pids of another run's writers (or of this one's, from before the
+   * checkpoint) hold no slot now. */
+  memset(writers(t), 0, (size_t)capacity * sizeof(int32_t));
+  t->claims = claims;
+  t->cursor = cursor;
+  rebuild(t);
+  unlock(t);
+  return BEAST_OK;
+}

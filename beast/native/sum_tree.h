@@ -56,6 +56,12 @@
  *   the total is again exactly the sum of the leaves; owner_deaths counts
  *   these recoveries.
  *
+ * Checkpoints
+ *   beast_sumtree_export copies the logical state (leaf priorities and
+ *   generations, claim counter, ring cursor) and beast_sumtree_restore puts
+ *   it back into a tree of the same capacity, rebuilding the sums; slot
+ *   writers are not part of it, so every slot is free after a restore.
+ *
  * Argument checks
  *   Indices must lie in [0, capacity), priorities must be finite and >= 0,
  *   draws finite and in [0, 1]. Every batch is checked before anything is
@@ -128,6 +134,35 @@ int beast_sumtree_commit(void *mem, int64_t index, uint64_t generation,
 
 /* Total, max, claims and owner deaths, read under the lock. */
 int beast_sumtree_stats(void *mem, struct beast_sumtree_stats *out);
+
+/* Copy the tree's logical state, in one critical section, for a checkpoint:
+ * every leaf's priority and generation into priorities[i] and
+ * generations[i], i < capacity, and the claim counter and ring cursor into
+ * *claims and *cursor. Internal nodes are not copied (they are a function of
+ * the leaves), nor are slot writers (pids mean nothing in another run) or
+ * owner_deaths. `capacity` must equal the tree's (it is the length of both
+ * arrays); every pointer must be non-NULL. O(capacity) under the lock. */
+int beast_sumtree_export(void *mem, double *priorities, uint64_t *generations,
+                         uint32_t capacity, uint64_t *claims,
+                         uint64_t *cursor);
+
+/* Replace the tree's logical state with one beast_sumtree_export produced
+ * (from this tree or another of the same capacity), in one critical section:
+ * set every leaf's priority and generation, the claim counter and the ring
+ * cursor, clear every slot's writer, and rebuild every internal node of the
+ * sum and max trees from the leaves (as owner-death recovery does), so the
+ * tree then samples, claims and updates exactly as the exported one would
+ * have. owner_deaths is kept. BEAST_EINVAL, changing nothing, unless
+ * `capacity` equals the tree's and every priority is finite and >= 0.
+ *
+ * Meant for resuming from a checkpoint, before any writer claims a slot: a
+ * claim made before the restore loses its slot (the slot is free again), and
+ * its commit applies only if the restored generation happens to match.
+ * Concurrent samples see either the old tree or the restored one, never a
+ * mix. O(capacity) under the lock. */
+int beast_sumtree_restore(void *mem, const double *priorities,
+                          const uint64_t *generations, uint32_t capacity,
+                          uint64_t claims, uint64_t cursor);
 
 #ifdef __cplusplus
 }
