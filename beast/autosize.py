@@ -25,13 +25,14 @@ import os
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
-from beast import envs
-from beast.bench import TrivialPolicy, measure_learner, torch_threads
-from beast.config import AUTO, Config
+from beast.algos.base import Algorithm, Rollouts
+from beast.config import AUTO, Config, ConfigError
 from beast.envs.batch import make_env_batch
 from beast.inference import LocalPolicy
+from beast.measure import TrivialModel, learning_cost, torch_threads
 
 __all__ = ["ENV_CANDIDATES", "K_TOLERANCE", "acting_cost", "resolve_actor_layout"]
 
@@ -43,27 +44,32 @@ _WARMUP_STEPS = 3
 
 
 def acting_cost(
-    config: Config, model: torch.nn.Module, num_envs: int, seconds: float = _MEASURE_SECONDS
+    config: Config,
+    algorithm: Algorithm,
+    model: torch.nn.Module,
+    num_envs: int,
+    seconds: float = _MEASURE_SECONDS,
 ) -> float:
     """CPU-seconds per agent step of an actor's loop with `num_envs` envs and `model`
-    (one torch thread, as actors run)."""
+    acting through the algorithm's policy (one torch thread, as actors run)."""
     batch = make_env_batch(config.env, num_envs, config.seed, config.episodic_life)
     try:
-        policy = LocalPolicy(model, num_envs)
+        policy = LocalPolicy(model, algorithm.policy(), num_envs)
+        last_action = np.zeros(num_envs, dtype=np.int64)
         inputs = {
             "obs": torch.from_numpy(batch.obs),
             "reward": torch.from_numpy(batch.reward),
             "done": torch.from_numpy(batch.done),
-            "last_action": torch.zeros(num_envs, dtype=torch.int64),
+            "last_action": torch.from_numpy(last_action),
         }
         steps, start = -_WARMUP_STEPS, 0.0
-        with torch_threads(1):
+        with torch_threads(1), torch.no_grad():
             while True:
                 if steps == 0:
                     start = time.thread_time()
-                action = policy.act(inputs).action
-                inputs["last_action"].copy_(action)
-                batch.step(action.numpy())
+                action = policy.act(inputs)["action"]
+                np.copyto(last_action, action)
+                batch.step(action)
                 steps += 1
                 elapsed = time.thread_time() - start
                 if steps > 0 and elapsed >= seconds:
@@ -72,46 +78,34 @@ def acting_cost(
         batch.close()
 
 
-def _learning_cost(config: Config, spec: envs.EnvSpec, precision: str, threads: int) -> float:
-    """CPU-seconds per agent step of one learner update (the benchmark's) on a
-    synthetic batch, on `threads` threads."""
-    timing = measure_learner(
-        obs_shape=spec.obs_shape,
-        obs_dtype=spec.obs_dtype,
-        num_actions=spec.num_actions,
-        unroll_length=config.unroll_length,
-        batch_size=config.batch_size,
-        variant="bf16" if precision == "bf16" else "fp32",
-        num_threads=threads,
-        steps=1,
-        model=config.model,
-        use_lstm=config.use_lstm,
-    )
-    if timing.error is not None:
-        raise RuntimeError(f"could not time a learner update: {timing.error}")
-    return timing.step_seconds[0] * threads / (config.unroll_length * config.batch_size)
-
-
 def resolve_actor_layout(
     config: Config,
-    spec: envs.EnvSpec,
+    algorithm: Algorithm,
     device: torch.device,
-    model_factory: Callable[[], torch.nn.Module],
     policy: str,
     precision: str,
     log: Callable[[str], None] = print,
 ) -> Config:
     """`config` with num_actors / num_envs_per_actor "auto" replaced by measured values
     (and num_buffers derived from them unless it was given); unchanged when neither is
-    auto. `model_factory` builds the actors' model (measured under --policy local)."""
+    auto. The actors' model is `algorithm`'s (measured under --policy local)."""
     if AUTO not in (config.num_actors, config.num_envs_per_actor):
         return config
+    if not isinstance(algorithm.experience(), Rollouts):
+        raise ConfigError(
+            f"--num_actors / --num_envs_per_actor auto measure an actor filling rollouts"
+            f" against the learner's update on them; give numbers with --algo {config.algo}"
+        )
     # Under --policy central the actors' own cost excludes the forward pass.
-    model = model_factory().eval() if policy == "local" else TrivialPolicy(spec.num_actions)
+    model = (
+        algorithm.build_model().eval()
+        if policy == "local"
+        else TrivialModel(algorithm.model_outputs())
+    )
     num_envs = config.num_envs_per_actor
     costs: dict[int, float] = {}
     if num_envs == AUTO:
-        costs = {k: acting_cost(config, model, k) for k in ENV_CANDIDATES}
+        costs = {k: acting_cost(config, algorithm, model, k) for k in ENV_CANDIDATES}
         best = min(costs.values())
         num_envs = min(k for k, cost in costs.items() if cost <= best * (1 + K_TOLERANCE))
         table = ", ".join(f"{k}: {1e3 * cost:.3f}" for k, cost in costs.items())
@@ -126,8 +120,8 @@ def resolve_actor_layout(
             num_actors = max(1, cores - 1)
             log(f"--num_actors auto: {num_actors} (learner on {device}: {cores} cores less one)")
         else:
-            acting = costs.get(num_envs) or acting_cost(config, model, num_envs)
-            learning = _learning_cost(config, spec, precision, threads=1)
+            acting = costs.get(num_envs) or acting_cost(config, algorithm, model, num_envs)
+            learning = learning_cost(algorithm, bf16=precision == "bf16", num_threads=1)
             share = acting / (acting + learning)
             num_actors = min(cores, max(1, math.ceil(cores * share)))
             log(

@@ -1,86 +1,111 @@
-"""Rollout slots in shared memory and the free/full protocol that moves them.
+"""Rollout slots in shared memory: the layout, the free/full protocol, the writers that fill
+them and the source the learner takes batches from.
 
-The layout is declared once as a spec (field -> per-slot shape, dtype). Each
-field is ONE contiguous shared-memory block shaped `[num_buffers, T+1, ...]`
-(core-state fields: `[num_buffers, ...]`), never one tensor per slot:
-thousands of small shared tensors exhaust file descriptors.
+The layout is declared once as a spec (field -> per-slot shape, dtype). Each field is ONE
+contiguous shared-memory block shaped `[num_buffers, T+1, ...]` (core-state fields:
+`[num_buffers, ...]`), never one tensor per slot: thousands of small shared tensors
+exhaust file descriptors. The fields are the step record (`step_record_spec`): what the env
+batch reports for a step, plus what the algorithm's policy stores with it
+(beast/algos/base.py `Policy.record_spec`: the action, and e.g. IMPALA's logits), plus
+the rollout's id and the recurrent state at its start. No field is named here but the
+env's and the protocol's own.
 
-Protocol: every slot index is in exactly one place at a time, the free
-queue, an actor, the full queue, or the learner's batch gatherer. An actor
-takes a free index, records itself in `slot_owner`, writes a whole rollout,
-clears `slot_owner` and puts the index on the full queue; the learner
-gathers a batch from full slots (copying it out) and puts the indices back
-on the free queue. Only indices cross processes. When an actor dies, the
-slots it still owns are reclaimed onto the free queue. The ownership mark is
-set after taking a slot and cleared before handing it on, so a death between
-the two statements can lose a slot (a few microseconds per rollout) but can
-never put one index in two places.
+Protocol: every slot index is in exactly one place at a time, the free queue, an actor,
+the full queue, or the learner's batch gatherer. An actor's `RolloutWriter` takes a free
+index, records the actor in `slot_owner`, writes a whole rollout, clears `slot_owner` and
+puts the index on the full queue; the learner's `RolloutSource` gathers a batch from full
+slots (copying it out) and puts the indices back on the free queue. Only indices cross
+processes. When an actor dies, the slots it still owns are reclaimed onto the free queue.
+The ownership mark is set after taking a slot and cleared before handing it on, so a
+death between the two statements can lose a slot (a few microseconds per rollout) but
+can never put one index in two places.
 
-Every step of a rollout carries the rollout's id (`rollout_id`); a slot
-whose steps disagree is torn (written by two rollouts) and is never used.
+Every step of a rollout carries the rollout's id (`rollout_id`); a slot whose steps
+disagree is torn (written by two rollouts) and is never used.
 
-Alignment (index t of a slot): `obs` is the observation at step t; `reward`
-was received on arriving there; `done` says the transition into it ended an
-episode (so obs is a reset observation); `last_action` is the action taken
-before it; `action`, `policy_logits` and `baseline` are the actor's output
-computed FROM that observation. Step 0 repeats step T of the previous rollout
-so the learner can bootstrap and, with `done`, reset recurrent state.
+Alignment (index t of a slot): `obs` is the observation at step t; `reward` was received
+on arriving there; `done` says obs starts an episode, `terminated` that the transition
+into it ended one in a terminal state, `truncated` that obs is a time-limited episode's
+final observation (beast/envs/batch.py); `last_action` is the action taken before it;
+the policy's record (`action`, ...) was computed FROM that observation. Step 0 repeats
+step T of the previous rollout so the learner can bootstrap and, with `done`, reset
+recurrent state.
+
+polybeast builds rollouts outside shared memory (an env server, or its central
+inference thread) with the same writer over `StagingRollouts`, and `commit`s whole ones
+into the slots.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from beast.native import IndexQueue
+from beast.algos.base import Batch
+from beast.fields import (
+    Field,
+    core_state_key,
+    is_core_state,
+    numpy_dtype,
+    shared_zeros,
+    torch_dtype,
+)
+from beast.native import IndexQueue, QueueClosed
+from beast.native.acting import StepCopies
+from beast.profile import PhaseClock
+from beast.threads import ThreadGroup, process_alive
+
+if TYPE_CHECKING:
+    from beast.rollout_replay import RolloutReplay
 
 __all__ = [
-    "Field",
-    "rollout_spec",
+    "ENV_STEP_KEYS",
     "RolloutBuffers",
-    "core_state_key",
-    "core_state_shapes",
-    "shared_zeros",
+    "RolloutSource",
+    "RolloutStaging",
+    "RolloutWriter",
+    "check_rollout",
+    "commit",
+    "env_step_spec",
+    "rollout_spec",
 ]
 
-
-def shared_zeros(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed tensor allocated in shared memory directly.
-
-    `torch.zeros(...).share_memory_()` fills private pages, then copies them into a
-    new shared segment: a replay briefly needed twice its size (6.2 GB at the peak
-    for Pong's 3 GB R2D2 replay). A new segment reads as zeros already, and its pages
-    take memory only once written.
-    """
-    shape = tuple(shape)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    storage = torch.UntypedStorage._new_shared(nbytes)
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
-
-
-@dataclass(frozen=True)
-class Field:
-    """Shape of one field for ONE slot (without the leading num_buffers dim)."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
+# What an env batch reports per step (beast/envs/batch.py), with the actor's last action.
+ENV_STEP_KEYS = (
+    "obs",
+    "reward",
+    "done",
+    "terminated",
+    "truncated",
+    "last_action",
+    "episode_end",
+    "episode_return",
+    "episode_step",
+)
+# How often a writer blocked on the free queue checks that the learner still exists.
+_PARENT_CHECK_SECONDS = 1.0
 
 
-def core_state_key(i: int) -> str:
-    return f"core_state_{i}"
-
-
-def core_state_shapes(initial_state: Sequence[torch.Tensor]) -> list[tuple[int, ...]]:
-    """Per-env shapes of a model's recurrent state, for `rollout_spec`.
-
-    `initial_state` is the model's `initial_state(batch_size)`; each tensor has
-    its batch dim at index 1, which a slot (one env) does not store.
-    """
-    return [tuple(s.shape[:1] + s.shape[2:]) for s in initial_state]
+def env_step_spec(obs_shape: Sequence[int], obs_dtype: np.dtype | torch.dtype) -> dict[str, Field]:
+    """Per-env fields of one step as an env batch reports it (`ENV_STEP_KEYS`)."""
+    return {
+        "obs": Field(tuple(obs_shape), torch_dtype(obs_dtype)),
+        "reward": Field((), torch.float32),
+        "done": Field((), torch.bool),
+        "terminated": Field((), torch.bool),
+        "truncated": Field((), torch.bool),
+        "last_action": Field((), torch.int64),
+        # Set on the step that ends a real episode (not a life loss), with the
+        # episode's undiscounted return and length: the learner's statistics.
+        "episode_end": Field((), torch.bool),
+        "episode_return": Field((), torch.float32),
+        "episode_step": Field((), torch.int32),
+    }
 
 
 def rollout_spec(
@@ -88,37 +113,131 @@ def rollout_spec(
     unroll_length: int,
     obs_shape: Sequence[int],
     obs_dtype: np.dtype | torch.dtype,
-    num_actions: int,
+    record: Mapping[str, Field],
     core_state_shapes: Sequence[Sequence[int]] = (),
 ) -> dict[str, Field]:
     """The rollout layout for one env's unroll of T+1 steps.
 
-    `core_state_shapes` are the per-env shapes of the recurrent state tensors
-    (the model's initial_state(1) without its batch dim, which is dim 1), so
-    that the state at the start of a rollout is stored with it.
+    `record` is the policy's per-step record (`Policy.record_spec()`); `core_state_shapes`
+    the per-env shapes of the recurrent state tensors (`core_state_shapes`), so that the
+    state at the start of a rollout is stored with it.
     """
     steps = unroll_length + 1
-    if not isinstance(obs_dtype, torch.dtype):
-        obs_dtype = torch.from_numpy(np.zeros((), dtype=obs_dtype)).dtype
-    spec = {
-        "obs": Field((steps, *obs_shape), obs_dtype),
-        "reward": Field((steps,), torch.float32),
-        "done": Field((steps,), torch.bool),
-        "last_action": Field((steps,), torch.int64),
-        "action": Field((steps,), torch.int64),
-        "policy_logits": Field((steps, num_actions), torch.float32),
-        "baseline": Field((steps,), torch.float32),
-        # Set on the step that ends a real episode (not a life loss), with the
-        # episode's undiscounted return and length: the learner's statistics.
-        "episode_end": Field((steps,), torch.bool),
-        "episode_return": Field((steps,), torch.float32),
-        "episode_step": Field((steps,), torch.int32),
-        # Unique per rollout, written with every step: see is_torn().
-        "rollout_id": Field((steps,), torch.int64),
-    }
+    per_step = {**env_step_spec(obs_shape, obs_dtype), **record}
+    spec = {key: Field((steps, *f.shape), f.dtype) for key, f in per_step.items()}
+    # Unique per rollout, written with every step: see is_torn().
+    spec["rollout_id"] = Field((steps,), torch.int64)
     for i, shape in enumerate(core_state_shapes):
         spec[core_state_key(i)] = Field(tuple(shape), torch.float32)
     return spec
+
+
+def _step_keys(spec: Mapping[str, Field]) -> list[str]:
+    """The spec's per-step fields (those a writer copies every step)."""
+    return [key for key in spec if not is_core_state(key)]
+
+
+class RolloutWriter:
+    """Writes a group of n envs' steps as rollouts of T+1 steps into n destinations.
+
+    `sources` maps every per-step field of the spec but `rollout_id` to an array `[n, ...]`
+    at a fixed address (the env batch's arrays, the actor's last actions, the policy's
+    record), updated in place between writes. Each `write(state)` copies the current step:
+    the first write of a rollout takes n destinations (`_Destinations.take`), stores
+    `state` (the recurrent state, `[n, d0, ...]` per tensor, that produced this step's
+    policy output) as the rollout's start and writes step 0; the write of step T
+    publishes the rollout and opens the next, whose step 0 is that same step (one native
+    call per step: `beast.native.acting.StepCopies`).
+
+    Rollout ids: `first_id + arange(n)`, advanced by `id_stride` per rollout; writers of
+    one process must use disjoint residues (an actor's lanes: first ids 0, n, 2n, ...,
+    stride K), and processes disjoint high bits.
+    """
+
+    def __init__(
+        self,
+        destinations: _Destinations,
+        sources: Mapping[str, np.ndarray],
+        *,
+        first_id: int,
+        id_stride: int,
+        clock: PhaseClock | None = None,
+    ) -> None:
+        n = destinations.num_envs
+        self.destinations = destinations
+        self.unroll_length = destinations.unroll_length
+        self.rollout_ids = np.arange(n, dtype=np.int64) + first_id
+        self.id_stride = id_stride
+        self.clock = clock
+        missing = [key for key in destinations.step_keys if key not in sources]
+        missing.remove("rollout_id")
+        if missing:
+            raise ValueError(f"no source for the rollout fields {missing}")
+        sources = {**sources, "rollout_id": self.rollout_ids}
+        # Env i's [1, ...] row of each source, made once: rollouts only change the slots.
+        self._source_rows = {
+            key: [sources[key][i : i + 1] for i in range(n)] for key in destinations.step_keys
+        }
+        self._copies: StepCopies | None = None
+        self.t = 0  # the step written last
+
+    def _mark(self, phase: str) -> None:
+        if self.clock is not None:
+            self.clock.mark(phase)
+
+    def _open(self, state: Sequence[torch.Tensor]) -> bool:
+        rows = self.destinations.take()
+        if rows is None:
+            return False
+        self._mark("wait_slots")
+        # Step t of env i goes to row t of destination i: one native call per step.
+        self._copies = StepCopies(
+            [
+                (row[key], source_rows[i])
+                for key, source_rows in self._source_rows.items()
+                for i, row in enumerate(rows)
+            ]
+        )
+        self.destinations.write_state(state)
+        self._copies.run(0)
+        self.t = 0
+        return True
+
+    def write(self, state: Sequence[torch.Tensor]) -> bool:
+        """Write the current step; False when the run is shutting down."""
+        if self._copies is None:
+            opened = self._open(state)
+            self._mark("slot_write")
+            return opened
+        self.t += 1
+        self._copies.run(self.t)
+        if self.t == self.unroll_length:
+            if not self.destinations.publish():
+                return False
+            self.rollout_ids += self.id_stride
+            if not self._open(state):
+                return False
+        self._mark("slot_write")
+        return True
+
+
+class _Destinations:
+    """Where a `RolloutWriter` puts its n rollouts: slots in shared memory, or staging."""
+
+    num_envs: int
+    unroll_length: int
+    step_keys: list[str]
+
+    def take(self) -> list[dict[str, np.ndarray]] | None:
+        """n destinations, each field's [T+1, ...] array per env; None: shutting down."""
+        raise NotImplementedError
+
+    def write_state(self, state: Sequence[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def publish(self) -> bool:
+        """Hand the written rollouts on; False: shutting down."""
+        raise NotImplementedError
 
 
 class RolloutBuffers:
@@ -131,10 +250,10 @@ class RolloutBuffers:
     def __init__(self, spec: Mapping[str, Field], num_buffers: int) -> None:
         self.spec = dict(spec)
         self.num_buffers = num_buffers
+        self.unroll_length = self.spec["rollout_id"].shape[0] - 1
         self.tensors = {
             key: shared_zeros((num_buffers, *f.shape), f.dtype) for key, f in self.spec.items()
         }
-        self.num_core_state = sum(key.startswith("core_state_") for key in self.spec)
         # Index of the actor writing each slot, -1 when no actor holds it.
         self.slot_owner = torch.full((num_buffers,), -1, dtype=torch.int32).share_memory_()
         self.free_queue = IndexQueue(num_buffers)
@@ -144,6 +263,29 @@ class RolloutBuffers:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def describe(self) -> str:
+        return f"{self.num_buffers} rollout slots ({self.nbytes() / 2**20:,.0f} MiB)"
+
+    def writer(
+        self,
+        owner: int,
+        sources: Mapping[str, np.ndarray],
+        *,
+        first_id: int,
+        id_stride: int,
+        learner_pid: int,
+        clock: PhaseClock | None = None,
+    ) -> RolloutWriter:
+        """An actor's writer for the n envs of `sources` (see `RolloutWriter`)."""
+        num_envs = len(sources["reward"])
+        return RolloutWriter(
+            _Slots(self, owner, num_envs, learner_pid),
+            sources,
+            first_id=first_id,
+            id_stride=id_stride,
+            clock=clock,
+        )
 
     def gather(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
         """Copy slots out into a time-major batch.
@@ -172,10 +314,364 @@ class RolloutBuffers:
             self.free_queue.put(index)
         return len(indices)
 
-    def core_state(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        return tuple(batch[core_state_key(i)] for i in range(self.num_core_state))
-
     def close(self) -> None:
         """Wake and stop everyone blocked on either queue (shutdown)."""
         self.free_queue.close()
         self.full_queue.close()
+
+    # polybeast: rollouts built outside shared memory, committed whole.
+
+    def staging_writer(
+        self,
+        sources: Mapping[str, np.ndarray],
+        *,
+        publish_every: int,
+        first_id: int,
+        id_stride: int,
+    ) -> tuple[RolloutWriter, RolloutStaging]:
+        """A writer for the n envs of `sources` into staged rollouts, and the staging that
+        hands each finished one over (`take_rollout`), for `commit`. (`publish_every`: a
+        rollout is ready every T writes by itself.)"""
+        staging = RolloutStaging(self.spec, len(sources["reward"]))
+        writer = RolloutWriter(staging, sources, first_id=first_id, id_stride=id_stride)
+        return writer, staging
+
+    def commit(self, rollout: Mapping[str, np.ndarray], stop: threading.Event, row: int) -> bool:
+        """Copy a staged rollout into free slots (see `commit`); `row`: the env server's."""
+        return commit(self, rollout, stop)
+
+
+class _Slots(_Destinations):
+    """An actor's destinations: n free slots at a time, put on the full queue when written."""
+
+    def __init__(self, buffers: RolloutBuffers, owner: int, num_envs: int, learner_pid: int):
+        self.buffers, self.owner, self.learner_pid = buffers, owner, learner_pid
+        self.num_envs = num_envs
+        self.unroll_length = buffers.unroll_length
+        self.step_keys = _step_keys(buffers.spec)
+        self._fields = {key: tensor.numpy() for key, tensor in buffers.tensors.items()}
+        self._state_keys = [key for key in buffers.spec if is_core_state(key)]
+        self.slots: list[int] = []
+
+    def take(self) -> list[dict[str, np.ndarray]] | None:
+        buffers, slots = self.buffers, []
+        while len(slots) < self.num_envs:
+            try:
+                index = buffers.free_queue.get(timeout=_PARENT_CHECK_SECONDS)
+                buffers.slot_owner[index] = self.owner
+                slots.append(index)
+            except queue.Empty:
+                if not process_alive(self.learner_pid):
+                    return None
+            except QueueClosed:
+                return None
+        self.slots = slots
+        return [{key: self._fields[key][slot] for key in self.step_keys} for slot in slots]
+
+    def write_state(self, state: Sequence[torch.Tensor]) -> None:
+        # Policies give the state per env, [n, d0, ...], as slots store it.
+        slots = np.array(self.slots, dtype=np.int64)
+        for key, tensor in zip(self._state_keys, state, strict=True):
+            self._fields[key][slots] = tensor.numpy()
+
+    def publish(self) -> bool:
+        buffers = self.buffers
+        for slot in self.slots:
+            buffers.slot_owner[slot] = -1
+            buffers.full_queue.put(slot)
+        return process_alive(self.learner_pid)
+
+
+class RolloutStaging(_Destinations):
+    """Rollouts of n envs built outside shared memory, `[n, T+1, ...]` per field, for
+    polybeast: an env server (or the learner's central-inference thread) writes them with
+    a `RolloutWriter` and takes each finished one with `take_rollout`.
+
+    Two buffers alternate, so that a finished rollout stays intact while the writer
+    starts the next one (whose step 0 repeats the finished one's step T).
+    """
+
+    def __init__(self, spec: Mapping[str, Field], num_envs: int) -> None:
+        self.num_envs = num_envs
+        self.unroll_length = spec["rollout_id"].shape[0] - 1
+        self.step_keys = _step_keys(spec)
+        self._buffers = [
+            {
+                key: np.zeros((num_envs, *f.shape), dtype=numpy_dtype(f.dtype))
+                for key, f in spec.items()
+            }
+            for _ in range(2)
+        ]
+        self._current = 0
+        self._finished: dict[str, np.ndarray] | None = None
+
+    def take(self) -> list[dict[str, np.ndarray]]:
+        arrays = self._buffers[self._current]
+        return [{key: arrays[key][i] for key in self.step_keys} for i in range(self.num_envs)]
+
+    def write_state(self, state: Sequence[torch.Tensor]) -> None:
+        arrays = self._buffers[self._current]
+        for i, tensor in enumerate(state):
+            arrays[core_state_key(i)][...] = tensor.numpy()
+
+    def publish(self) -> bool:
+        self._finished = self._buffers[self._current]
+        self._current = 1 - self._current
+        return True
+
+    def take_rollout(self) -> dict[str, np.ndarray] | None:
+        """The rollout finished since the last call, or None; valid until the next one
+        finishes."""
+        finished, self._finished = self._finished, None
+        return finished
+
+
+def check_rollout(buffers: RolloutBuffers, rollout: Mapping[str, np.ndarray]) -> str | None:
+    """Why `rollout` does not fit the learner's slots, or None when it does.
+
+    A server built from other code or another env version would otherwise be
+    caught only by a shape error deep in a copy.
+    """
+    if set(rollout) != set(buffers.tensors):
+        return f"fields {sorted(rollout)} differ from the learner's {sorted(buffers.tensors)}"
+    for key, tensor in buffers.tensors.items():
+        if tuple(rollout[key].shape[1:]) != tuple(tensor.shape[1:]):
+            return (
+                f"field {key} has shape {tuple(rollout[key].shape[1:])} per env,"
+                f" the learner's slots {tuple(tensor.shape[1:])}"
+            )
+    return None
+
+
+def commit(
+    buffers: RolloutBuffers, rollout: Mapping[str, np.ndarray], stop: threading.Event
+) -> bool:
+    """Copy a whole n-env rollout into n free slots, then put them on the full queue.
+
+    Blocks while no slot is free (back-pressure on the servers). Returns False,
+    having written nothing to the full queue, when `stop` is set or the queues
+    are closed (shutdown); slots it had taken go back to the free queue.
+    """
+    num_envs = len(rollout["rollout_id"])
+    slots: list[int] = []
+    try:
+        while len(slots) < num_envs:
+            try:
+                slots.append(buffers.free_queue.get(timeout=_POLL_SECONDS))
+            except queue.Empty:
+                if stop.is_set():
+                    raise QueueClosed from None
+    except QueueClosed:
+        for index in slots:
+            try:
+                buffers.free_queue.put(index)
+            except QueueClosed:
+                break
+        return False
+    index = np.asarray(slots)
+    for key, tensor in buffers.tensors.items():
+        # Through numpy: Ray hands out read-only arrays, which numpy copies from
+        # without complaint (torch would warn on each).
+        tensor.numpy()[index] = rollout[key]
+    try:
+        for slot in slots:
+            buffers.full_queue.put(slot)
+    except QueueClosed:
+        return False
+    return True
+
+
+# How often a blocked learner-side thread looks at its stop flag.
+_POLL_SECONDS = 0.2
+
+
+class RolloutSource:
+    """The learner's side of the slots: batches of `batch_size` full rollouts.
+
+    A batch is `batch_size` full slots copied out time-major (`gather`); the slots go back
+    to the free queue at once, so actors never wait on a learner step. A torn slot (see the
+    module docstring) is counted and freed, never batched. With a `replay` (LASER,
+    beast/rollout_replay.py), `num_replayed` of the batch's rollouts are drawn from it
+    (the last columns) and the fresh ones go in afterwards: every rollout any actor
+    produced is replayed from then on, and a batch never replays its own fresh rollouts.
+    Until the replay holds `num_replayed` rollouts, batches are all fresh. Only fresh
+    rollouts count as agent steps and report finished episodes; a replayed step was
+    counted when it was fresh.
+
+    `start()` runs `num_threads` preparation threads (one per learner thread, so that
+    gathering the next batch never waits on an update in flight) that keep up to two
+    batches ready on the learning device; `next()` takes one. Without them (--serial),
+    `poll()` prepares one when enough rollouts are full, without blocking.
+    """
+
+    def __init__(
+        self,
+        buffers: RolloutBuffers,
+        *,
+        batch_size: int,
+        device: torch.device,
+        replay: RolloutReplay | None = None,
+        num_replayed: int = 0,
+        num_threads: int = 1,
+    ) -> None:
+        if replay is not None and not 0 < num_replayed < batch_size:
+            raise ValueError(
+                f"with a replay, num_replayed must be in [1, batch_size), got {num_replayed}"
+            )
+        self.buffers = buffers
+        self.batch_size = batch_size
+        self.device = device
+        self.replay = replay
+        self.num_replayed = num_replayed if replay is not None else 0
+        self.torn_rollouts = 0
+        # Guards torn_rollouts, which preparation threads bump concurrently.
+        self._torn_lock = threading.Lock()
+        self.failed = threading.Event()
+        self._threads = ThreadGroup(on_error=self.failed)
+        # Prepared batches waiting for a learner thread; small, so that a slow learner
+        # applies back-pressure to the preparation threads and not to memory.
+        self._ready: queue.Queue = queue.Queue(maxsize=2)
+        for i in range(num_threads):
+            self._threads._add_thread(self._prepare_loop, f"batcher-{i}")
+
+    # The engine's side (beast/learner.py's Source protocol).
+
+    def start(self) -> None:
+        self._threads.start()
+
+    def stop(self, timeout: float) -> None:
+        self._threads.stop(timeout)
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._threads.error
+
+    def next(self, timeout: float) -> Batch | None:
+        """A prepared batch, or None after `timeout` seconds without one."""
+        try:
+            return self._ready.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def poll(self) -> Batch | None:
+        """A batch if `batch_size` rollouts are full now, else None (no threads: --serial)."""
+        if self.buffers.full_queue.qsize() < self._num_fresh():
+            return None
+        return self._prepare(lambda: False)
+
+    def pending_steps(self) -> int:
+        """Agent steps taken that no batch accounts for: none, rollouts carry theirs."""
+        return 0
+
+    def pending_episodes(self) -> tuple[list[float], list[int]]:
+        return [], []
+
+    def feedback(self, batch: Batch, priorities: torch.Tensor | None) -> None:
+        """Nothing to send back: rollouts have no priorities."""
+
+    def stats(self) -> dict[str, float]:
+        stats = {"torn_rollouts": self.torn_rollouts}
+        if self.replay is not None:
+            stats["replay_fill"] = len(self.replay) / self.replay.capacity
+        return stats
+
+    def status_line(self) -> str | None:
+        return None
+
+    def describe(self) -> str:
+        line = self.buffers.describe()
+        if self.replay is not None:
+            line += (
+                f", LASER replay of {self.replay.capacity:,} rollouts"
+                f" ({self.replay.nbytes() / 2**20:,.0f} MiB, {self.num_replayed} of each"
+                f" batch's {self.batch_size} rollouts)"
+            )
+        return line
+
+    def close(self) -> None:
+        self.buffers.close()
+
+    def save_replay(self, write: Callable[[dict[str, torch.Tensor]], None]) -> dict | None:
+        """Checkpoint the replay: `write` its tensors (the atomic replay file) and return
+        the small rest for model.tar; None without a replay. Preparation threads wait
+        meanwhile: the tensors written are the replay's own memory."""
+        if self.replay is None:
+            return None
+        with self.replay.lock:
+            tensors, state = self.replay.contents()
+            write(tensors)
+        return state
+
+    def restore_replay(self, tensors: Mapping[str, torch.Tensor], state: Mapping) -> str:
+        """Load a checkpointed replay; returns what was restored, for the start-up line."""
+        if self.replay is None:
+            raise ValueError("this run has no replay")
+        self.replay.restore(tensors, state)
+        return f"LASER replay of {len(self.replay):,} rollouts"
+
+    # Preparation.
+
+    def _num_fresh(self) -> int:
+        replaying = self.replay is not None and len(self.replay) >= self.num_replayed
+        return self.batch_size - self.num_replayed if replaying else self.batch_size
+
+    def _prepare_loop(self) -> None:
+        stopped = self._threads._stop.is_set
+        while not stopped():
+            batch = self._prepare(stopped)
+            while batch is not None and not stopped():
+                try:
+                    self._ready.put(batch, timeout=_POLL_SECONDS)
+                    break
+                except queue.Full:
+                    continue
+
+    def _prepare(self, stopped: Callable[[], bool]) -> Batch | None:
+        """Gather one batch (None when `stopped()` turns True while waiting)."""
+        buffers = self.buffers
+        num_fresh = self._num_fresh()
+        indices: list[int] = []
+        while len(indices) < num_fresh:
+            try:
+                index = buffers.full_queue.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                if stopped():
+                    for index in indices:
+                        buffers.free_queue.put(index)
+                    return None
+                continue
+            if buffers.is_torn(index):
+                with self._torn_lock:
+                    self.torn_rollouts += 1
+                buffers.free_queue.put(index)
+                continue
+            indices.append(index)
+        data = buffers.gather(indices)
+        for index in indices:
+            buffers.free_queue.put(index)
+        # Step 0 repeats the previous rollout's last step: count episodes from t=1.
+        ended = data["episode_end"][1:]
+        returns = tuple(data["episode_return"][1:][ended].tolist())
+        lengths = tuple(data["episode_step"][1:][ended].tolist())
+        stats = {}
+        if self.replay is not None:
+            # Sampled before the fresh rollouts go in: none is replayed beside itself.
+            replaying = num_fresh < self.batch_size
+            replayed = self.replay.sample(self.num_replayed) if replaying else None
+            self.replay.add(data)
+            if replayed is not None:
+                data = {k: torch.cat([v, replayed[k]], dim=1) for k, v in data.items()}
+            stats["replayed_rollouts"] = self.batch_size - num_fresh
+        if self.device.type != "cpu":
+            pin = self.device.type == "cuda"
+            data = {
+                k: (v.pin_memory() if pin else v).to(self.device, non_blocking=pin)
+                for k, v in data.items()
+            }
+        return Batch(
+            data=data,
+            new_steps=buffers.unroll_length * num_fresh,
+            episode_returns=returns,
+            episode_steps=lengths,
+            stats=stats,
+        )

@@ -21,15 +21,21 @@ import torch
 __all__ = [
     "CHECKPOINT_NAME",
     "PREVIOUS_CHECKPOINT_NAME",
+    "REPLAY_NAME",
     "CheckpointError",
     "has_checkpoint",
     "load_checkpoint",
     "load_latest_checkpoint",
+    "load_replay_file",
     "save_checkpoint",
+    "save_replay_file",
 ]
 
 CHECKPOINT_NAME = "model.tar"
 PREVIOUS_CHECKPOINT_NAME = "model.prev.tar"
+# The algorithm's replay (--checkpoint_replay): its contents; model.tar holds the small
+# rest (priorities, counters) and a token that must match this file's.
+REPLAY_NAME = "replay.tar"
 
 
 class CheckpointError(RuntimeError):
@@ -44,30 +50,66 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-def save_checkpoint(run_dir: str, payload: dict[str, Any]) -> str:
-    """Atomically install `payload` as RUN_DIR/model.tar; returns its path."""
-    path = os.path.join(run_dir, CHECKPOINT_NAME)
+def _write_atomically(path: str, payload: Any, *, keep_previous: str | None = None) -> None:
+    """torch.save `payload` to a temporary file beside `path`, fsync it, move the old file
+    to `keep_previous` (if given), rename the new one into place and fsync the directory.
+    Raises OSError; a crash at any point leaves a complete file behind."""
+    directory = os.path.dirname(path)
     tmp_path = None
     try:
-        fd, tmp_path = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=run_dir)
+        fd, tmp_path = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=directory)
         with os.fdopen(fd, "wb") as f:
             torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
-        if os.path.exists(path):
-            os.replace(path, os.path.join(run_dir, PREVIOUS_CHECKPOINT_NAME))
+        if keep_previous is not None and os.path.exists(path):
+            os.replace(path, keep_previous)
         os.replace(tmp_path, path)
         tmp_path = None
-        _fsync_directory(run_dir)
+        _fsync_directory(directory)
+    finally:
+        if tmp_path is not None and os.path.exists(tmp_path):
+            os.unlink(tmp_path)
+
+
+def save_checkpoint(run_dir: str, payload: dict[str, Any]) -> str:
+    """Atomically install `payload` as RUN_DIR/model.tar; returns its path."""
+    path = os.path.join(run_dir, CHECKPOINT_NAME)
+    try:
+        _write_atomically(
+            path, payload, keep_previous=os.path.join(run_dir, PREVIOUS_CHECKPOINT_NAME)
+        )
     except OSError as error:
         raise CheckpointError(
             f"cannot write checkpoint {path}: {error.strerror or error}"
             " (the previous checkpoint is intact)"
         ) from error
-    finally:
-        if tmp_path is not None and os.path.exists(tmp_path):
-            os.unlink(tmp_path)
     return path
+
+
+def save_replay_file(run_dir: str, payload: dict[str, Any]) -> str:
+    """Atomically write a replay's contents as RUN_DIR/replay.tar (written before the
+    model.tar that names it, with the same discipline); returns its path."""
+    path = os.path.join(run_dir, REPLAY_NAME)
+    try:
+        _write_atomically(path, payload)
+    except OSError as error:
+        raise CheckpointError(
+            f"cannot write the replay {path}: {error.strerror or error}"
+            " (the previous checkpoint is intact)"
+        ) from error
+    return path
+
+
+def load_replay_file(run_dir: str) -> dict[str, Any] | None:
+    """RUN_DIR/replay.tar's contents, memory-mapped; None when it is missing or unreadable."""
+    path = os.path.join(run_dir, REPLAY_NAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # a torn or foreign file: the run starts with an empty replay
+        return None
 
 
 def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:

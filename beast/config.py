@@ -1,17 +1,22 @@
-"""Flags for monobeast: one dataclass, one parser, one validate().
+"""Flags for monobeast: one dataclass of core flags, each algorithm's own, one parser.
 
-Every hyperparameter is a field of `Config` with its help text next to it.
-The command-line parser is generated from the fields, so a flag cannot be
-documented in one place and defined in another. Derived values (the run's
-xpid, the number of rollout buffers) are filled in once by `finalize()`;
+Every hyperparameter is a field with its help text next to it. The core flags (what to
+run, acting, inference, rollouts and batches, learner, model, optimizer, logging,
+reliability) are `Config`'s fields; each algorithm adds its own (beast/algos: its
+`Args` dataclass). `config_for(algo)` is `Config` with the algorithm's fields added,
+so a run's config is one flat, frozen dataclass, and a flag of another algorithm is an
+error that names the algorithm it belongs to. The command-line parser is generated from
+the fields, so a flag cannot be documented in one place and defined in another: --help
+lists the core flags, then the chosen --algo's under its own heading. Derived values
+(the run's xpid, the number of rollout buffers) are filled in once by `finalize()`;
 nothing mutates a config after that.
 
-Values come from three places, later ones winning: the field defaults here,
-a YAML file of field values (`--config FILE`, or when none is given the
-tuned `configs/impala/<family>.yaml` that `--env` picks: Atari ids get
-atari.yaml, classic control gets classic.yaml), then the command-line flags.
-A file's unknown keys and mistyped values are ConfigErrors naming the key
-and the file. `--print_config` prints the merged config as YAML and exits.
+Values come from three places, later ones winning: the field defaults, a YAML file of
+field values (`--config FILE`, or when none is given the tuned
+`configs/<algo>/<family>.yaml` that `--env` picks: Atari ids get atari.yaml, classic
+control gets classic.yaml), then the command-line flags. A file's unknown keys and
+mistyped values are ConfigErrors naming the key and the file. `--print_config` prints the
+merged config as YAML and exits.
 """
 
 from __future__ import annotations
@@ -20,15 +25,18 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import functools
 import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
+from beast.algos import ALGORITHMS, algorithm_class
 
 __all__ = [
     "AUTO",
@@ -36,8 +44,11 @@ __all__ = [
     "ConfigError",
     "build_parser",
     "check_value",
+    "config_for",
+    "config_from_dict",
     "config_to_yaml",
     "family_config_path",
+    "flag",
     "int_or_auto",
     "load_config_file",
     "parse_args",
@@ -45,16 +56,6 @@ __all__ = [
 
 # configs/ at the root of the beast checkout (an editable install, as the README says).
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-# The choices of --algo; `--env` picks the tuned configs/<algo>/<family>.yaml.
-ALGOS = ("impala", "laser", "r2d2", "apex")
-# The algos that learn a Q-network from the prioritized sequence replay (beast/replay.py)
-# instead of an actor-critic from rollouts.
-Q_LEARNING_ALGOS = ("r2d2", "apex")
-# What --algo sets for the LASER fields that defaults, the config file and the flags
-# leave unset (None); any other algo leaves replay and trust region off.
-_LASER_DEFAULTS = {"laser": {"replay_ratio": 1.0, "trust_region_threshold": 0.5}}
-
-
 # The value of --num_actors / --num_envs_per_actor that asks for a start-up measurement.
 AUTO = "auto"
 
@@ -63,48 +64,62 @@ class ConfigError(ValueError):
     """A flag value that cannot work; the message is one line for the user."""
 
 
-def _flag(default: Any, help: str, **kwargs: Any) -> Any:
+def flag(default: Any, help: str, **kwargs: Any) -> Any:
+    """A dataclass field that is a flag: its default, its help text, and argparse extras
+    (`choices=`). Config's fields and every algorithm's `Args` fields are made with it."""
     return field(default=default, metadata={"help": help, **kwargs})
 
 
 @dataclass(frozen=True)
 class Config:
     # What to run.
-    env: str = _flag(
+    env: str = flag(
         "PongNoFrameskip-v4",
         "Gymnasium id (Atari ids get DeepMind preprocessing) or package.module:ClassName.",
     )
-    config: str | None = _flag(
+    config: str | None = flag(
         None,
         "YAML file of flag values (defaults < file < flags). Default: the tuned"
         " configs/<algo>/<family>.yaml for --env (atari, classic), if any; 'none' for no file.",
     )
-    mode: str = _flag(
+    mode: str = flag(
         "train", "train a policy, or test a saved checkpoint.", choices=("train", "test")
     )
-    xpid: str | None = _flag(
+    xpid: str | None = flag(
         None, "Experiment id; the run lives in SAVEDIR/XPID. Default: a timestamp."
     )
-    savedir: str = _flag("~/logs/beast", "Root directory for runs (logs, metadata, checkpoints).")
-    seed: int = _flag(0, "Seed for environments and for torch.")
+    savedir: str = flag("~/logs/beast", "Root directory for runs (logs, metadata, checkpoints).")
+    seed: int = flag(0, "Seed for environments and for torch.")
+    algo: str = flag(
+        "impala",
+        "Algorithm (beast/algos); each adds its own flags, listed under its name by"
+        " `--algo NAME --help`, and picks its tuned configs/<algo>/<family>.yaml for --env.",
+        choices=tuple(ALGORITHMS),
+    )
+    serial: bool = flag(
+        False,
+        "Run the learner and one actor's envs in this one process, taking turns, with no"
+        " worker process or thread: for breakpoint() in an env or a model. Slower; the"
+        " same algorithm.",
+    )
 
     # Acting.
-    num_actors: int | str = _flag(
+    num_actors: int | str = flag(
         2,
         "Actor processes. auto: every core but one with a GPU learner; with a CPU learner, the"
         " cores' share that the measured acting cost takes beside the measured learner cost"
         " (beast/autosize.py; a few seconds at start-up, the choice is logged).",
     )
-    num_envs_per_actor: int | str = _flag(
+    num_envs_per_actor: int | str = flag(
         8,
         "Environments each actor steps in a for-loop; one batched forward pass serves all of"
         " them. auto: the smallest of 1, 2, 4, 8, 16 whose measured acting cost per step is"
         " within 5% of the cheapest.",
     )
-    episodic_life: bool = _flag(False, "Atari: end the agent's episode at a life loss.")
+    episodic_life: bool = flag(False, "Atari: end the agent's episode at a life loss.")
 
     # Inference (beast/inference.py).
-    policy: str = _flag(
+    policy: str = flag(
         "auto",
         "Where actions are computed: local (each actor runs a CPU model copy) or central (actors"
         " post requests; inference threads in the learner process answer them in batches, on"
@@ -112,20 +127,20 @@ class Config:
         " see benchmarks/RESULTS.md).",
         choices=("auto", "local", "central"),
     )
-    actor_device: str | None = _flag(
+    actor_device: str | None = flag(
         None,
         "--policy central: device of the inference model (cpu, cuda, cuda:N). Default: the"
         " learner's device.",
     )
-    num_inference_threads: int = _flag(
+    num_inference_threads: int = flag(
         1, "--policy central: inference threads, each serving its share of the actors."
     )
-    max_inference_batch: int | None = _flag(
+    max_inference_batch: int | None = flag(
         None,
         "--policy central: most requests (envs) per forward pass. Default: all"
         " (num_actors*num_envs_per_actor).",
     )
-    inference_timeout_ms: float = _flag(
+    inference_timeout_ms: float = flag(
         0.0,
         "--policy central: once a request is ready, how long a server waits for more before"
         " running a forward pass on what it has. 0: serve what is ready at once; batches then"
@@ -133,10 +148,10 @@ class Config:
         " central acting throughput, the first actor of each batch idling while the next"
         " stepped its envs).",
     )
-    inference_sync_every: int = _flag(
+    inference_sync_every: int = flag(
         1, "--policy central: refresh the inference model after at most this many updates."
     )
-    num_env_splits: int | str = _flag(
+    num_env_splits: int | str = flag(
         AUTO,
         "Lanes per actor: its K envs split into this many groups that take turns, one lane's"
         " envs stepping while another's inference requests are served (Sample Factory's"
@@ -145,15 +160,17 @@ class Config:
     )
 
     # Rollouts and batches.
-    total_steps: int = _flag(20_000_000, "Agent steps (env steps after frame skip) to train for.")
-    batch_size: int = _flag(8, "Rollouts per learner batch (r2d2/apex: sequences).")
-    unroll_length: int = _flag(80, "Steps per rollout (T); each rollout slot holds T+1 steps.")
-    num_buffers: int | None = _flag(
+    total_steps: int = flag(20_000_000, "Agent steps (env steps after frame skip) to train for.")
+    batch_size: int = flag(
+        8, "Rollouts per learner batch (or sequences, for algorithms that replay them)."
+    )
+    unroll_length: int = flag(80, "Steps per rollout (T); each rollout slot holds T+1 steps.")
+    num_buffers: int | None = flag(
         None,
         "Rollout slots in shared memory. Needs at least num_actors*num_envs_per_actor+batch_size."
         " Default: num_actors*num_envs_per_actor + queued_batches*batch_size.",
     )
-    queued_batches: int = _flag(
+    queued_batches: int = flag(
         2,
         "Batches of full rollouts the actors may fill ahead of the learner (sets the default"
         " --num_buffers): fewer keeps the data closer to the learner's policy, more absorbs"
@@ -161,16 +178,16 @@ class Config:
     )
 
     # Learner.
-    num_learner_threads: int = _flag(
+    num_learner_threads: int = flag(
         1, "Learner threads (the optimizer step is serialised by a lock)."
     )
-    num_threads: int | None = _flag(
+    num_threads: int | None = flag(
         None,
         "torch intra-op threads in the learner. Default: CPU count, but 1 for a bf16 learner on"
         " a CPU whose cores the actors fill (its kernels stall when a thread loses its core).",
     )
-    disable_cuda: bool = _flag(False, "Learn on the CPU even when a GPU is present.")
-    precision: str = _flag(
+    disable_cuda: bool = flag(False, "Learn on the CPU even when a GPU is present.")
+    precision: str = flag(
         "auto",
         "Learner forward pass: fp32, or bf16 autocast (about 2x cheaper conv learner steps on"
         " CPUs with AVX512-BF16; the loss stays fp32); auto: bf16 for image models where bf16"
@@ -180,7 +197,7 @@ class Config:
         choices=("auto", "fp32", "bf16"),
     )
 
-    compile: bool = _flag(
+    compile: bool = flag(
         False,
         "torch.compile the learner's forward pass (a 20-40 s first update; about 20% cheaper"
         " AtariNet updates on CPU after it). A failed compilation is logged and the learner"
@@ -188,159 +205,67 @@ class Config:
     )
 
     # Model.
-    model: str = _flag(
+    model: str = flag(
         "auto",
-        "Network: atari (IMPALA shallow), resnet (IMPALA deep), mlp; auto picks by obs shape.",
-        choices=("auto", "atari", "resnet", "mlp"),
+        "Network: atari (IMPALA shallow), resnet (IMPALA deep), mlp; auto picks by obs shape;"
+        " or package.module:Name, your own nn.Module class or factory, called as"
+        " Name(obs_shape=..., num_actions=...) (docs/models.md).",
     )
-    use_lstm: bool = _flag(
+    use_lstm: bool = flag(
         False,
-        "Add an LSTM core fed with the previous action and reward (r2d2 always has one, apex"
-        " none).",
+        "Add an LSTM core fed with the previous action and reward (some algorithms always"
+        " have one, or never: their flags say).",
     )
-    hidden_size: int | None = _flag(
+    hidden_size: int | None = flag(
         None,
         "Width of the MLP layers (default 64) and of the LSTM (default 64 for mlp, else 256).",
     )
 
-    # Loss (IMPALA, Espeholt et al. 2018).
-    entropy_cost: float = _flag(0.01, "Entropy regularisation weight.")
-    baseline_cost: float = _flag(0.5, "Baseline (value) loss weight.")
-    discounting: float = _flag(0.99, "Discount factor gamma.")
-    reward_clipping: str = _flag(
-        "abs_one", "Reward clipping in the loss.", choices=("abs_one", "none")
-    )
-
-    # LASER (Schmitt et al. 2019): IMPALA plus a replay of whole rollouts mixed into every
-    # batch and a trust region; beast/rollout_replay.py, beast/algos/laser.py.
-    algo: str = _flag(
-        "impala",
-        "Algorithm. laser: IMPALA with --replay_ratio 1 and --trust_region_threshold 0.5"
-        " unless given, and the configs/laser/<family>.yaml for --env. r2d2: recurrent"
-        " Q-learning on a prioritized replay of sequences; apex: the same with a feed-forward"
-        " Q-network on n-step transitions (see the R2D2 / Ape-X flags).",
-        choices=ALGOS,
-    )
-    replay_ratio: float | None = _flag(
-        None,
-        "Replayed rollouts per fresh rollout in a batch; --batch_size is the total: a batch"
-        " replays the nearest integer to batch_size*r/(1+r) rollouts (8 and r=1: 4 fresh + 4"
-        " replayed). Batches are all fresh until the replay holds that many. 0: plain IMPALA."
-        " Default: 1 with --algo laser, else 0.",
-    )
-    replay_size: int = _flag(
-        1000,
-        "Rollouts the replay keeps (FIFO), in shared memory: about"
-        " (unroll_length+1)*obs bytes each, 2.3 MB for Atari with T=80; the startup line"
-        " prints the total. r2d2/apex: SEQUENCES the prioritized replay keeps (r2d2:"
-        " seq_len+1 steps each; apex: n_step+1).",
-    )
-    trust_region_threshold: float | None = _flag(
-        None,
-        "LASER trust region: a step whose KL(pi || implied policy) exceeds this is left out"
-        " of the policy-gradient and baseline terms and cuts V-trace's traces; 0: off."
-        " Default: 0.5 with --algo laser, else off.",
-    )
-
-    # R2D2 / Ape-X (Kapturowski et al. 2019; Horgan et al. 2018), --algo r2d2|apex: actors
-    # act epsilon-greedily and write sequences into a prioritized replay that --replay_size
-    # sizes in sequences (beast/sequence_actor.py, beast/replay.py); the learner trains a
-    # dueling Q-network on them with n-step double-Q targets and a target network
-    # (beast/replay_learner.py, beast/algos/r2d2.py). --batch_size counts sequences and
-    # --total_steps env steps the actors take. Adam 1e-4, eps 1e-3 (R2D2's) come from the
-    # configs/r2d2|apex/<family>.yaml files. IMPALA's loss flags do not apply.
-    seq_len: int = _flag(
-        80,
-        "r2d2: steps per replayed sequence (apex stores single n-step transitions: sequences"
-        " of n_step steps, each starting one step after the previous).",
-    )
-    seq_overlap: int = _flag(40, "r2d2: steps that adjacent sequences of an episode share.")
-    burn_in: int = _flag(
-        40,
-        "r2d2: steps at a sequence's start that only refresh the stored LSTM state (no loss,"
-        " no gradient).",
-    )
-    n_step: int = _flag(
-        5, "r2d2/apex: rewards summed before bootstrapping from the target network."
-    )
-    target_update_period: int = _flag(
-        2500, "r2d2/apex: learner updates between copies of the online into the target network."
-    )
-    min_replay_size: int = _flag(
-        1000, "r2d2/apex: sequences in the replay before the learner starts sampling."
-    )
-    priority_exponent: float = _flag(
-        0.9, "r2d2/apex: a sequence of priority p is sampled with probability ~ p**this."
-    )
-    importance_sampling_exponent: float = _flag(
-        0.6,
-        "r2d2/apex: a sample's loss is weighted by (N*P)**-this, normalised by the batch's max.",
-    )
-    eps_base: float = _flag(
-        0.4,
-        "r2d2/apex: env i of all N envs of all actors explores with epsilon"
-        " eps_base**(1 + eps_alpha*i/(N-1)) (Ape-X).",
-    )
-    eps_alpha: float = _flag(7.0, "r2d2/apex: the spread of the actors' epsilons, see --eps_base.")
-    value_rescaling: bool = _flag(
-        True,
-        "r2d2/apex: learn h(Q), h(x) = sign(x)(sqrt(|x|+1)-1) + 0.001x (Pohlen et al. 2018),"
-        " rather than Q; rewards still go through --reward_clipping.",
-    )
-    frame_dedup: bool = _flag(
-        False,
-        "r2d2/apex: store each frame of frame-stacked (Atari) observations once instead of in 4"
-        " stacks: about a quarter of the replay's memory.",
-    )
-    samples_per_insert: float = _flag(
-        0.0,
-        "r2d2/apex: actors pause when they insert sequences faster than the learner samples"
-        " this many per insert (beyond --min_replay_size and one batch of slack), so learning"
-        " per env step does not depend on the machine's speed; 0: never pause.",
-    )
-    test_epsilon: float = _flag(
-        0.001, "--mode test of an r2d2/apex run: the greedy policy's epsilon."
-    )
-
     # Optimizer. Defaults are the IMPALA paper's Atari settings (RMSProp, lr 6e-4,
     # eps 0.01); their batch of 32 x 20 steps equals our 8 x 80 steps.
-    optimizer: str = _flag("rmsprop", "Optimizer.", choices=("rmsprop", "adam"))
-    learning_rate: float = _flag(0.0006, "Learning rate.")
-    lr_schedule: str = _flag(
+    optimizer: str = flag("rmsprop", "Optimizer.", choices=("rmsprop", "adam"))
+    learning_rate: float = flag(0.0006, "Learning rate.")
+    lr_schedule: str = flag(
         "linear",
         "Learning rate: linear decay to 0 at total_steps, or constant.",
         choices=("linear", "constant"),
     )
-    alpha: float = _flag(0.99, "RMSProp smoothing constant.")
-    momentum: float = _flag(0.0, "RMSProp momentum.")
-    epsilon: float = _flag(0.01, "RMSProp / Adam epsilon.")
-    grad_norm_clipping: float = _flag(40.0, "Global gradient norm clip (0 disables).")
+    alpha: float = flag(0.99, "RMSProp smoothing constant.")
+    momentum: float = flag(0.0, "RMSProp momentum.")
+    epsilon: float = flag(0.01, "RMSProp / Adam epsilon.")
+    grad_norm_clipping: float = flag(40.0, "Global gradient norm clip (0 disables).")
 
     # Logging, checkpoints, evaluation.
-    log_interval: float = _flag(5.0, "Seconds between console progress lines.")
-    profile: bool = _flag(
+    log_interval: float = flag(5.0, "Seconds between console progress lines.")
+    profile: bool = flag(
         False,
         "Print where time goes (actors: waiting for slots, inference, env step, slot writes;"
         " learner: waiting for a batch, forward, backward, optimizer, publishing) with every"
         " progress line and at the end.",
     )
-    checkpoint_interval: float = _flag(
+    checkpoint_interval: float = flag(
         300.0, "Seconds between checkpoints (one is always written at the end)."
     )
-    num_test_episodes: int = _flag(10, "Episodes to run in --mode test.")
-    record_video: bool = _flag(
+    checkpoint_replay: bool = flag(
+        True,
+        "Save the algorithm's replay with each checkpoint (RUN_DIR/replay.tar, written"
+        " atomically beside model.tar) and load it on resume; off: a resumed run starts with"
+        " an empty replay.",
+    )
+    num_test_episodes: int = flag(10, "Episodes to run in --mode test.")
+    record_video: bool = flag(
         False, "--mode test: write the first episode to RUN_DIR/episode.mp4 (needs .[video])."
     )
 
     # Reliability.
-    resume: bool = _flag(
+    resume: bool = flag(
         False,
         "Continue SAVEDIR/XPID from its checkpoint (re-running an xpid that has one does too).",
     )
-    max_actor_restarts: int = _flag(
+    max_actor_restarts: int = flag(
         10, "Dead actors replaced within 60 s before the run stops instead (0: never replace)."
     )
-    max_nonfinite_updates: int = _flag(
+    max_nonfinite_updates: int = flag(
         10, "Consecutive updates with a non-finite loss or gradient skipped before the run stops."
     )
 
@@ -367,20 +292,9 @@ class Config:
             raise ValueError("the actor layout is measured at start-up (resolve it first)")
         return 2 if policy == "central" and self.num_envs_per_actor % 2 == 0 else 1
 
-    def _laser_setting(self, name: str) -> float:
-        """replay_ratio or trust_region_threshold, None resolved by --algo."""
-        value = getattr(self, name)
-        return _LASER_DEFAULTS.get(self.algo, {}).get(name, 0.0) if value is None else value
-
-    @property
-    def num_replayed(self) -> int:
-        """Replayed rollouts per learner batch (see --replay_ratio); Python's round(), so
-        a tie goes to the even count (batch 6 at r=1: 3 + 3; batch 5: 3 fresh + 2)."""
-        ratio = self._laser_setting("replay_ratio")
-        return round(self.batch_size * ratio / (1.0 + ratio))
-
     def validate(self) -> None:
-        """All cross-field checks, in one place. Raises ConfigError."""
+        """The core flags' cross-field checks, in one place (an algorithm's config class adds
+        the algorithm's, `config_for`). Raises ConfigError."""
         for name in (
             "num_actors",
             "num_envs_per_actor",
@@ -429,11 +343,9 @@ class Config:
             )
         if self.max_actor_restarts < 0:
             raise ConfigError(f"--max_actor_restarts must be >= 0, got {self.max_actor_restarts}")
-        for name in ("entropy_cost", "baseline_cost", "grad_norm_clipping", "momentum", "epsilon"):
+        for name in ("grad_norm_clipping", "momentum", "epsilon"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
-        if not 0.0 <= self.discounting <= 1.0:
-            raise ConfigError(f"--discounting must be in [0, 1], got {self.discounting}")
         if not 0.0 <= self.alpha < 1.0:
             raise ConfigError(f"--alpha must be in [0, 1), got {self.alpha}")
         if self.num_buffers is not None and not self.actor_layout_is_auto:
@@ -445,78 +357,6 @@ class Config:
                     f" {self.num_actors} actors x {self.num_envs_per_actor} envs hold"
                     f" {self.slots_in_use_by_actors} slots while the learner gathers a batch, so"
                     f" use --num_buffers >= {needed} or a smaller --batch_size"
-                )
-        # LASER.
-        replay_ratio = self._laser_setting("replay_ratio")
-        if replay_ratio < 0:
-            raise ConfigError(f"--replay_ratio must be >= 0, got {replay_ratio}")
-        if self._laser_setting("trust_region_threshold") < 0:
-            raise ConfigError(
-                f"--trust_region_threshold must be >= 0 (0: off), got {self.trust_region_threshold}"
-            )
-        if self.replay_size <= 0:
-            raise ConfigError(f"--replay_size must be positive, got {self.replay_size}")
-        if replay_ratio > 0:
-            num_replayed = self.num_replayed
-            if num_replayed == 0:
-                raise ConfigError(
-                    f"--replay_ratio {replay_ratio} replays no rollout of a --batch_size"
-                    f" {self.batch_size} batch ({self.batch_size}*r/(1+r) rounds to 0);"
-                    " raise --batch_size or --replay_ratio"
-                )
-            if num_replayed == self.batch_size:
-                raise ConfigError(
-                    f"--replay_ratio {replay_ratio} leaves no fresh rollout in a --batch_size"
-                    f" {self.batch_size} batch; lower --replay_ratio or raise --batch_size"
-                )
-            if self.replay_size < num_replayed:
-                raise ConfigError(
-                    f"--replay_size {self.replay_size} is too small: each batch replays"
-                    f" {num_replayed} rollouts, so use --replay_size >= {num_replayed}"
-                )
-        # R2D2 / Ape-X.
-        for name in ("seq_len", "n_step", "target_update_period", "min_replay_size"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
-        if not 0 <= self.seq_overlap < self.seq_len:
-            raise ConfigError(
-                f"--seq_overlap must be in [0, --seq_len {self.seq_len}), got {self.seq_overlap}"
-            )
-        if not 0 <= self.burn_in < self.seq_len:
-            raise ConfigError(
-                f"--burn_in must be in [0, --seq_len {self.seq_len}) so that some steps train,"
-                f" got {self.burn_in}"
-            )
-        for name in ("priority_exponent", "eps_alpha", "samples_per_insert"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("importance_sampling_exponent", "eps_base", "test_epsilon"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"--{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.algo in Q_LEARNING_ALGOS:
-            if self.actor_layout_is_auto:
-                raise ConfigError(
-                    f"--num_actors / --num_envs_per_actor auto measure the actor-critic's acting"
-                    f" loop; give numbers with --algo {self.algo}"
-                )
-            if self.num_env_splits not in (AUTO, 1):
-                raise ConfigError(
-                    f"--num_env_splits is not supported with --algo {self.algo}: its actors"
-                    " step their envs as one lane (leave it at auto or 1)"
-                )
-            if self.policy == "central":
-                raise ConfigError(
-                    f"--policy central is not supported with --algo {self.algo}: its actors act"
-                    " with a local copy of the Q-network (use --policy local or auto)"
-                )
-            if self.algo == "apex" and self.use_lstm:
-                raise ConfigError(
-                    "--algo apex has a feed-forward Q-network; use --algo r2d2 for an LSTM"
-                )
-            if self.min_replay_size > self.replay_size:
-                raise ConfigError(
-                    f"--min_replay_size {self.min_replay_size} exceeds --replay_size"
-                    f" {self.replay_size}: learning would never start"
                 )
 
     def default_num_buffers(self, slots_in_use_by_actors: int) -> int:
@@ -531,16 +371,47 @@ class Config:
         num_buffers = self.num_buffers
         if num_buffers is None and not self.actor_layout_is_auto:
             num_buffers = self.default_num_buffers(self.slots_in_use_by_actors)
-        return dataclasses.replace(
-            self,
-            xpid=xpid,
-            num_buffers=num_buffers,
-            replay_ratio=self._laser_setting("replay_ratio"),
-            trust_region_threshold=self._laser_setting("trust_region_threshold"),
-        )
+        return dataclasses.replace(self, xpid=xpid, num_buffers=num_buffers)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@functools.cache
+def config_for(algo: str, base: type[Config] = Config) -> type[Config]:
+    """`base` (Config, or polybeast's subclass) with the fields of `algo`'s `Args` added:
+    the config class of a run of that algorithm. Its `validate` runs `base`'s checks, then
+    the algorithm's. KeyError for an unknown algorithm."""
+    algorithm = algorithm_class(algo)
+    own = [
+        (f.name, f.type, field(default=f.default, metadata=f.metadata))
+        for f in dataclasses.fields(algorithm.Args)
+    ]
+    algo_field = next(f for f in dataclasses.fields(base) if f.name == "algo")
+
+    def validate(self: Config) -> None:
+        base.validate(self)
+        algorithm.validate(self)
+
+    return dataclasses.make_dataclass(
+        f"{algorithm.__name__}{base.__name__}",
+        [*own, ("algo", algo_field.type, field(default=algo, metadata=algo_field.metadata))],
+        bases=(base,),
+        frozen=True,
+        namespace={
+            "validate": validate,
+            "algorithm_fields": tuple(name for name, _, _ in own),
+            "__module__": __name__,
+        },
+    )
+
+
+def algorithm_of(key: str) -> str | None:
+    """The first algorithm that has a flag `key` (for "a flag of --algo X" hints), or None."""
+    for name in ALGORITHMS:
+        if any(f.name == key for f in dataclasses.fields(algorithm_class(name).Args)):
+            return name
+    return None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -567,40 +438,52 @@ def _arg_type(annotation: str) -> Any:
     return {"int": int, "float": float, "str": str, "bool": bool}[base]
 
 
+def _add_flag(parser: Any, f: dataclasses.Field) -> None:
+    kind = _arg_type(f.type)
+    # argparse formats help with %-interpolation: a literal "20%" must reach it as "20%%".
+    help_text = f.metadata["help"].replace("%", "%%")
+    if kind is bool:
+        parser.add_argument(
+            f"--{f.name}", action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+        )
+        return
+    default_text = "" if f.default is None else f" (default: {f.default})"
+    parser.add_argument(
+        f"--{f.name}",
+        type=kind,
+        default=f.default,
+        choices=f.metadata.get("choices"),
+        help=help_text + default_text,
+        metavar=f.name.upper() if "choices" not in f.metadata else None,
+    )
+
+
 def build_parser(
     prog: str | None = None, config_class: type[Config] = Config
 ) -> argparse.ArgumentParser:
-    """One flag per field of `config_class` (Config, or a subclass that adds flags)."""
+    """One flag per field of `config_class` (a `config_for` class, or Config itself): the
+    core flags, then the algorithm's under its own heading."""
     parser = _Parser(
         prog=prog,
         description=getattr(
-            config_class, "parser_description", "beast: IMPALA on one machine (MonoBeast)."
+            config_class, "parser_description", "beast: deep RL on one machine (MonoBeast)."
         )
         + " Defaults shown are the"
         " built-in ones; the --config file (by default the tuned one for --env's family)"
         " replaces them, and flags replace both. --print_config shows the result.",
+        epilog=f"Algorithms: {', '.join(ALGORITHMS)}; `--algo NAME --help` lists NAME's flags.",
     )
+    own = set(getattr(config_class, "algorithm_fields", ()))
+    algo_fields = [f for f in dataclasses.fields(config_class) if f.name in own]
     for f in dataclasses.fields(config_class):
-        kind = _arg_type(f.type)
-        # argparse formats help with %-interpolation: a literal "20%" must reach it as "20%%".
-        help_text = f.metadata["help"].replace("%", "%%")
-        if kind is bool:
-            parser.add_argument(
-                f"--{f.name}",
-                action=argparse.BooleanOptionalAction,
-                default=f.default,
-                help=help_text,
-            )
-            continue
-        default_text = "" if f.default is None else f" (default: {f.default})"
-        parser.add_argument(
-            f"--{f.name}",
-            type=kind,
-            default=f.default,
-            choices=f.metadata.get("choices"),
-            help=help_text + default_text,
-            metavar=f.name.upper() if "choices" not in f.metadata else None,
-        )
+        if f.name not in own:
+            _add_flag(parser, f)
+    if algo_fields:
+        algo = next(f for f in dataclasses.fields(config_class) if f.name == "algo").default
+        algorithm = algorithm_class(algo)  # the config_for class's own algorithm
+        group = parser.add_argument_group(f"--algo {algo}", algorithm.summary)
+        for f in algo_fields:
+            _add_flag(group, f)
     # Not a Config field: it asks for output, it does not configure the run.
     parser.add_argument(
         "--print_config",
@@ -653,6 +536,10 @@ def check_value(key: str, value: Any, source: str, config_class: type[Config] = 
     """
     fields = {f.name: f for f in dataclasses.fields(config_class)}
     if key not in fields or key in _NOT_IN_FILES:
+        owner = algorithm_of(str(key)) if key not in _NOT_IN_FILES else None
+        if owner is not None:
+            algo = fields["algo"].default
+            raise ConfigError(f"{source}: '{key}' is a flag of --algo {owner}, not of {algo}")
         names = [name for name in fields if name not in _NOT_IN_FILES]
         close = difflib.get_close_matches(str(key), names, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -715,19 +602,41 @@ def config_to_yaml(config: Config) -> str:
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 
+def _chosen_algo(argv: Sequence[str]) -> str:
+    """The run's --algo: the flag, else an explicit --config file's `algo` key, else the
+    default. A name that is not registered is returned as it is (the full parser then
+    reports it as an invalid choice)."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--algo")
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    if known.algo is not None:
+        return known.algo
+    if known.config is not None and known.config.lower() != "none":
+        with contextlib.suppress(OSError, yaml.YAMLError):
+            with open(_resolve_config_path(known.config)) as f:
+                data = yaml.safe_load(f)
+            if isinstance(data, dict) and isinstance(data.get("algo"), str):
+                return data["algo"]
+    return Config.algo
+
+
 def parse_args(
     argv: Sequence[str] | None = None,
     prog: str | None = None,
     config_class: type[Config] = Config,
 ) -> Config:
-    """Parse flags (over a config file, over defaults) into a finalized `config_class`.
+    """Parse flags (over a config file, over defaults) into a finalized config of the chosen
+    algorithm: `config_for(algo, config_class)`.
 
     Raises ConfigError on a bad config file or bad combinations; argparse exits with
     status 2 on malformed flags, and `--print_config` prints the merged config and
     exits with status 0, as `--help` does.
     """
-    parser = build_parser(prog or os.path.basename(sys.argv[0]), config_class)
     argv = list(sys.argv[1:] if argv is None else argv)
+    algo = _chosen_algo(argv)
+    run_class = config_for(algo if algo in ALGORITHMS else Config.algo, config_class)
+    parser = build_parser(prog or os.path.basename(sys.argv[0]), run_class)
     # A first pass finds --config and --env (and reports malformed flags before any
     # file is read); the second lets the file's values replace the defaults while the
     # flags given still win.
@@ -739,13 +648,13 @@ def parse_args(
     else:
         path = family_config_path(namespace.env, namespace.algo)
     if path is not None:
-        file_values = load_config_file(path, config_class)
+        file_values = load_config_file(path, run_class)
         parser.set_defaults(**file_values)
         namespace = parser.parse_args(argv)
     values = vars(namespace)
     print_config = values.pop("print_config")
     values["config"] = path
-    config = config_class(**values)
+    config = run_class(**values)
     try:
         config.validate()
     except ConfigError as error:
@@ -760,3 +669,18 @@ def parse_args(
         sys.stdout.write(config_to_yaml(config))
         raise SystemExit(0)
     return config.finalize()
+
+
+def config_from_dict(values: Mapping[str, Any], base: type[Config] = Config) -> Config:
+    """A saved run's config (a checkpoint's, a run's config.yaml) as its algorithm's class.
+
+    Keys that are no fields (any more) are dropped and missing ones take their defaults,
+    so a run saved by an older beast still loads for --mode test. ConfigError for an
+    unknown algorithm.
+    """
+    algo = values.get("algo", Config.algo)
+    if algo not in ALGORITHMS:
+        raise ConfigError(f"the saved run's --algo {algo!r} is not one of {', '.join(ALGORITHMS)}")
+    run_class = config_for(algo, base)
+    names = {f.name for f in dataclasses.fields(run_class)}
+    return run_class(**{key: value for key, value in values.items() if key in names})

@@ -1,10 +1,11 @@
 """`--mode test`: run a saved policy for N episodes and report its returns.
 
-The checkpoint's own flags decide the environment and the network, so
-`--mode test --xpid RUN` evaluates RUN as it was trained, whatever the
-other defaults are now. An actor-critic samples from its policy; an R2D2 or
-Ape-X Q-network acts greedily, with `--test_epsilon` (default 0.001) random
-actions so that a deterministic policy cannot stall an episode forever.
+The checkpoint's own flags decide the environment, the algorithm and the
+network, so `--mode test --xpid RUN` evaluates RUN as it was trained, whatever
+the other defaults are now. It acts with the algorithm's evaluation policy
+(`Algorithm.policy(explore=False)`): an actor-critic samples from its policy; a
+Q-network acts greedily, with a small epsilon of random actions (`--test_epsilon`)
+so that a deterministic policy cannot stall an episode forever.
 `--record_video` writes the first episode as an mp4 with imageio-ffmpeg,
 which bundles its own ffmpeg (no system package): Atari frames come straight
 from the emulator's RGB screen, other envs need to render `rgb_array` frames.
@@ -12,6 +13,7 @@ from the emulator's RGB screen, other envs need to render `rgb_array` frames.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -19,15 +21,15 @@ import statistics
 import torch
 
 from beast import envs
-from beast.algos.r2d2 import epsilon_greedy
 from beast.checkpoint import (
     CHECKPOINT_NAME,
     CheckpointError,
     has_checkpoint,
     load_latest_checkpoint,
 )
-from beast.config import Q_LEARNING_ALGOS, Config, ConfigError
-from beast.inference import sample_actions
+from beast.config import Config, ConfigError, config_from_dict
+from beast.engine import build_algorithm, build_checked_model
+from beast.inference import LocalPolicy
 
 __all__ = ["test", "VIDEO_NAME"]
 
@@ -67,8 +69,6 @@ class _VideoRecorder:
 
 def test(config: Config) -> list[float]:
     """Returns the episode returns; prints each one and a summary."""
-    from beast.runner import build_run_model
-
     if not has_checkpoint(config.run_dir):
         raise ConfigError(
             f"no checkpoint at {os.path.join(config.run_dir, CHECKPOINT_NAME)}: train first,"
@@ -76,15 +76,20 @@ def test(config: Config) -> list[float]:
         )
     try:
         checkpoint, path, _ = load_latest_checkpoint(config.run_dir)
-        trained = Config(**checkpoint["config"])
+        trained = config_from_dict(checkpoint["config"])
     except (CheckpointError, KeyError, TypeError) as error:
         raise ConfigError(f"cannot test {config.run_dir}: {error}") from error
+    if hasattr(config, "test_epsilon"):  # the flag of this run's algorithm, if it has one
+        trained = dataclasses.replace(trained, test_epsilon=config.test_epsilon)
 
     env = envs.make(trained.env, seed=config.seed, episodic_life=False)
     spec = envs.env_spec(env)
-    model = build_run_model(trained, spec)
+    algorithm = build_algorithm(trained, spec)
+    model = build_checked_model(algorithm)
     model.load_state_dict(checkpoint["model_state_dict"])
     model.eval()
+    torch.manual_seed(config.seed)
+    policy = LocalPolicy(model, algorithm.policy(explore=False), num_envs=1)
     print(
         f"[beast] testing {trained.xpid} (step {checkpoint['step']:,}) on {trained.env}"
         f" for {config.num_test_episodes} episodes",
@@ -100,24 +105,20 @@ def test(config: Config) -> list[float]:
     )
     if video is not None:
         video.capture()
-    state = model.initial_state(1)
     inputs = {
-        "reward": torch.zeros((1, 1)),
-        "done": torch.ones((1, 1), dtype=torch.bool),
-        "last_action": torch.zeros((1, 1), dtype=torch.int64),
+        "obs": torch.zeros((1, *spec.obs_shape), dtype=torch.from_numpy(obs).dtype),
+        "reward": torch.zeros(1),
+        "done": torch.ones(1, dtype=torch.bool),
+        "last_action": torch.zeros(1, dtype=torch.int64),
     }
     with torch.no_grad():
         while len(returns) < config.num_test_episodes:
-            inputs["obs"] = torch.from_numpy(obs).view(1, 1, *spec.obs_shape)
-            output, state = model(inputs, state)
-            if trained.algo in Q_LEARNING_ALGOS:
-                action = epsilon_greedy(output.q_values, config.test_epsilon)
-            else:
-                action = sample_actions(output.policy_logits)
-            obs, reward, terminated, truncated, info = env.step(int(action))
-            inputs["last_action"] = action
-            inputs["reward"] = torch.tensor([[reward]], dtype=torch.float32)
-            inputs["done"] = torch.tensor([[terminated or truncated]])
+            inputs["obs"][0] = torch.from_numpy(obs)
+            action = int(policy.act(inputs)["action"][0])
+            obs, reward, terminated, truncated, info = env.step(action)
+            inputs["last_action"][0] = action
+            inputs["reward"][0] = reward
+            inputs["done"][0] = terminated or truncated
             if video is not None:
                 video.capture()
             if "episode" in info:

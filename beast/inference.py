@@ -1,13 +1,21 @@
 """Central (SEED-style) inference: actors post requests, the learner process answers.
 
+Both ways of acting run the algorithm's `Policy` (beast/algos/base.py) over the
+model's outputs, so they know no algorithm: `LocalPolicy` in an actor (or an env
+server, or --mode test) over its own record arrays, the `InferenceServer` over rows of
+the request table.
+
 With `--policy central` actors run no model. Each actor owns one group of
 K rows in a request table in shared memory: it writes its K envs' inputs
 (observation, reward, done, last action) into its rows, posts them through
 the native `Batcher` (beast/native/batcher.c) and sleeps until they are
 answered. Inference threads in the learner process collect ready rows in
 batches, run one forward pass per batch on `--actor_device`, and write the
-sampled actions, logits, baselines and new recurrent states back into the
-same rows before answering, which wakes exactly the actors served.
+policy's record (the action, and what the algorithm stores with it: IMPALA's
+logits and baseline) and the new recurrent states back into the same rows
+before answering, which wakes exactly the actors served. Per-env parameters of
+the policy (Ape-X's epsilons) live in the table too, one row per env, as SEED RL
+keeps them on the server.
 
     InferenceTable   the shared tensors plus the Batcher; built by the runner,
                      pickled to every actor.
@@ -18,9 +26,9 @@ same rows before answering, which wakes exactly the actors served.
 
 A batch of contiguous rows (one actor's group, or neighbours': the common
 case) is read and written in place, through views the server keeps per row
-range; other batches are gathered with index_select and scattered back.
-Actions are drawn on the CPU from the logits stored in the table, by the
-native sampler (beast/native/acting.py), whatever the actor device.
+range (with the policy bound to those rows once); other batches are gathered
+with index_select and scattered back. Policies draw actions on the CPU, whatever
+the actor device.
 
 Recurrent state lives in the table, one row per env: the server reads the
 state of the rows it serves and writes their next state back, so an actor's
@@ -43,54 +51,33 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-from beast.buffers import shared_zeros
-from beast.models import AgentOutput
+from beast.algos.base import Policy, as_outputs
+from beast.fields import numpy_dtype, shared_zeros, torch_dtype
 from beast.native import Batcher, QueueClosed
-from beast.native.acting import SoftmaxSampler, StepCopies, sample_softmax
+from beast.native.acting import StepCopies
 from beast.threads import ThreadGroup
 
 __all__ = [
-    "ActionBatch",
     "CentralPolicy",
     "InferenceServer",
     "InferenceStats",
     "InferenceTable",
     "LocalPolicy",
-    "sample_actions",
+    "forward_precision",
 ]
 
 # How long a blocked server or actor sleeps before checking whether to stop.
 _POLL_SECONDS = 0.2
-# The model's per-env inputs, as the table holds them.
-_INPUT_KEYS = ("obs", "reward", "done", "last_action")
 # Row ranges whose views a server keeps (one per actor group, or run of groups,
 # it has served); past this many the cache starts over.
 _MAX_PLANS = 256
-
-
-def sample_actions(policy_logits: torch.Tensor) -> torch.Tensor:
-    """Sample one action per row: logits [..., A] float -> actions [...] int64.
-
-    On the CPU, by the native sampler (`beast.native.acting`: inverse CDF, one call).
-    On an accelerator, where the logits are, by Gumbel-max: ``argmax(logits + G)`` with
-    G = -log E, E ~ Exp(1), an exact draw from softmax(logits) in three elementwise
-    passes and no normalisation.
-    """
-    logits = policy_logits.detach().float()
-    if logits.device.type == "cpu":
-        flat = logits.reshape(-1, logits.shape[-1]).contiguous().numpy()
-        return torch.from_numpy(sample_softmax(flat)).reshape(logits.shape[:-1])
-    noise = torch.empty_like(logits).exponential_()
-    # E = 0 (probability ~2^-24 per draw) would make -log E infinite.
-    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
-    return (logits - noise.log_()).argmax(dim=-1)
 
 
 def forward_precision(device_type: str, bf16: bool) -> contextlib.AbstractContextManager:
@@ -138,60 +125,45 @@ def _no_grad() -> contextlib.AbstractContextManager:
     return torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()
 
 
-def _store_outputs(output: AgentOutput, logits_out: np.ndarray, baseline_out: np.ndarray) -> None:
-    """Copy a time-major [1, n, ...] model output into float32 [n, ...] arrays: by numpy
-    when it is float32 on the CPU (cheaper than torch's dispatch, which runs cold after
-    env steps), else by torch (bf16 outputs, other devices)."""
-    logits, baseline = output.policy_logits, output.baseline
-    if logits.device.type == "cpu" and logits.dtype == baseline.dtype == torch.float32:
-        np.copyto(logits_out, logits.numpy()[0])
-        np.copyto(baseline_out, baseline.numpy()[0])
-    else:
-        with _no_grad():
-            torch.from_numpy(logits_out).copy_(logits[0])
-            torch.from_numpy(baseline_out).copy_(baseline[0])
-
-
-@dataclass(frozen=True)
-class ActionBatch:
-    """One policy step for an actor's K envs.
-
-    action [K] int64, policy_logits [K, A] float32, baseline [K] float32.
-    A policy returns the same ActionBatch from every `act`, its tensors overwritten
-    in place (in shared memory for central inference): read them before calling
-    `act` again, or keep their addresses to copy from after each call.
-    """
-
-    action: torch.Tensor
-    policy_logits: torch.Tensor
-    baseline: torch.Tensor
+def record_arrays(policy: Policy, num_envs: int) -> dict[str, np.ndarray]:
+    """Zeroed `[num_envs, ...]` arrays for `policy`'s record."""
+    return {
+        key: np.zeros((num_envs, *f.shape), dtype=numpy_dtype(f.dtype))
+        for key, f in policy.record_spec().items()
+    }
 
 
 class LocalPolicy:
-    """The actor runs its own CPU model copy (weights in shared memory).
+    """The actor runs its own model copy (on the CPU: weights in shared memory).
 
-    `state` is the recurrent state, per env ([K, d0, ...] per tensor, the
-    layout a rollout slot stores), that produced the latest `act`'s output.
+    `record` holds the policy's record for the K envs (`Policy.record_spec`: the action,
+    and what the algorithm stores with it), `[K, ...]` arrays overwritten by every `post`:
+    the actor copies them into its slots from these fixed addresses
+    (beast.native.acting). `state` is the recurrent state, per env ([K, d0, ...] per
+    tensor, the layout a rollout slot stores), that produced the latest output.
 
-    Every `act` returns the same `ActionBatch`: float32 logits and baselines and the
-    sampled actions live in arrays of this policy, overwritten by each call, so the
-    actor can copy them into its slots with fixed addresses (beast.native.acting).
+    params: the K envs' rows of the policy's per-env parameters (`Policy.env_params`).
     """
 
-    def __init__(self, model: nn.Module, num_envs: int, bf16: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        policy: Policy,
+        num_envs: int,
+        params: Mapping[str, np.ndarray] | None = None,
+        bf16: bool = False,
+    ) -> None:
         self.model = model
         self.bf16 = bf16
         self.num_envs = num_envs
         self._state_next = model.initial_state(num_envs)  # tensors [d0, K, ...]
         self.state: tuple[torch.Tensor, ...] = ()
+        self.record = record_arrays(policy, num_envs)
+        self._act = policy.bind(self.record, params or policy.env_params(num_envs))
         # Time-major [1, K, ...] views of the caller's inputs, made once per inputs
         # dict: an actor passes the same dict, its tensors updated in place, every step.
         self._inputs: dict[str, torch.Tensor] | None = None
         self._time_major_inputs: dict[str, torch.Tensor] = {}
-        # Allocated at the first act, when A is known.
-        self._output: ActionBatch | None = None
-        self._output_arrays: tuple[np.ndarray, np.ndarray] = ()  # logits, baseline
-        self._sampler: SoftmaxSampler | None = None
 
     def _time_major(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if inputs is not self._inputs:
@@ -199,44 +171,32 @@ class LocalPolicy:
             self._time_major_inputs = {key: value.unsqueeze(0) for key, value in inputs.items()}
         return self._time_major_inputs
 
-    def _allocate_output(self, num_actions: int) -> None:
-        k = self.num_envs
-        self._output = ActionBatch(
-            action=torch.zeros(k, dtype=torch.int64),
-            policy_logits=torch.zeros((k, num_actions), dtype=torch.float32),
-            baseline=torch.zeros(k, dtype=torch.float32),
-        )
-        self._output_arrays = (self._output.policy_logits.numpy(), self._output.baseline.numpy())
-        self._sampler = SoftmaxSampler(self._output_arrays[0], self._output.action.numpy())
-
     def post(self, inputs: dict[str, torch.Tensor]) -> None:
         """inputs: obs [K, ...], reward [K], done [K], last_action [K]. Pass one dict
         every step and update its tensors in place: views of them are made once per
         dict (replacing a tensor in the same dict is not seen). A local policy runs
-        the forward pass here; `wait` only returns its output."""
+        the forward pass here; `wait` only returns its record."""
         state_in = self._state_next
         with _no_grad(), forward_precision("cpu", self.bf16):
             output, state_next = self.model(self._time_major(inputs), state_in)
-        if self._output is None:
-            self._allocate_output(output.policy_logits.shape[-1])
-        _store_outputs(output, *self._output_arrays)
-        self._sampler.sample()
+            self._act(as_outputs(output))
         # Under autocast an LSTM hands back bf16 states; the state carried from step to
         # step (and stored with each rollout) stays float32, as the learner's is.
         self._state_next = tuple(s.float() for s in state_next)
         self.state = tuple(s.transpose(0, 1) for s in state_in)
 
-    def wait(self) -> ActionBatch:
-        return self._output
+    def wait(self) -> dict[str, np.ndarray]:
+        return self.record
 
-    def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
+    def act(self, inputs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         """`post` then `wait`."""
         self.post(inputs)
-        return self._output
+        return self.record
 
 
 class InferenceTable:
-    """The request table: inputs and outputs of `num_actors * num_envs` rows.
+    """The request table: inputs, records, policy parameters and recurrent state of
+    `num_actors * num_envs` rows.
 
     Row `a * num_envs + k` is env k of actor a. An actor's envs are split into
     `num_env_splits` lanes (beast/actor.py) that post separately: the Batcher's
@@ -244,6 +204,8 @@ class InferenceTable:
     num_envs / num_env_splits rows. Picklable to actor processes (shared memory
     travels).
 
+    policy: the algorithm's acting rule; the table holds its record and its per-env
+        parameters (`env_params` over all rows, which are all envs of the run).
     initial_state: the model's `initial_state(1)` (tensors [d0, 1, ...]);
         every row starts from it.
     """
@@ -255,13 +217,11 @@ class InferenceTable:
         num_envs: int,
         obs_shape: Sequence[int],
         obs_dtype: torch.dtype | np.dtype,
-        num_actions: int,
+        policy: Policy,
         initial_state: Sequence[torch.Tensor] = (),
         num_servers: int = 1,
         num_env_splits: int = 1,
     ) -> None:
-        if not isinstance(obs_dtype, torch.dtype):
-            obs_dtype = torch.from_numpy(np.zeros((), dtype=obs_dtype)).dtype
         if num_env_splits < 1 or num_envs % num_env_splits:
             raise ValueError(f"num_env_splits ({num_env_splits}) must divide num_envs ({num_envs})")
         rows = num_actors * num_envs
@@ -274,14 +234,19 @@ class InferenceTable:
             return shared_zeros((rows, *shape), dtype)
 
         # Inputs, written by actors.
-        self.obs = shared(obs_shape, obs_dtype)
-        self.reward = shared((), torch.float32)
-        self.done = shared((), torch.bool)
-        self.last_action = shared((), torch.int64)
-        # Outputs, written by servers.
-        self.action = shared((), torch.int64)
-        self.policy_logits = shared((num_actions,), torch.float32)
-        self.baseline = shared((), torch.float32)
+        self.inputs = {
+            "obs": shared(obs_shape, torch_dtype(obs_dtype)),
+            "reward": shared((), torch.float32),
+            "done": shared((), torch.bool),
+            "last_action": shared((), torch.int64),
+        }
+        # The policy's record, written by servers.
+        self.record = {key: shared(f.shape, f.dtype) for key, f in policy.record_spec().items()}
+        # The policy's per-env parameters, constant.
+        self.params = {}
+        for key, values in policy.env_params(rows).items():
+            self.params[key] = shared(values.shape[1:], torch_dtype(values.dtype))
+            self.params[key].numpy()[...] = values
         # Recurrent state per row, [rows, d0, ...]: read and written by servers.
         self.initial_state = tuple(s.transpose(0, 1)[0].clone() for s in initial_state)
         self.state = tuple(shared(s.shape, s.dtype) for s in self.initial_state)
@@ -308,9 +273,8 @@ class InferenceTable:
             self.batcher.reset_group(self.group(actor_index, split))
 
     def nbytes(self) -> int:
-        tensors = (self.obs, self.reward, self.done, self.last_action, self.action)
-        tensors += (self.policy_logits, self.baseline, *self.state)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        tensors = [*self.inputs.values(), *self.record.values(), *self.params.values()]
+        return sum(t.numel() * t.element_size() for t in [*tensors, *self.state])
 
     def close(self) -> None:
         """Wake every actor and server; their blocking calls raise QueueClosed."""
@@ -320,9 +284,10 @@ class InferenceTable:
 class CentralPolicy:
     """The actor's side of central inference: write inputs, post, sleep, read.
 
-    `state` is the recurrent state per env ([K, d0, ...] per tensor) that
-    produced the latest `act`'s output (copied before posting, because the
-    server overwrites the rows with the next state).
+    `record` views this actor's lane's rows of the table's record (`[K, ...]` numpy
+    arrays at fixed addresses, written by the server). `state` is the recurrent state
+    per env ([K, d0, ...] per tensor) that produced the latest output (copied before
+    posting, because the server overwrites the rows with the next state).
 
     server_alive: called each time a wait times out; False makes `wait` raise
         QueueClosed, which ends the actor (the learner process is gone).
@@ -342,12 +307,8 @@ class CentralPolicy:
         self._rows = table.rows(self.group)
         table.reset_rows(self.group)
         self.state = tuple(s[self._rows].clone() for s in table.state)
-        self._inputs = {key: getattr(table, key)[self._rows] for key in _INPUT_KEYS}
-        self._output = ActionBatch(
-            action=table.action[self._rows],
-            policy_logits=table.policy_logits[self._rows],
-            baseline=table.baseline[self._rows],
-        )
+        self._inputs = {key: value[self._rows] for key, value in table.inputs.items()}
+        self.record = {key: value[self._rows].numpy() for key, value in table.record.items()}
         # The copies of one post, made once per caller's inputs dict (as LocalPolicy's
         # views are): its inputs into this actor's rows, and the rows' state into `state`.
         self._caller_inputs: dict[str, torch.Tensor] | None = None
@@ -374,14 +335,14 @@ class CentralPolicy:
         self._input_copies(inputs).run()
         self.table.batcher.post(self.group)
 
-    def wait(self) -> ActionBatch:
+    def wait(self) -> dict[str, np.ndarray]:
         """Sleep until the posted requests are answered (at once if they are)."""
         while not self.table.batcher.wait_answered(self.group, timeout=_POLL_SECONDS * 5):
             if not self.server_alive():
                 raise QueueClosed("the inference server's process is gone")
-        return self._output
+        return self.record
 
-    def act(self, inputs: dict[str, torch.Tensor]) -> ActionBatch:
+    def act(self, inputs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         """`post` then `wait`."""
         self.post(inputs)
         return self.wait()
@@ -389,16 +350,17 @@ class CentralPolicy:
 
 class _RowsPlan:
     """Views of table rows [first, first + n) for serving them: time-major inputs
-    [1, n, ...], recurrent state [d0, n, ...], the output arrays and a sampler from the
-    rows' logits into their actions. Made once per row range a server sees."""
+    [1, n, ...], recurrent state [d0, n, ...], and the policy bound to the rows' record
+    and parameters. Made once per row range a server sees."""
 
-    def __init__(self, table: InferenceTable, first: int, n: int) -> None:
+    def __init__(self, table: InferenceTable, policy: Policy, first: int, n: int) -> None:
         rows = slice(first, first + n)
-        self.inputs = {key: getattr(table, key)[rows].unsqueeze(0) for key in _INPUT_KEYS}
+        self.inputs = {key: value[rows].unsqueeze(0) for key, value in table.inputs.items()}
         self.state = tuple(s[rows].transpose(0, 1) for s in table.state)
-        self.policy_logits = table.policy_logits.numpy()[rows]
-        self.baseline = table.baseline.numpy()[rows]
-        self.sampler = SoftmaxSampler(self.policy_logits, table.action.numpy()[rows])
+        self.act = policy.bind(
+            {key: value.numpy()[rows] for key, value in table.record.items()},
+            {key: value.numpy()[rows] for key, value in table.params.items()},
+        )
 
 
 @dataclass
@@ -423,7 +385,7 @@ class InferenceStats:
 
 
 class InferenceServer(ThreadGroup):
-    """Inference threads in the learner process: collect, forward, scatter, answer.
+    """Inference threads in the learner process: collect, forward, act, answer.
 
     Thread i serves the Batcher's server index i (its contiguous share of the
     actors). All threads share one model on `device`, refreshed from
@@ -437,13 +399,14 @@ class InferenceServer(ThreadGroup):
     its actors then wait until shutdown closes the table.
 
     With `bf16`, forward passes run under bf16 autocast (a bf16 run's, as local
-    actors do); outputs and recurrent states are stored as float32 all the same.
+    actors do); records and recurrent states are stored as the table holds them.
     """
 
     def __init__(
         self,
         *,
         table: InferenceTable,
+        policy: Policy,
         model: nn.Module,
         source: nn.Module,
         device: torch.device,
@@ -454,6 +417,7 @@ class InferenceServer(ThreadGroup):
         bf16: bool = False,
     ) -> None:
         self.table = table
+        self.policy = policy
         self.bf16 = bf16
         self.model = model.to(device).eval()
         self.source = source
@@ -521,12 +485,12 @@ class InferenceServer(ThreadGroup):
         if plan is None:
             if len(self._plans) >= _MAX_PLANS:
                 self._plans.clear()
-            plan = self._plans[first, n] = _RowsPlan(self.table, first, n)
+            plan = self._plans[first, n] = _RowsPlan(self.table, self.policy, first, n)
         return plan
 
     def _serve_rows(self, plan: _RowsPlan) -> None:
         """Rows [first, first + n): the model reads the table's rows in place (on the
-        CPU; other devices get copies), and writes into them through fixed views."""
+        CPU; other devices get copies), and the policy writes their record in place."""
         device = self.device
         if device.type == "cpu":
             inputs, state = plan.inputs, plan.state
@@ -536,10 +500,9 @@ class InferenceServer(ThreadGroup):
         with _no_grad():
             with forward_precision(device.type, self.bf16):
                 output, next_state = self.model(inputs, state)
-            _store_outputs(output, plan.policy_logits, plan.baseline)
+            plan.act(as_outputs(output))
             for row_state, new in zip(plan.state, next_state, strict=True):
                 row_state.copy_(new)
-        plan.sampler.sample()  # from the logits just stored, on the CPU (any device)
 
     def _serve_gathered(self, indices: torch.Tensor, served: np.ndarray) -> None:
         table, device = self.table, self.device
@@ -547,16 +510,17 @@ class InferenceServer(ThreadGroup):
         def read(tensor: torch.Tensor) -> torch.Tensor:
             return tensor.index_select(0, indices).to(device)
 
-        def write(tensor: torch.Tensor, values: torch.Tensor) -> None:
-            tensor.index_copy_(0, indices, values.to(device="cpu", dtype=tensor.dtype))
-
-        inputs = {key: read(getattr(table, key)).unsqueeze(0) for key in _INPUT_KEYS}
+        inputs = {key: read(value).unsqueeze(0) for key, value in table.inputs.items()}
         state = tuple(read(s).transpose(0, 1) for s in table.state)
-        with _no_grad(), forward_precision(device.type, self.bf16):
-            output, next_state = self.model(inputs, state)
-        write(table.policy_logits, output.policy_logits[0])
-        write(table.baseline, output.baseline[0])
-        for table_state, new in zip(table.state, next_state, strict=True):
-            write(table_state, new.transpose(0, 1))
-        actions = table.action.numpy()
-        actions[served] = sample_softmax(table.policy_logits.numpy()[served])
+        record = record_arrays(self.policy, len(served))
+        act = self.policy.bind(record, {k: v.numpy()[served] for k, v in table.params.items()})
+        with _no_grad():
+            with forward_precision(device.type, self.bf16):
+                output, next_state = self.model(inputs, state)
+            act(as_outputs(output))
+            for table_state, new in zip(table.state, next_state, strict=True):
+                table_state.index_copy_(
+                    0, indices, new.transpose(0, 1).to(device="cpu", dtype=table_state.dtype)
+                )
+        for key, values in record.items():
+            table.record[key].numpy()[served] = values

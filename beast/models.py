@@ -38,15 +38,20 @@ without one (Ape-X) the head reads the torso features alone, as in the Ape-X pap
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from beast.fields import torch_dtype
+
 __all__ = [
+    "MODEL_INPUT_KEYS",
     "MODEL_NAMES",
     "ActorCriticNet",
     "AgentOutput",
@@ -55,12 +60,19 @@ __all__ = [
     "DuelingQNet",
     "MLPNet",
     "QOutput",
+    "ModelError",
     "ResNet",
     "build_model",
     "build_q_model",
+    "build_user_model",
+    "check_model",
+    "copy_weights",
+    "is_user_model",
 ]
 
 MODEL_NAMES = ("auto", "atari", "resnet", "mlp")
+# What every model reads per step (module docstring), in the order buffers hold them.
+MODEL_INPUT_KEYS = ("obs", "reward", "done", "last_action")
 
 # Width of the LSTM core of the image models, as in the IMPALA paper (fig. 3).
 DEFAULT_LSTM_SIZE = 256
@@ -596,3 +608,126 @@ def build_q_model(
         lstm_size=hidden_size or DEFAULT_Q_LSTM_SIZE,
         head_size=DEFAULT_Q_HEAD_SIZE,
     )
+
+
+# Models from the user (--model package.module:Name), and the start-up check of any model.
+
+
+class ModelError(ValueError):
+    """A network that cannot be built or does not fit the algorithm or the env; the message
+    is one line for the user (entry points exit 2)."""
+
+
+def is_user_model(name: str) -> bool:
+    """True for `package.module:Name`, a model given by import path."""
+    return ":" in name
+
+
+def _import_model(path: str) -> Any:
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ModelError(f"--model {path!r} is not an import path; write package.module:Name")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        missing = getattr(error, "name", None)
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise ModelError(
+                f"--model {path}: cannot import module '{module_name}' (check the path, and"
+                " that the package is installed or on PYTHONPATH)"
+            ) from None
+        raise ModelError(f"--model {path}: importing '{module_name}' failed: {error}") from error
+    factory: Any = module
+    for part in attribute.split("."):
+        factory = getattr(factory, part, None)
+        if factory is None:
+            raise ModelError(f"--model {path}: module '{module_name}' has no '{attribute}'")
+    if not callable(factory):
+        raise ModelError(f"--model {path} is not callable; point it at a class or a factory")
+    return factory
+
+
+def build_user_model(config: Any, spec: Any) -> nn.Module:
+    """`Name(obs_shape=..., num_actions=...)` for `--model package.module:Name`: an
+    nn.Module with `initial_state(batch_size)` and `forward(inputs, core_state)` (the
+    contract of this module's docstring; docs/models.md). ModelError, one line, when the
+    path does not import or the call does not fit."""
+    path = config.model
+    factory = _import_model(path)
+    kwargs = {"obs_shape": tuple(spec.obs_shape), "num_actions": spec.num_actions}
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as error:
+        raise ModelError(
+            f"--model {path} must accept (obs_shape, num_actions) as keyword arguments: {error}"
+        ) from None
+    except ValueError:  # a callable without a signature (a C function): just call it
+        pass
+    model = factory(**kwargs)
+    if not isinstance(model, nn.Module):
+        raise ModelError(f"--model {path} returned {type(model).__name__}, not a torch nn.Module")
+    if not callable(getattr(model, "initial_state", None)):
+        raise ModelError(
+            f"--model {path} has no initial_state(batch_size) method; return () from it for"
+            " a feed-forward model (docs/models.md)"
+        )
+    return model
+
+
+def check_model(
+    model: nn.Module, spec: Any, outputs: Mapping[str, tuple[int, ...]], name: str
+) -> None:
+    """Run `model` once on a [T=2, B=2] batch of zeros shaped like the env's, and check that
+    it returns the `outputs` the algorithm needs, `[T, B, *shape]` each, and a state it
+    takes back. ModelError (one line naming `name`, the --model flag) otherwise, at
+    start-up, rather than a traceback from an actor or the learner."""
+    T, B = 2, 2
+    inputs = {
+        "obs": torch.zeros((T, B, *spec.obs_shape), dtype=torch_dtype(spec.obs_dtype)),
+        "reward": torch.zeros((T, B)),
+        "done": torch.zeros((T, B), dtype=torch.bool),
+        "last_action": torch.zeros((T, B), dtype=torch.int64),
+    }
+    try:
+        with torch.no_grad():
+            state = model.initial_state(B)
+            result = model(inputs, state)
+            result, state = result
+            model({key: value[:1] for key, value in inputs.items()}, state)
+    except (TypeError, ValueError, RuntimeError, IndexError, KeyError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ModelError(
+            f"--model {name} does not run on {spec.obs_shape} {spec.obs_dtype} observations"
+            f" (model(inputs, core_state) -> (outputs, core_state), docs/models.md): {reason}"
+        ) from None
+    try:
+        got = result if isinstance(result, Mapping) else result._asdict()
+    except AttributeError:
+        raise ModelError(
+            f"--model {name} returned {type(result).__name__} outputs; return a dict (or a"
+            f" NamedTuple) with {', '.join(outputs)}"
+        ) from None
+    for key, shape in outputs.items():
+        if key not in got:
+            raise ModelError(
+                f"--model {name} returns {', '.join(got) or 'nothing'}; this algorithm needs"
+                f" {', '.join(f'{k} [T, B{_dims(s)}]' for k, s in outputs.items())}"
+            )
+        if tuple(got[key].shape) != (T, B, *shape):
+            raise ModelError(
+                f"--model {name} returns {key} of shape {tuple(got[key].shape)} for T={T},"
+                f" B={B}; expected [T, B{_dims(shape)}]"
+            )
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "".join(f", {d}" for d in shape)
+
+
+def copy_weights(destination: nn.Module, source: nn.Module) -> None:
+    """Copy `source`'s weights into `destination` in place (shared memory stays shared)."""
+    with torch.no_grad():
+        for shared, own in zip(
+            destination.state_dict().values(), source.state_dict().values(), strict=True
+        ):
+            shared.copy_(own)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from beast.buffers import shared_zeros
+from beast.fields import shared_zeros
 
 __all__ = [
     "ACTOR_PHASES",

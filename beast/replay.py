@@ -54,11 +54,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from beast.buffers import Field, core_state_key, shared_zeros
+from beast.buffers import env_step_spec
+from beast.fields import Field, core_state_key, is_core_state, shared_zeros
 from beast.native import SumTree
 
 __all__ = [
-    "STEP_KEYS",
+    "ENV_KEYS",
     "PrioritizedReplay",
     "ReplayFootprint",
     "ReplaySample",
@@ -66,21 +67,16 @@ __all__ = [
     "importance_weights",
     "replay_footprint",
     "sequence_spec",
+    "step_keys",
     "storage_spec",
     "stratified_draws",
 ]
 
-# Fields written once per step; the others are "mask" (set by the builder) and
-# the core_state_i fields (once per sequence).
-STEP_KEYS = ("obs", "reward", "done", "terminated", "truncated", "last_action", "action")
+# The env batch's per-step fields a sequence keeps (episode statistics go to the sink's
+# rings instead); the policy's record (`Policy.record_spec`: "action", ...) joins them.
+ENV_KEYS = ("obs", "reward", "done", "terminated", "truncated", "last_action")
 # The stored field that replaces "obs" under frame deduplication.
 FRAMES_KEY = "frames"
-
-
-def _torch_dtype(dtype: np.dtype | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    return torch.from_numpy(np.zeros((), dtype=dtype)).dtype
 
 
 def sequence_spec(
@@ -88,31 +84,31 @@ def sequence_spec(
     seq_len: int,
     obs_shape: Sequence[int],
     obs_dtype: np.dtype | torch.dtype,
+    record: Mapping[str, Field],
     core_state_shapes: Sequence[Sequence[int]] = (),
 ) -> dict[str, Field]:
     """The layout of one replayed sequence: ``seq_len + 1`` rows (module docstring).
 
-    ``core_state_shapes`` are the per-env recurrent-state shapes
-    (`beast.buffers.core_state_shapes`); the state stored is the one at the
-    sequence's first row.
+    ``record`` is the policy's per-step record; ``core_state_shapes`` are the per-env
+    recurrent-state shapes (`beast.fields.core_state_shapes`); the state stored is the
+    one at the sequence's first row.
     """
     seq_len = operator.index(seq_len)
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     rows = seq_len + 1
-    spec = {
-        "obs": Field((rows, *obs_shape), _torch_dtype(obs_dtype)),
-        "reward": Field((rows,), torch.float32),
-        "done": Field((rows,), torch.bool),
-        "terminated": Field((rows,), torch.bool),
-        "truncated": Field((rows,), torch.bool),
-        "last_action": Field((rows,), torch.int64),
-        "action": Field((rows,), torch.int64),
-        "mask": Field((rows,), torch.bool),
-    }
+    per_row = {key: f for key, f in env_step_spec(obs_shape, obs_dtype).items() if key in ENV_KEYS}
+    per_row.update(record)
+    spec = {key: Field((rows, *f.shape), f.dtype) for key, f in per_row.items()}
+    spec["mask"] = Field((rows,), torch.bool)
     for i, shape in enumerate(core_state_shapes):
         spec[core_state_key(i)] = Field(tuple(shape), torch.float32)
     return spec
+
+
+def step_keys(spec: Mapping[str, Field]) -> tuple[str, ...]:
+    """The fields a sequence's rows copy from each step: all but mask and the state."""
+    return tuple(key for key in spec if key != "mask" and not is_core_state(key))
 
 
 def _seq_len(spec: Mapping[str, Field]) -> int:
@@ -255,14 +251,15 @@ class SequenceBuilder:
             raise ValueError(f"seq_overlap must be in [0, {self.seq_len}), got {seq_overlap}")
         self.stride = self.seq_len - self.seq_overlap
         self.rows = self.seq_len + 1
-        missing = [k for k in (*STEP_KEYS, "mask") if k not in spec]
+        missing = [k for k in (*ENV_KEYS, "action", "mask") if k not in spec]
         if missing:
             raise ValueError(f"spec lacks fields {missing}")
+        self.step_keys = step_keys(spec)
         self._rows = {
             key: torch.zeros(self.spec[key].shape, dtype=self.spec[key].dtype)
-            for key in (*STEP_KEYS, "mask")
+            for key in (*self.step_keys, "mask")
         }
-        self.num_core_state = sum(key.startswith("core_state_") for key in spec)
+        self.num_core_state = sum(is_core_state(key) for key in spec)
         # The state at every row of the window, since row `stride` becomes the
         # next window's first.
         self._states = [
@@ -278,7 +275,7 @@ class SequenceBuilder:
     def _write(
         self, row: int, step: Mapping[str, Tensor], core_state: Sequence[Tensor], *, mask: bool
     ) -> None:
-        for key in STEP_KEYS:
+        for key in self.step_keys:
             self._rows[key][row] = torch.as_tensor(step[key])
         self._rows["mask"][row] = mask
         for buffer, state in zip(self._states, core_state, strict=True):
@@ -303,8 +300,8 @@ class SequenceBuilder:
         """Add one row; returns the sequence it completed, if any.
 
         Args:
-            step: the STEP_KEYS of one row, per env (obs [*obs_shape],
-                scalars for the rest; tensors, arrays or numbers).
+            step: the `step_keys` of one row, per env (obs [*obs_shape],
+                the record's shapes for the rest; tensors, arrays or numbers).
             core_state: one tensor per core_state field of the spec, per env
                 (the model's state for this env, batch dim removed).
         """
@@ -528,3 +525,49 @@ class PrioritizedReplay:
         if not bool(torch.isfinite(td_priorities).all()) or bool((td_priorities < 0).any()):
             raise ValueError("td_priorities must be finite and >= 0")
         return self.tree.update(indices, self._scaled(td_priorities), generations)
+
+    def contents(self) -> tuple[dict[str, Tensor], dict[str, object]]:
+        """A checkpoint of the replay in two parts: the stored sequences (views of the
+        written slots, to be saved before anything else is read) and a function's worth
+        of small state; call `settle` on the state once the tensors are written.
+
+        Actors may still be adding while the tensors are written out: `settle` gives
+        priority 0 to every slot whose generation changed since this call, so a restored
+        replay never samples a sequence that was half overwritten in the file.
+        """
+        size = len(self)
+        tensors = {
+            key: tensor[:size].clone() if size < self.capacity else tensor
+            for key, tensor in self.tensors.items()
+        }
+        return tensors, {"capacity": self.capacity, "size": size, "tree": self.tree.state_dict()}
+
+    def settle(self, state: dict[str, object]) -> dict[str, object]:
+        """`state` (from `contents`) with the slots overwritten since then made unsampleable."""
+        tree = dict(state["tree"])
+        changed = tree["generations"] != self.tree.state_dict()["generations"]
+        tree["priorities"] = torch.where(changed, 0.0, tree["priorities"])
+        return {**state, "tree": tree}
+
+    def restore(self, tensors: Mapping[str, Tensor], state: Mapping[str, object]) -> None:
+        """Load `contents`' two parts into this (empty, same-layout) replay, before any
+        writer starts. ValueError (one line) when the layout or capacity differ."""
+        if state["capacity"] != self.capacity:
+            raise ValueError(
+                f"the saved replay holds {state['capacity']} sequences, this one {self.capacity}"
+            )
+        size = int(state["size"])
+        if set(tensors) != set(self.tensors):
+            raise ValueError(
+                f"the saved replay's fields {sorted(tensors)} differ from {sorted(self.tensors)}"
+            )
+        for key, tensor in self.tensors.items():
+            saved = tensors[key]
+            if tuple(saved.shape) != (size, *tensor.shape[1:]) or saved.dtype != tensor.dtype:
+                raise ValueError(
+                    f"the saved replay's {key} is {saved.dtype} {tuple(saved.shape)}, this one"
+                    f" stores {tensor.dtype} {tuple(tensor.shape[1:])} per sequence"
+                )
+        for key, tensor in self.tensors.items():
+            tensor[:size] = tensors[key]
+        self.tree.load_state_dict(state["tree"])

@@ -24,7 +24,7 @@ Layout: like the rollout slots, one contiguous shared-memory block per field,
 memory in the learner process and lets other processes (several learners
 sharing experience, as in the paper's sweeps) map the same replay.
 
-Not checkpointed: a resumed run starts with an empty replay.
+Checkpointed with the run (`state_dict`, beast/runner.py) unless --no-checkpoint_replay.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from beast.buffers import Field, shared_zeros
+from beast.fields import Field, shared_zeros
 
 __all__ = ["RolloutReplay"]
 
@@ -58,14 +58,15 @@ class RolloutReplay:
         }
         # Guards the tensors, _next, _size and _generator: batch threads (one
         # per learner thread) add and sample concurrently, and a sample must
-        # never copy a row that an add is overwriting.
-        self._lock = threading.Lock()
+        # never copy a row that an add is overwriting. A checkpoint holds it while it
+        # writes the tensors out (`contents`).
+        self.lock = threading.Lock()
         self._next = 0  # row the next rollout goes to: the oldest once full
         self._size = 0
         self._generator = torch.Generator().manual_seed(seed)
 
     def __len__(self) -> int:
-        with self._lock:
+        with self.lock:
             return self._size
 
     def nbytes(self) -> int:
@@ -82,7 +83,7 @@ class RolloutReplay:
         count = num_rollouts - first
         if count == 0:
             return
-        with self._lock:
+        with self.lock:
             rows = (self._next + torch.arange(count)) % self.capacity
             for key, tensor in self.tensors.items():
                 tensor[rows] = batch[key][:, first:].movedim(1, 0)
@@ -95,7 +96,7 @@ class RolloutReplay:
         Without replacement within one call, so a batch never holds the same
         rollout twice; independent between calls.
         """
-        with self._lock:
+        with self.lock:
             if not 0 < num_rollouts <= self._size:
                 raise ValueError(
                     f"cannot sample {num_rollouts} rollouts from a replay holding {self._size}"
@@ -107,3 +108,30 @@ class RolloutReplay:
                 key: torch.stack([tensor[row] for row in rows], dim=1)
                 for key, tensor in self.tensors.items()
             }
+
+    def contents(self) -> tuple[dict[str, Tensor], dict[str, object]]:
+        """A checkpoint of the replay: the stored rollouts and the ring's position. Hold
+        `lock` until the tensors are written: they are the replay's own memory (a full
+        Atari replay is gigabytes), and batch threads add to it."""
+        size = self._size
+        tensors = {
+            key: tensor[:size].clone() if size < self.capacity else tensor
+            for key, tensor in self.tensors.items()
+        }
+        return tensors, {"capacity": self.capacity, "size": size, "next": self._next}
+
+    def restore(self, tensors: Mapping[str, Tensor], state: Mapping[str, object]) -> None:
+        """Load `contents`' two parts; ValueError (one line) for another layout."""
+        if state["capacity"] != self.capacity:
+            raise ValueError(
+                f"the saved replay holds {state['capacity']} rollouts, this one {self.capacity}"
+            )
+        size = int(state["size"])
+        for key, tensor in self.tensors.items():
+            saved = tensors.get(key)
+            if saved is None or tuple(saved.shape) != (size, *tensor.shape[1:]):
+                raise ValueError(f"the saved replay's field {key} does not fit this replay")
+        with self.lock:
+            for key, tensor in self.tensors.items():
+                tensor[:size] = tensors[key]
+            self._size, self._next = size, int(state["next"])

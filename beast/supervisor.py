@@ -1,11 +1,12 @@
 """Actor supervision: start actor processes, notice deaths, reclaim, replace.
 
 A dead actor (exit, signal, exception in its env) is noticed at the next
-`check()`, which the runner calls a few times a second. Its slots are
-reclaimed: every slot it had claimed (`buffers.slot_owner`) goes back to the
-free queue. A slot it had finished was already on the full queue and is no
-longer owned, so nothing half-written is ever handed to the learner, and
-the learner's rollout-id check (beast/learner.py) would drop it if it were.
+`check()`, which the runner calls a few times a second. What it held in the
+sink is reclaimed (`sink.reclaim`): every rollout slot it had claimed goes back
+to the free queue. A slot it had finished was already on the full queue and is
+no longer owned, so nothing half-written is ever handed to the learner, and the
+rollout-id check (beast/buffers.py) would drop it if it were; a replay sequence
+it was writing keeps priority 0 until overwritten.
 With central inference, the dead actor's group of the request table is
 reset too: requests it left are not served, and an answer in flight is not
 credited to its replacement.
@@ -26,11 +27,11 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from beast.actor import ERROR_BOARD_BYTES, ActorSettings, run_actor
-from beast.buffers import RolloutBuffers
 from beast.inference import InferenceTable
 from beast.profile import ACTOR_PHASES, shared_counters
 
@@ -44,7 +45,7 @@ class ActorPool:
         self,
         *,
         settings: ActorSettings,
-        buffers: RolloutBuffers,
+        sink: Any,
         policy_source: torch.nn.Module | InferenceTable,
         num_actors: int,
         max_restarts: int,
@@ -55,7 +56,7 @@ class ActorPool:
         self.ctx = mp.get_context("forkserver")
         self.ctx.set_forkserver_preload(["beast.actor"])
         self.settings = settings
-        self.buffers = buffers
+        self.sink = sink
         self.policy_source = policy_source
         self.max_restarts = max_restarts
         self.log = log
@@ -82,7 +83,7 @@ class ActorPool:
                 index,
                 self.incarnations[index],
                 self.settings,
-                self.buffers,
+                self.sink,
                 self.policy_source,
                 os.getpid(),
                 self.error_board,
@@ -113,7 +114,7 @@ class ActorPool:
                 continue
             process.join()
             reason = self._death_reason(index, process.exitcode)
-            reclaimed = self.buffers.reclaim(owner=index)
+            reclaimed = self.sink.reclaim(owner=index)
             if isinstance(self.policy_source, InferenceTable):
                 self.policy_source.drop_requests(index)
             now = time.monotonic()

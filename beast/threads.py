@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from beast.native import QueueClosed
 
-__all__ = ["ThreadGroup"]
+__all__ = ["ThreadGroup", "process_alive"]
 
 
 class ThreadGroup:
@@ -49,3 +49,14 @@ class ThreadGroup:
         except BaseException as error:  # reported by the runner's monitor
             self.error = error
             self._on_error.set()
+
+
+def process_alive(pid: int) -> bool:
+    """False once process `pid` has exited, including as a zombie not yet reaped: how actors
+    and writers blocked on a queue notice that the learner is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")

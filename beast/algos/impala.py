@@ -47,17 +47,38 @@ all when ``truncated[t]``: such a step gets importance weight 0 in V-trace
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import NamedTuple
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from beast.algos import vtrace
+from beast.algos.base import (
+    Algorithm,
+    Batch,
+    Experience,
+    LearnerContext,
+    Policy,
+    Rollouts,
+    Update,
+    UpdateInfo,
+    as_outputs,
+)
+from beast.algos.policies import CategoricalPolicy
+from beast.config import ConfigError, flag
+from beast.fields import core_state
+from beast.models import build_model
+from beast.optim import build_optimizer
 
 __all__ = [
     "REWARD_CLIPPING_MODES",
+    "ActorCriticUpdate",
+    "Impala",
+    "ImpalaArgs",
     "LossOutput",
     "baseline_loss",
     "check_loss_inputs",
@@ -294,3 +315,102 @@ def impala_loss(
             "mean_entropy": -entropy_loss(logits.detach(), valid) / num_valid,
         }
     return LossOutput(total_loss=total_loss, stats=stats)
+
+
+# The plug-in: flags, model, acting, experience and update (beast/algos/base.py).
+
+
+@dataclass(frozen=True)
+class ImpalaArgs:
+    """IMPALA's loss flags (Espeholt et al. 2018); LASER's add to them."""
+
+    entropy_cost: float = flag(0.01, "Entropy regularisation weight.")
+    baseline_cost: float = flag(0.5, "Baseline (value) loss weight.")
+    discounting: float = flag(0.99, "Discount factor gamma.")
+    reward_clipping: str = flag(
+        "abs_one", "Reward clipping in the loss.", choices=REWARD_CLIPPING_MODES
+    )
+
+    @staticmethod
+    def check(config: Any) -> None:
+        for name in ("entropy_cost", "baseline_cost"):
+            if getattr(config, name) < 0:
+                raise ConfigError(f"--{name} must be >= 0, got {getattr(config, name)}")
+        if not 0.0 <= config.discounting <= 1.0:
+            raise ConfigError(f"--discounting must be in [0, 1], got {config.discounting}")
+
+
+class ActorCriticUpdate(Update):
+    """One optimizer step per batch of rollouts on `loss_fn(outputs, batch) -> LossOutput`
+    (the IMPALA or LASER loss with its constants bound)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        context: LearnerContext,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[Mapping[str, Tensor], Mapping[str, Tensor]], LossOutput],
+    ) -> None:
+        self.model, self.context, self.optimizer, self.loss_fn = model, context, optimizer, loss_fn
+
+    def __call__(self, batch: Batch) -> UpdateInfo:
+        data, context = batch.data, self.context
+        self.model.train()
+        with context.autocast():
+            outputs, _ = context.forward(data, core_state(data))
+        outputs = {key: value.float() for key, value in as_outputs(outputs).items()}
+        loss = self.loss_fn(outputs, data)
+        context.step(loss.total_loss, self.optimizer, self.model.parameters())
+        return UpdateInfo(stats=loss.stats)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+class Impala(Algorithm):
+    """IMPALA: V-trace actor-critic on rollouts from asynchronous actors."""
+
+    name = "impala"
+    summary = "V-trace actor-critic (Espeholt et al. 2018) on fixed-length rollouts."
+    Args = ImpalaArgs
+
+    @classmethod
+    def validate(cls, config: Any) -> None:
+        ImpalaArgs.check(config)
+
+    def model_outputs(self) -> dict[str, tuple[int, ...]]:
+        return {"policy_logits": (self.spec.num_actions,), "baseline": ()}
+
+    def builtin_model(self) -> nn.Module:
+        config = self.config
+        return build_model(
+            config.model,
+            self.spec.obs_shape,
+            self.spec.num_actions,
+            use_lstm=config.use_lstm,
+            hidden_size=config.hidden_size,
+        )
+
+    def policy(self, explore: bool = True) -> Policy:
+        return CategoricalPolicy(self.spec.num_actions)
+
+    def experience(self) -> Experience:
+        return Rollouts(unroll_length=self.config.unroll_length)
+
+    def loss_fn(self) -> Callable[..., LossOutput]:
+        config = self.config
+        return functools.partial(
+            impala_loss,
+            discounting=config.discounting,
+            reward_clipping=config.reward_clipping,
+            baseline_cost=config.baseline_cost,
+            entropy_cost=config.entropy_cost,
+        )
+
+    def learner(self, model: nn.Module, context: LearnerContext) -> Update:
+        return ActorCriticUpdate(
+            model, context, build_optimizer(self.config, model), self.loss_fn()
+        )

@@ -2,8 +2,9 @@
 "Off-Policy Actor-Critic with Shared Experience Replay", arXiv:1909.11583).
 
 LASER is IMPALA whose batches mix fresh rollouts with rollouts replayed from a
-FIFO (beast/rollout_replay.py, mixed in by beast/learner.py; the mixing is the
-paper's section 3, Proposition 3), plus this loss. The loss does not know which
+FIFO (beast/rollout_replay.py, which the `Laser` plug-in below asks for through
+its experience; the mixing is the paper's section 3, Proposition 3), plus this
+loss. The loss does not know which
 rollouts were replayed: it reads the behaviour logits stored with every step,
 as IMPALA's loss does. Batch layout, shift and sums: beast/algos/impala.py.
 
@@ -45,17 +46,29 @@ None or 0 turns the trust region off: the loss is then exactly impala_loss's.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from beast.algos import impala
-from beast.algos.impala import LossOutput
+from beast.algos.base import Experience, Rollouts
+from beast.algos.impala import Impala, ImpalaArgs, LossOutput
+from beast.config import ConfigError, flag
 
-__all__ = ["laser_loss", "trust_region_kl", "trust_region_mask"]
+__all__ = [
+    "Laser",
+    "LaserArgs",
+    "laser_loss",
+    "num_replayed",
+    "trust_region_kl",
+    "trust_region_mask",
+]
 
 
 @torch.no_grad()
@@ -163,3 +176,102 @@ def laser_loss(
             "masked_fraction": rejected.to(kl.dtype).sum() / num_valid,
         }
     return LossOutput(total_loss=loss.total_loss, stats=stats)
+
+
+# The plug-in: IMPALA's, plus the replay of whole rollouts and the trust region.
+
+
+@dataclass(frozen=True)
+class LaserArgs(ImpalaArgs):
+    """LASER (Schmitt et al. 2019): IMPALA plus a FIFO replay of whole rollouts mixed into
+    every batch (beast/rollout_replay.py) and this module's trust region."""
+
+    replay_ratio: float = flag(
+        1.0,
+        "Replayed rollouts per fresh rollout in a batch; --batch_size is the total: a batch"
+        " replays the nearest integer to batch_size*r/(1+r) rollouts (8 and r=1: 4 fresh + 4"
+        " replayed). Batches are all fresh until the replay holds that many. 0: no replay.",
+    )
+    replay_size: int = flag(
+        1000,
+        "Rollouts the replay keeps (FIFO), in shared memory: about (unroll_length+1)*obs"
+        " bytes each, 2.3 MB for Atari with T=80; the startup line prints the total.",
+    )
+    trust_region_threshold: float = flag(
+        0.5,
+        "Trust region: a step whose KL(pi || implied policy) exceeds this is left out of the"
+        " policy-gradient and baseline terms and cuts V-trace's traces; 0: off.",
+    )
+
+
+def num_replayed(batch_size: int, replay_ratio: float) -> int:
+    """Replayed rollouts per batch (see --replay_ratio); Python's round(), so a tie goes to
+    the even count (batch 6 at r=1: 3 + 3; batch 5: 3 fresh + 2)."""
+    return round(batch_size * replay_ratio / (1.0 + replay_ratio))
+
+
+class Laser(Impala):
+    """LASER: IMPALA with shared experience replay and a trust region."""
+
+    name = "laser"
+    summary = (
+        "IMPALA with a FIFO replay of whole rollouts mixed into every batch and a trust"
+        " region (Schmitt et al. 2019)."
+    )
+    Args = LaserArgs
+
+    @classmethod
+    def validate(cls, config: Any) -> None:
+        ImpalaArgs.check(config)
+        ratio, batch_size = config.replay_ratio, config.batch_size
+        if ratio < 0:
+            raise ConfigError(f"--replay_ratio must be >= 0, got {ratio}")
+        if config.trust_region_threshold < 0:
+            raise ConfigError(
+                f"--trust_region_threshold must be >= 0 (0: off), got"
+                f" {config.trust_region_threshold}"
+            )
+        if config.replay_size <= 0:
+            raise ConfigError(f"--replay_size must be positive, got {config.replay_size}")
+        if ratio > 0:
+            replayed = num_replayed(batch_size, ratio)
+            if replayed == 0:
+                raise ConfigError(
+                    f"--replay_ratio {ratio} replays no rollout of a --batch_size"
+                    f" {batch_size} batch ({batch_size}*r/(1+r) rounds to 0);"
+                    " raise --batch_size or --replay_ratio"
+                )
+            if replayed == batch_size:
+                raise ConfigError(
+                    f"--replay_ratio {ratio} leaves no fresh rollout in a --batch_size"
+                    f" {batch_size} batch; lower --replay_ratio or raise --batch_size"
+                )
+            if config.replay_size < replayed:
+                raise ConfigError(
+                    f"--replay_size {config.replay_size} is too small: each batch replays"
+                    f" {replayed} rollouts, so use --replay_size >= {replayed}"
+                )
+
+    def experience(self) -> Experience:
+        config = self.config
+        replayed = num_replayed(config.batch_size, config.replay_ratio)
+        return Rollouts(
+            unroll_length=config.unroll_length,
+            replay_size=config.replay_size if replayed else 0,
+            num_replayed=replayed,
+        )
+
+    def loss_fn(self) -> Callable[..., LossOutput]:
+        config = self.config
+        return functools.partial(
+            laser_loss,
+            discounting=config.discounting,
+            reward_clipping=config.reward_clipping,
+            baseline_cost=config.baseline_cost,
+            entropy_cost=config.entropy_cost,
+            trust_region_threshold=config.trust_region_threshold,
+        )
+
+    def describe(self) -> str:
+        threshold = self.config.trust_region_threshold
+        return f"trust region {threshold}" if threshold else "no trust region"

@@ -53,18 +53,39 @@ Q(x_t, a_t; theta)``, in the rescaled space the loss lives in.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from beast.algos.base import (
+    Algorithm,
+    Batch,
+    Experience,
+    LearnerContext,
+    Policy,
+    SequenceReplay,
+    Update,
+    UpdateInfo,
+    as_outputs,
+)
+from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
+from beast.algos.policies import EpsilonGreedyPolicy
+from beast.config import ConfigError, flag
+from beast.fields import core_state
+from beast.models import MODEL_INPUT_KEYS, build_q_model, copy_weights
+from beast.optim import build_optimizer
+
 __all__ = [
     "NStepTargets",
+    "QLearningArgs",
+    "R2D2",
+    "R2D2Args",
+    "SequenceQUpdate",
     "R2D2LossOutput",
-    "actor_epsilons",
     "double_q_values",
-    "epsilon_greedy",
     "inverse_value_rescaling",
     "n_step_double_q_targets",
     "r2d2_loss",
@@ -348,7 +369,7 @@ def r2d2_loss(
         eta: priority mix, see `sequence_priorities`.
 
     Returns:
-        `R2D2LossOutput`; stats: loss, mean_q (Q(x_t, a_t) over valid steps),
+        `R2D2LossOutput`; stats: total_loss, mean_q (Q(x_t, a_t) over valid steps),
         mean_target, mean_abs_td, max_abs_td, valid_steps, mean_priority.
     """
     num_rows = online_q.shape[0]
@@ -387,7 +408,7 @@ def r2d2_loss(
         num_valid = valid_f.sum().clamp(min=1.0)
         abs_td = td_errors.detach().abs()
         stats = {
-            "loss": total_loss.detach(),
+            "total_loss": total_loss.detach(),
             "mean_q": (q_taken.detach() * valid_f).sum() / num_valid,
             "mean_target": (targets * valid_f).sum() / num_valid,
             "mean_abs_td": abs_td.sum() / num_valid,
@@ -409,8 +430,8 @@ def unroll_with_burn_in(
     R2D2 section 3: the stored state at a sequence's start is stale (an older
     network produced it), so the first rows only refresh the state and the
     loss trains on the rest, with gradients that stop at the burned-in state.
-    ``model(inputs, core_state)`` returns ``(output with .q_values [T, B, A],
-    new state)`` (beast.models' convention).
+    ``model(inputs, core_state)`` returns ``(outputs with q_values [T, B, A],
+    new state)`` (beast.models' convention; outputs a dict or a NamedTuple).
 
     Returns:
         q_values [L, B, A] (rows before burn_in detached) and the state after
@@ -423,54 +444,264 @@ def unroll_with_burn_in(
     if burn_in > 0:
         with torch.no_grad():
             output, core_state = model({k: v[:burn_in] for k, v in inputs.items()}, core_state)
-        parts.append(output.q_values)
+        parts.append(as_outputs(output)["q_values"])
         core_state = tuple(s.detach() for s in core_state)
     output, core_state = model({k: v[burn_in:] for k, v in inputs.items()}, core_state)
-    parts.append(output.q_values)
+    parts.append(as_outputs(output)["q_values"])
     q_values = parts[0] if len(parts) == 1 else torch.cat(parts)
     return q_values, core_state
 
 
-def actor_epsilons(num_actors_total: int, eps_base: float = 0.4, alpha: float = 7.0) -> list[float]:
-    """Per-actor exploration rates ``eps_i = eps_base ** (1 + alpha * i / (N - 1))``.
-
-    Ape-X section 4.1 (and R2D2): a fixed spread of epsilons across actors
-    rather than one annealed schedule, so some actors always explore and
-    some nearly act greedily. N counts every environment that acts with its
-    own epsilon (all envs of all actors). With N = 1 the exponent is taken
-    as 1 (the i = 0 end of the spread): eps_base.
-
-    Returns:
-        N floats, from eps_base (i = 0) down to eps_base ** (1 + alpha).
-    """
-    if num_actors_total < 1:
-        raise ValueError(f"num_actors_total must be >= 1, got {num_actors_total}")
-    if not 0.0 <= eps_base <= 1.0:
-        raise ValueError(f"eps_base must be in [0, 1], got {eps_base}")
-    if num_actors_total == 1:
-        return [float(eps_base)]
-    n = num_actors_total - 1
-    return [float(eps_base ** (1.0 + alpha * i / n)) for i in range(num_actors_total)]
+# The plug-in: flags, model, acting, experience and update (beast/algos/base.py).
 
 
-def epsilon_greedy(
-    q_values: Tensor, epsilons: Tensor | float, generator: torch.Generator | None = None
-) -> Tensor:
-    """Greedy actions, each replaced by a uniform one with probability epsilon.
+@dataclass(frozen=True)
+class QLearningArgs:
+    """Flags of the n-step double-Q family on a prioritized replay (R2D2, Ape-X)."""
 
-    Args:
-        q_values: float [..., A].
-        epsilons: float, or a tensor broadcastable to ``q_values.shape[:-1]``
-            (one epsilon per env: `actor_epsilons`).
-        generator: for reproducible exploration.
-
-    Returns:
-        int64 [...] actions.
-    """
-    greedy = q_values.argmax(dim=-1)
-    shape, device = greedy.shape, greedy.device
-    explore = torch.rand(shape, generator=generator, device=device) < torch.as_tensor(
-        epsilons, device=device
+    discounting: float = flag(0.99, "Discount factor gamma.")
+    reward_clipping: str = flag(
+        "abs_one", "Reward clipping in the targets.", choices=REWARD_CLIPPING_MODES
     )
-    random_actions = torch.randint(q_values.shape[-1], shape, generator=generator, device=device)
-    return torch.where(explore, random_actions, greedy)
+    replay_size: int = flag(
+        1000,
+        "Sequences the prioritized replay keeps (seq_len+1 steps each; Ape-X: n_step+1),"
+        " in shared memory; the startup line prints the total.",
+    )
+    n_step: int = flag(5, "Rewards summed before bootstrapping from the target network.")
+    target_update_period: int = flag(
+        2500, "Learner updates between copies of the online into the target network."
+    )
+    min_replay_size: int = flag(1000, "Sequences in the replay before the learner samples.")
+    priority_exponent: float = flag(
+        0.9, "A sequence of priority p is sampled with probability ~ p**this."
+    )
+    importance_sampling_exponent: float = flag(
+        0.6, "A sample's loss is weighted by (N*P)**-this, normalised by the batch's max."
+    )
+    eps_base: float = flag(
+        0.4,
+        "Env i of all N envs of all actors explores with epsilon"
+        " eps_base**(1 + eps_alpha*i/(N-1)) (Ape-X).",
+    )
+    eps_alpha: float = flag(7.0, "The spread of the envs' epsilons, see --eps_base.")
+    value_rescaling: bool = flag(
+        True,
+        "Learn h(Q), h(x) = sign(x)(sqrt(|x|+1)-1) + 0.001x (Pohlen et al. 2018), rather"
+        " than Q; rewards still go through --reward_clipping.",
+    )
+    frame_dedup: bool = flag(
+        False,
+        "Store each frame of frame-stacked (Atari) observations once instead of in 4 stacks:"
+        " about a quarter of the replay's memory.",
+    )
+    samples_per_insert: float = flag(
+        0.0,
+        "Actors pause when they insert sequences faster than the learner samples this many"
+        " per insert (beyond --min_replay_size and one batch of slack), so learning per env"
+        " step does not depend on the machine's speed; 0: never pause.",
+    )
+    test_epsilon: float = flag(0.001, "--mode test: the greedy policy's epsilon.")
+
+    @staticmethod
+    def check(config: Any) -> None:
+        for name in ("n_step", "target_update_period", "min_replay_size", "replay_size"):
+            if getattr(config, name) <= 0:
+                raise ConfigError(f"--{name} must be positive, got {getattr(config, name)}")
+        if not 0.0 <= config.discounting <= 1.0:
+            raise ConfigError(f"--discounting must be in [0, 1], got {config.discounting}")
+        for name in ("priority_exponent", "eps_alpha", "samples_per_insert"):
+            if getattr(config, name) < 0:
+                raise ConfigError(f"--{name} must be >= 0, got {getattr(config, name)}")
+        for name in ("importance_sampling_exponent", "eps_base", "test_epsilon"):
+            if not 0.0 <= getattr(config, name) <= 1.0:
+                raise ConfigError(f"--{name} must be in [0, 1], got {getattr(config, name)}")
+        if config.min_replay_size > config.replay_size:
+            raise ConfigError(
+                f"--min_replay_size {config.min_replay_size} exceeds --replay_size"
+                f" {config.replay_size}: learning would never start"
+            )
+
+
+@dataclass(frozen=True)
+class R2D2Args(QLearningArgs):
+    """R2D2 (Kapturowski et al. 2019): recurrent Q-learning on replayed sequences."""
+
+    seq_len: int = flag(80, "Steps per replayed sequence.")
+    seq_overlap: int = flag(40, "Steps that adjacent sequences of an episode share.")
+    burn_in: int = flag(
+        40,
+        "Steps at a sequence's start that only refresh the stored LSTM state (no loss, no"
+        " gradient).",
+    )
+
+
+class SequenceQUpdate(Update):
+    """R2D2's update: burn-in unroll, target network, n-step double-Q loss, priorities.
+
+    1. burn-in: the online network unrolls the first `burn_in` rows from the sequence's
+       stored LSTM state without gradient, then the rest with it (R2D2 section 3); the
+       target network unrolls all rows from the same state, without gradient;
+    2. the loss (`loss_fn`, `r2d2_loss` with its constants bound), each sequence weighted
+       by its importance weight;
+    3. the optimizer step (beast/learner.py `Stepper`; skipped when not finite);
+    4. the sequences' new priorities, returned to the replay;
+    5. every `target_update_period` applied updates, the online weights into the target.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        target_model: nn.Module,
+        context: LearnerContext,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[..., R2D2LossOutput],
+        *,
+        burn_in: int,
+        target_update_period: int,
+        reward_clipping: str,
+    ) -> None:
+        self.model, self.context, self.optimizer, self.loss_fn = model, context, optimizer, loss_fn
+        self.target_model = target_model.requires_grad_(False)
+        copy_weights(self.target_model, model)
+        self.burn_in = burn_in
+        self.target_update_period = target_update_period
+        self.reward_clipping = reward_clipping
+        self.num_updates = 0  # applied updates, for the target copies
+
+    def __call__(self, batch: Batch) -> UpdateInfo:
+        data, context = batch.data, self.context
+        inputs = {key: data[key] for key in MODEL_INPUT_KEYS}
+        state = core_state(data)
+        self.model.train()
+        with context.autocast():
+            online_q, _ = unroll_with_burn_in(context.forward, inputs, state, self.burn_in)
+            with torch.no_grad():
+                target_outputs, _ = self.target_model(inputs, state)
+        reward = clip_rewards(data["reward"], self.reward_clipping)
+        loss = self.loss_fn(
+            online_q.float(),
+            as_outputs(target_outputs)["q_values"].float(),
+            {**data, "reward": reward},
+            batch.weights,
+        )
+        if not context.step(loss.total_loss, self.optimizer, self.model.parameters()):
+            return UpdateInfo(stats=loss.stats)
+        self.num_updates += 1
+        if self.num_updates % self.target_update_period == 0:
+            copy_weights(self.target_model, self.model)
+        return UpdateInfo(stats=loss.stats, priorities=loss.priorities)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "target_model": self.target_model.state_dict(),
+            "num_updates": self.num_updates,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.target_model.load_state_dict(state["target_model"])
+        self.num_updates = int(state["num_updates"])
+
+
+class R2D2(Algorithm):
+    """R2D2: an LSTM Q-network trained on prioritized replayed sequences."""
+
+    name = "r2d2"
+    summary = (
+        "Recurrent n-step double Q-learning on a prioritized replay of sequences"
+        " (Kapturowski et al. 2019)."
+    )
+    Args = R2D2Args
+    # Q-values regress onto targets whose TD errors, late in training, are as small as
+    # bf16's resolution near them (8 mantissa bits: 0.016 at Q = 3).
+    bf16_auto = False
+    use_lstm = True
+    # A step in a sequence's last n rows is burn-in in the next sequence, so it trains
+    # here with the shorter return there is (see n_step_double_q_targets).
+    truncate_at_end = True
+
+    @classmethod
+    def validate(cls, config: Any) -> None:
+        QLearningArgs.check(config)
+        if config.seq_len <= 0:
+            raise ConfigError(f"--seq_len must be positive, got {config.seq_len}")
+        if not 0 <= config.seq_overlap < config.seq_len:
+            raise ConfigError(
+                f"--seq_overlap must be in [0, --seq_len {config.seq_len}), got"
+                f" {config.seq_overlap}"
+            )
+        if not 0 <= config.burn_in < config.seq_len:
+            raise ConfigError(
+                f"--burn_in must be in [0, --seq_len {config.seq_len}) so that some steps"
+                f" train, got {config.burn_in}"
+            )
+
+    def sequence_layout(self) -> tuple[int, int, int]:
+        """(seq_len, seq_overlap, burn_in) of the replayed sequences."""
+        return self.config.seq_len, self.config.seq_overlap, self.config.burn_in
+
+    def model_outputs(self) -> dict[str, tuple[int, ...]]:
+        return {"q_values": (self.spec.num_actions,)}
+
+    def builtin_model(self) -> nn.Module:
+        return build_q_model(
+            self.config.model,
+            self.spec.obs_shape,
+            self.spec.num_actions,
+            use_lstm=self.use_lstm,
+            hidden_size=self.config.hidden_size,
+        )
+
+    def policy(self, explore: bool = True) -> Policy:
+        config = self.config
+        return EpsilonGreedyPolicy(
+            self.spec.num_actions,
+            eps_base=config.eps_base,
+            eps_alpha=config.eps_alpha,
+            epsilon=None if explore else config.test_epsilon,
+        )
+
+    def experience(self) -> Experience:
+        config = self.config
+        seq_len, seq_overlap, _ = self.sequence_layout()
+        return SequenceReplay(
+            seq_len=seq_len,
+            seq_overlap=seq_overlap,
+            capacity=config.replay_size,
+            min_size=config.min_replay_size,
+            priority_exponent=config.priority_exponent,
+            importance_sampling_exponent=config.importance_sampling_exponent,
+            samples_per_insert=config.samples_per_insert,
+            frame_dedup=config.frame_dedup,
+        )
+
+    def learner(self, model: nn.Module, context: LearnerContext) -> Update:
+        config = self.config
+        _, _, burn_in = self.sequence_layout()
+        loss_fn = functools.partial(
+            r2d2_loss,
+            burn_in=burn_in,
+            n_step=config.n_step,
+            discounting=config.discounting,
+            rescale_eps=DEFAULT_RESCALE_EPS if config.value_rescaling else None,
+            truncate_at_end=self.truncate_at_end,
+        )
+        return SequenceQUpdate(
+            model,
+            self.build_model().to(context.device),
+            context,
+            build_optimizer(config, model),
+            loss_fn,
+            burn_in=burn_in,
+            target_update_period=config.target_update_period,
+            reward_clipping=config.reward_clipping,
+        )
+
+    def describe(self) -> str:
+        seq_len, seq_overlap, burn_in = self.sequence_layout()
+        return (
+            f"sequences of {seq_len} (overlap {seq_overlap}, burn-in {burn_in}),"
+            f" {self.config.n_step}-step targets"
+        )

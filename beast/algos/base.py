@@ -1,0 +1,262 @@
+"""The algorithm interface: what an algorithm declares, so that the engine never names one.
+
+An algorithm is one class under beast/algos/, found by name through the registry
+(`ALGORITHMS` in beast/algos/__init__.py). The engine (env batches, actor processes,
+local and central inference, rollout slots and replays, the learner, monobeast and
+polybeast) builds a run through this interface only:
+
+    Args            its flags: a frozen dataclass whose fields are made with
+                    `beast.config.flag`. The parser adds them to the core flags, grouped
+                    under the algorithm in --help; `validate` checks them.
+    model_outputs   what its network returns per step (name -> per-env shape), so a
+                    network is checked against it at start-up (`--model module:Name`).
+    build_model     its network, from the env spec, or the user's model class.
+    policy          its acting rule (`Policy`): model outputs for n envs -> actions and
+                    whatever the learner needs stored with them (logits, values...).
+                    Local actors, the central inference server, polybeast's env servers
+                    and --mode test all act through it.
+    experience      what its actors produce: fixed-length `Rollouts` into the rollout
+                    slots (with an optional FIFO of whole rollouts mixed into batches),
+                    or sequences into a `SequenceReplay` (prioritized).
+    learner         its update (`Update`): losses, targets, priorities, target
+                    networks, optimizers, and the state its checkpoint keeps.
+
+How a new algorithm plugs in, and what its model must return: docs/algorithms.md.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from beast.fields import Field
+
+if TYPE_CHECKING:
+    from beast.config import Config
+    from beast.envs import EnvSpec
+    from beast.learner import Stepper, TrainingProgress
+
+__all__ = [
+    "Algorithm",
+    "Batch",
+    "Experience",
+    "LearnerContext",
+    "Policy",
+    "Rollouts",
+    "SequenceReplay",
+    "Update",
+    "UpdateInfo",
+    "as_outputs",
+]
+
+
+def as_outputs(outputs: Any) -> Mapping[str, Tensor]:
+    """A model's per-step outputs as a mapping: models may return a dict or a NamedTuple
+    (beast.models' `AgentOutput`, `QOutput`)."""
+    if isinstance(outputs, Mapping):
+        return outputs
+    as_dict = getattr(outputs, "_asdict", None)
+    if as_dict is None:
+        raise TypeError(
+            f"a model's outputs must be a dict or a NamedTuple of tensors, got {type(outputs)}"
+        )
+    return as_dict()
+
+
+class Policy(abc.ABC):
+    """How an algorithm acts: model outputs for n envs -> their actions and what is stored.
+
+    The engine allocates the record arrays (one per `record_spec` field, `[n, ...]`,
+    fixed addresses: an actor's own arrays, rows of the central request table, an env
+    server's) and the per-env parameter rows, calls `bind` once per such set, and calls
+    the returned function after every forward pass with the model's outputs for those n
+    envs (time-major, `[1, n, ...]`). Binding once lets a policy keep native samplers
+    over fixed arrays: an actor's step must not allocate.
+
+    Policies are pickled to actor processes and env servers: plain attributes only.
+    """
+
+    @abc.abstractmethod
+    def record_spec(self) -> dict[str, Field]:
+        """Per-env, per-step fields the policy writes (no time axis), "action" included."""
+
+    def env_params(self, num_envs: int) -> dict[str, np.ndarray]:
+        """Per-env constants over all `num_envs` envs of a run, `[num_envs, ...]` each (Ape-X's
+        epsilons); env j of actor a with K envs is row a*K + j. None by default."""
+        return {}
+
+    @abc.abstractmethod
+    def bind(
+        self, record: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray]
+    ) -> Callable[[Mapping[str, Tensor]], None]:
+        """A function that fills `record` ([n, ...] arrays) from model outputs for n envs,
+        reading `params` ([n, ...] rows of `env_params`)."""
+
+
+@dataclass(frozen=True)
+class Rollouts:
+    """Actors write fixed-length rollouts of `unroll_length` + 1 steps into the rollout slots
+    (beast/buffers.py) and the learner takes `--batch_size` of them per batch. With
+    `replay_size` > 0, a FIFO of whole rollouts (beast/rollout_replay.py) replaces
+    `num_replayed` of each batch's rollouts with replayed ones."""
+
+    unroll_length: int
+    replay_size: int = 0
+    num_replayed: int = 0
+
+
+@dataclass(frozen=True)
+class SequenceReplay:
+    """Actors cut their envs' steps into sequences of `seq_len` + 1 rows (overlapping by
+    `seq_overlap`) and add them to a shared prioritized replay of `capacity` sequences
+    (beast/replay.py); the learner samples `--batch_size` of them once `min_size` are in.
+    With `samples_per_insert` > 0, actors pause when they insert faster than the learner
+    samples that many per insert."""
+
+    seq_len: int
+    seq_overlap: int
+    capacity: int
+    min_size: int
+    priority_exponent: float
+    importance_sampling_exponent: float
+    samples_per_insert: float
+    frame_dedup: bool
+
+
+Experience = Rollouts | SequenceReplay
+
+
+class Batch(NamedTuple):
+    """A learner batch, on the learning device.
+
+    data: the experience's fields time-major, `[L, B, ...]` (rollouts: L = T + 1;
+        sequences: seq_len + 1 rows); recurrent-state fields `core_state_i` `[d0, B, ...]`,
+        the state at row 0.
+    weights: float32 [B] importance weights of a prioritized replay (normalised by their
+        max; 0 for a sample to ignore), else None.
+    The rest is the source's bookkeeping (beast/learner.py): slots and generations to
+    send priorities back to, the agent steps and finished episodes the batch accounts for.
+    """
+
+    data: dict[str, Tensor]
+    weights: Tensor | None = None
+    indices: Tensor | None = None
+    generations: Tensor | None = None
+    new_steps: int = 0
+    episode_returns: tuple[float, ...] = ()
+    episode_steps: tuple[int, ...] = ()
+    stats: Mapping[str, float] = {}
+
+
+class UpdateInfo(NamedTuple):
+    """What an update reports.
+
+    stats: scalars for the run log (tensors or floats).
+    priorities: float [B], new priorities of a prioritized replay's samples (before its
+        exponent), or None (no replay, or the update was skipped).
+    """
+
+    stats: Mapping[str, Any]
+    priorities: Tensor | None = None
+
+
+@dataclass
+class LearnerContext:
+    """What the engine gives an algorithm's learner.
+
+    device: where the model and batches live.
+    bf16: run forward passes under bf16 autocast (`autocast()`); losses stay float32.
+    forward: the model, or a torch.compile wrapper of it (--compile).
+    step: the one optimizer step (beast/learner.py `Stepper`): zero_grad, backward,
+        clipping, the non-finite guard, the learning-rate schedule, the step.
+    progress: the run's counters (agent steps, updates), read-only for the algorithm.
+    """
+
+    device: torch.device
+    bf16: bool
+    forward: Callable[..., Any]
+    step: Stepper
+    progress: TrainingProgress
+
+    def autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+
+class Update(abc.ABC):
+    """An algorithm's learning state in the learner process: optimizers, target networks,
+    counters. Called under the learner's lock, one batch at a time."""
+
+    @abc.abstractmethod
+    def __call__(self, batch: Batch) -> UpdateInfo:
+        """One update on `batch`; optimizer steps go through `context.step`."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides the model: optimizer states, target networks,
+        counters (tensors and plain data only)."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class Algorithm(abc.ABC):
+    """One algorithm (module docstring); built once per process from the run's config.
+
+    Class attributes:
+        name: its --algo name (the registry key).
+        summary: one line for --help.
+        Args: the dataclass of its flags.
+        bf16_auto: whether --precision auto may pick bf16 for it (image models only).
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    Args: ClassVar[type]
+    bf16_auto: ClassVar[bool] = True
+
+    def __init__(self, config: Config, spec: EnvSpec) -> None:
+        self.config = config
+        self.spec = spec
+
+    @classmethod
+    @abc.abstractmethod
+    def validate(cls, config: Config) -> None:
+        """Cross-field checks of its flags; raise `beast.config.ConfigError` (one line)."""
+
+    @abc.abstractmethod
+    def model_outputs(self) -> dict[str, tuple[int, ...]]:
+        """Per-step outputs its network must return: name -> shape per env."""
+
+    def build_model(self) -> nn.Module:
+        """The network: the user's `--model package.module:Name`, or a built-in one."""
+        from beast.models import build_user_model, is_user_model
+
+        if is_user_model(self.config.model):
+            return build_user_model(self.config, self.spec)
+        return self.builtin_model()
+
+    @abc.abstractmethod
+    def builtin_model(self) -> nn.Module:
+        """The built-in network `--model` names (auto, atari, resnet, mlp)."""
+
+    @abc.abstractmethod
+    def policy(self, explore: bool = True) -> Policy:
+        """The acting rule; `explore=False` for --mode test."""
+
+    @abc.abstractmethod
+    def experience(self) -> Experience:
+        """What the actors produce and the learner samples."""
+
+    @abc.abstractmethod
+    def learner(self, model: nn.Module, context: LearnerContext) -> Update:
+        """The learning state for `model` (on `context.device`), optimizers included."""
+
+    def describe(self) -> str:
+        """A fragment for the start-up line (e.g. the loss's settings); empty by default."""
+        return ""

@@ -1,0 +1,143 @@
+"""Acting rules the algorithms share (`beast.algos.base.Policy`).
+
+    CategoricalPolicy    a ~ softmax(policy_logits); stores the logits (the behaviour
+                         policy V-trace corrects for) and the baseline. IMPALA, LASER.
+    EpsilonGreedyPolicy  argmax_a Q(x, a), replaced by a uniform action with each env's
+                         own probability epsilon (Ape-X's spread of epsilons). R2D2, Ape-X.
+
+Both write into the engine's fixed arrays: float32 outputs are copied by numpy when
+they are float32 CPU tensors (cheaper than torch's dispatch, which runs cold after
+env steps), else by torch (bf16 outputs of an autocast forward pass, other devices);
+actions are drawn on the CPU by native code or numpy, whatever the model's device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from beast.algos.base import Policy
+from beast.fields import Field
+from beast.native.acting import SoftmaxSampler
+
+__all__ = ["CategoricalPolicy", "EpsilonGreedyPolicy", "actor_epsilons", "copy_output"]
+
+
+def copy_output(out: np.ndarray, value: Tensor) -> None:
+    """Copy a model output for n envs (`[n, ...]`, any dtype and device) into the float32
+    array `out` ([n, ...])."""
+    if value.device.type == "cpu" and value.dtype == torch.float32:
+        np.copyto(out, value.detach().numpy())
+    else:
+        with torch.no_grad():
+            torch.from_numpy(out).copy_(value)
+
+
+def _seed_from_torch() -> int:
+    """64 random bits from torch's global generator (actors seed torch per process)."""
+    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
+
+
+class CategoricalPolicy(Policy):
+    """Sample from softmax(policy_logits); store the logits and the baseline.
+
+    Model outputs: policy_logits [1, n, A], baseline [1, n]. Record: action int64,
+    policy_logits float32 [A], baseline float32. The draw is native
+    (`beast.native.acting.SoftmaxSampler`: inverse CDF in float64). --mode test samples
+    too: the stochastic policy is what IMPALA trains and evaluates.
+    """
+
+    def __init__(self, num_actions: int) -> None:
+        self.num_actions = num_actions
+
+    def record_spec(self) -> dict[str, Field]:
+        return {
+            "action": Field((), torch.int64),
+            "policy_logits": Field((self.num_actions,), torch.float32),
+            "baseline": Field((), torch.float32),
+        }
+
+    def bind(
+        self, record: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray]
+    ) -> Callable[[Mapping[str, Tensor]], None]:
+        logits, baseline = record["policy_logits"], record["baseline"]
+        sampler = SoftmaxSampler(logits, record["action"])
+
+        def act(outputs: Mapping[str, Tensor]) -> None:
+            copy_output(logits, outputs["policy_logits"][0])
+            copy_output(baseline, outputs["baseline"][0])
+            sampler.sample()
+
+        return act
+
+
+def actor_epsilons(num_envs: int, eps_base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
+    """Per-env exploration rates ``eps_i = eps_base ** (1 + alpha * i / (N - 1))``: float32 [N].
+
+    Ape-X section 4.1 (and R2D2): a fixed spread of epsilons across actors rather than
+    one annealed schedule, so some always explore and some act nearly greedily. N counts
+    every env that acts with its own epsilon (all envs of all actors). With N = 1 the
+    exponent is taken as 1 (the i = 0 end of the spread): eps_base.
+
+    Returns:
+        N values, from eps_base (i = 0) down to eps_base ** (1 + alpha).
+    """
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    if not 0.0 <= eps_base <= 1.0:
+        raise ValueError(f"eps_base must be in [0, 1], got {eps_base}")
+    if num_envs == 1:
+        return np.array([eps_base], dtype=np.float32)
+    exponents = 1.0 + alpha * np.arange(num_envs, dtype=np.float64) / (num_envs - 1)
+    return (eps_base**exponents).astype(np.float32)
+
+
+class EpsilonGreedyPolicy(Policy):
+    """Greedy in Q(x, .), each env exploring uniformly with its own epsilon.
+
+    Model outputs: q_values [1, n, A]. Record: action int64. Params: epsilon float32 per
+    env, from `actor_epsilons(N, eps_base, eps_alpha)` over the run's N envs, or one
+    `epsilon` for every env (--mode test's small epsilon, so that a deterministic policy
+    cannot stall an episode forever).
+
+    Random numbers come from a numpy generator seeded from torch's global generator at
+    `bind`, so `torch.manual_seed` in each actor makes acting reproducible.
+    """
+
+    def __init__(
+        self,
+        num_actions: int,
+        *,
+        eps_base: float = 0.4,
+        eps_alpha: float = 7.0,
+        epsilon: float | None = None,
+    ) -> None:
+        self.num_actions = num_actions
+        self.eps_base, self.eps_alpha, self.epsilon = eps_base, eps_alpha, epsilon
+
+    def record_spec(self) -> dict[str, Field]:
+        return {"action": Field((), torch.int64)}
+
+    def env_params(self, num_envs: int) -> dict[str, np.ndarray]:
+        if self.epsilon is not None:
+            return {"epsilon": np.full(num_envs, self.epsilon, dtype=np.float32)}
+        return {"epsilon": actor_epsilons(num_envs, self.eps_base, self.eps_alpha)}
+
+    def bind(
+        self, record: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray]
+    ) -> Callable[[Mapping[str, Tensor]], None]:
+        actions, epsilons = record["action"], params["epsilon"]
+        n, num_actions = len(actions), self.num_actions
+        q_values = np.zeros((n, num_actions), dtype=np.float32)
+        rng = np.random.default_rng(_seed_from_torch())
+
+        def act(outputs: Mapping[str, Tensor]) -> None:
+            copy_output(q_values, outputs["q_values"][0])
+            greedy = q_values.argmax(axis=1)
+            explore = rng.random(n) < epsilons
+            np.copyto(actions, np.where(explore, rng.integers(num_actions, size=n), greedy))
+
+        return act

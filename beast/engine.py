@@ -1,0 +1,455 @@
+"""A run's components, built through the algorithm registry; resume and checkpoints.
+
+Shared by monobeast (beast/runner.py), polybeast (beast/poly/trainer.py), --serial
+(beast/serial.py) and --mode test (beast/evaluate.py): none of them names an algorithm.
+`build_run` turns a config into the algorithm (beast/algos), its network (checked
+against what the algorithm needs), the actors' shared copy of it, the experience the
+algorithm asks for (rollout slots, optionally with a replay of rollouts, or a
+prioritized sequence replay: a sink the actors write into and a source the learner
+reads), the algorithm's update, and the learner around it.
+
+A checkpoint (`save`) holds the model, the algorithm's state (optimizers, target
+networks, counters), the config, the progress counters and torch's RNG state in
+RUN_DIR/model.tar, and with --checkpoint_replay the replay's contents in
+RUN_DIR/replay.tar, written first, with a token that model.tar repeats. `resume`
+loads both; a replay file whose token does not match (a crash between the two writes,
+or model.tar fell back to model.prev.tar) is left out, and the run says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from beast import envs
+from beast.algos import algorithm_class
+from beast.algos.base import Algorithm, LearnerContext, Policy, Rollouts, SequenceReplay, Update
+from beast.buffers import RolloutBuffers, RolloutSource, rollout_spec
+from beast.checkpoint import (
+    CheckpointError,
+    has_checkpoint,
+    load_latest_checkpoint,
+    load_replay_file,
+    save_checkpoint,
+    save_replay_file,
+)
+from beast.compile import CompiledForward
+from beast.config import Config, ConfigError
+from beast.fields import core_state_shapes
+from beast.learner import Learner, Stepper, TrainingProgress, UpdateStats
+from beast.models import ModelError, check_model, copy_weights
+from beast.replay import PrioritizedReplay, sequence_spec
+from beast.rollout_replay import RolloutReplay
+from beast.sequence_sink import SequenceSink, SequenceSource
+
+__all__ = [
+    "Run",
+    "acting_bf16",
+    "build_algorithm",
+    "build_checked_model",
+    "build_run",
+    "check_resumable",
+    "cpu_bf16_native",
+    "prepare",
+    "select_device",
+    "select_policy",
+    "select_precision",
+]
+
+# Flags a resumed run must share with its checkpoint: they define the model,
+# its inputs, the optimizer state's layout or the algorithm's state.
+RESUME_MUST_MATCH = ("env", "algo", "model", "use_lstm", "hidden_size", "optimizer")
+# Flags that may differ on resume without comment.
+_RESUME_IGNORED = ("xpid", "savedir", "resume", "mode", "config")
+
+
+def select_device(config: Config) -> torch.device:
+    if not config.disable_cuda and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def select_policy(config: Config, device: torch.device) -> str:
+    """--policy with auto resolved: central when the learner has a GPU, else local.
+
+    On a CPU-only machine the two spend the same core-time on the forward pass, but
+    central inference adds a round trip per step and runs the forward pass in the
+    learner process, beside the learner's update; local measured faster on 2 cores
+    (benchmarks/RESULTS.md). With a GPU, central moves that forward pass off the CPUs.
+    """
+    if config.policy != "auto":
+        return config.policy
+    return "central" if device.type == "cuda" else "local"
+
+
+def cpu_bf16_native() -> bool:
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def select_precision(
+    config: Config, device: torch.device, spec: envs.EnvSpec, algorithm: type[Algorithm]
+) -> str:
+    """The learner's precision, "fp32" or "bf16", with --precision auto resolved.
+
+    auto picks bf16 for image models where bf16 is native, unless the algorithm says it
+    must not (`Algorithm.bf16_auto`: Q-learning regresses onto targets finer than bf16).
+    Emulated bf16 (an older CPU) is slower than fp32, and so is a few-millisecond MLP
+    update, where the casts cost more than the matmuls save. On a 2-core AVX512-BF16
+    EPYC, bf16 cut the AtariNet update (T=80, B=8) from 909 to 413 ms at 1 thread, with
+    gradients within 1.4% of fp32's (cosine 0.9999); see benchmarks/RESULTS.md.
+    """
+    if config.precision != "auto":
+        return config.precision
+    if not algorithm.bf16_auto or len(spec.obs_shape) != 3:
+        return "fp32"
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if cpu_bf16_native() else "fp32"
+
+
+def acting_bf16(precision: str, device: torch.device) -> bool:
+    """Whether acting forward passes on `device` run under bf16 autocast: in a bf16
+    run, where `device` has native bf16 (AtariNet at K=8 on one CPU thread: 2.7 ->
+    2.2 ms; Pong end to end 1,585 -> 1,675 steps/s, benchmarks/RESULTS.md)."""
+    return precision == "bf16" and (device.type == "cuda" or cpu_bf16_native())
+
+
+def learner_threads(config: Config, device: torch.device, precision: str) -> int | None:
+    """torch intra-op threads for the learner; None keeps torch's default (CPU count).
+
+    A CPU bf16 learner gets 1 thread when the actors already fill the cores: its
+    oneDNN kernels stall each time one of their threads is preempted. On 2 cores with
+    2 actors, a 2-thread bf16 update went from 206 ms alone to 0.4-5.6 s beside the
+    actors, a 1-thread one from 334 to 447 ms; end to end, 1 thread gave 1,339-1,381
+    steps/s and 2 threads 1,118-1,231 (benchmarks/RESULTS.md).
+    """
+    if config.num_threads:
+        return config.num_threads
+    cores = len(os.sched_getaffinity(0))
+    if device.type == "cpu" and precision == "bf16" and config.num_actors >= cores:
+        return 1
+    return None
+
+
+def build_algorithm(config: Config, spec: envs.EnvSpec) -> Algorithm:
+    return algorithm_class(config.algo)(config, spec)
+
+
+def build_checked_model(algorithm: Algorithm) -> nn.Module:
+    """The algorithm's network, or a one-line ConfigError when it cannot be built for the
+    env or does not return what the algorithm needs (checked on a dummy batch)."""
+    config, spec = algorithm.config, algorithm.spec
+    try:
+        model = algorithm.build_model()
+        check_model(model, spec, algorithm.model_outputs(), config.model)
+    except ModelError as error:
+        raise ConfigError(str(error)) from None
+    except ValueError as error:  # a built-in model that does not fit the observations
+        raise ConfigError(
+            f"--model {config.model} does not fit --env {config.env}: {error}"
+        ) from None
+    return model
+
+
+def prepare(config: Config) -> tuple[Config, envs.EnvSpec, torch.device, str]:
+    """Seed torch, probe the env's spec, check the model, pick device and precision,
+    measure an "auto" actor layout (beast/autosize.py), set torch threads. Returns the
+    config with the layout resolved."""
+    torch.manual_seed(config.seed)
+    probe = envs.make(config.env, seed=config.seed, episodic_life=config.episodic_life)
+    spec = envs.env_spec(probe)
+    probe.close()
+    algorithm = build_algorithm(config, spec)
+    build_checked_model(algorithm)  # fail here, in one line, on a model that does not fit
+    device = select_device(config)
+    precision = select_precision(config, device, spec, type(algorithm))
+    if config.actor_layout_is_auto:
+        from beast.autosize import resolve_actor_layout
+
+        config = resolve_actor_layout(
+            config,
+            algorithm,
+            device,
+            select_policy(config, device),
+            precision,
+            log=lambda line: print(f"[beast] {line}", flush=True),
+        )
+        torch.manual_seed(config.seed)  # the measurement drew random numbers
+    num_threads = learner_threads(config, device, precision)
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    return config, spec, device, precision
+
+
+def build_experience(
+    config: Config,
+    algorithm: Algorithm,
+    policy: Policy,
+    actor_model: nn.Module,
+    device: torch.device,
+    num_writers: int,
+) -> tuple[RolloutBuffers | SequenceSink, RolloutSource | SequenceSource]:
+    """The sink actors (or env servers, `num_writers` of them) write into and the source
+    the learner reads, for the algorithm's `experience()`."""
+    spec = algorithm.spec
+    experience = algorithm.experience()
+    states = core_state_shapes(actor_model.initial_state(1))
+    record = policy.record_spec()
+    if isinstance(experience, Rollouts):
+        buffers = RolloutBuffers(
+            rollout_spec(
+                unroll_length=experience.unroll_length,
+                obs_shape=spec.obs_shape,
+                obs_dtype=spec.obs_dtype,
+                record=record,
+                core_state_shapes=states,
+            ),
+            config.num_buffers,
+        )
+        replay = None
+        if experience.replay_size:
+            replay = RolloutReplay(buffers.spec, experience.replay_size, seed=config.seed)
+        source = RolloutSource(
+            buffers,
+            batch_size=config.batch_size,
+            device=device,
+            replay=replay,
+            num_replayed=experience.num_replayed,
+            num_threads=config.num_learner_threads,
+        )
+        return buffers, source
+    if isinstance(experience, SequenceReplay):
+        layout = sequence_spec(
+            seq_len=experience.seq_len,
+            obs_shape=spec.obs_shape,
+            obs_dtype=spec.obs_dtype,
+            record=record,
+            core_state_shapes=states,
+        )
+        try:
+            replay = PrioritizedReplay(
+                layout,
+                experience.capacity,
+                alpha=experience.priority_exponent,
+                beta=experience.importance_sampling_exponent,
+                frame_dedup=experience.frame_dedup,
+            )
+        except ValueError as error:  # frame dedup of observations that are not frame stacks
+            raise ConfigError(f"--frame_dedup does not fit {config.env}: {error}") from error
+        sink = SequenceSink(
+            replay,
+            num_actors=num_writers,
+            seq_len=experience.seq_len,
+            seq_overlap=experience.seq_overlap,
+            samples_per_insert=experience.samples_per_insert,
+            min_replay_size=experience.min_size,
+            batch_size=config.batch_size,
+        )
+        source = SequenceSource(sink, batch_size=config.batch_size, device=device, seed=config.seed)
+        return sink, source
+    raise TypeError(f"{algorithm.name}'s experience() returned {experience!r}")
+
+
+@dataclass
+class Run:
+    """Everything a learner process holds for one run (`build_run`)."""
+
+    config: Config
+    spec: envs.EnvSpec
+    device: torch.device
+    precision: str
+    algorithm: Algorithm
+    policy: Policy
+    model: nn.Module  # the learner's, on `device`
+    actor_model: nn.Module  # the CPU copy in shared memory the actors read
+    update: Update
+    stepper: Stepper
+    progress: TrainingProgress
+    sink: RolloutBuffers | SequenceSink
+    source: RolloutSource | SequenceSource
+    learner: Learner
+
+    def describe(self) -> str:
+        """The start-up line's account of the algorithm and the experience."""
+        detail = self.algorithm.describe()
+        algo = f"{self.config.algo}" + (f" ({detail})" if detail else "")
+        return f"{algo}, {self.source.describe()}"
+
+    def save(self) -> bool:
+        """Write a checkpoint (module docstring), under the learner's lock; False (and
+        nothing written) when the model is not finite. Raises CheckpointError."""
+        config = self.config
+        with self.learner.lock:
+            if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+                return False
+            payload = {
+                "model_state_dict": self.model.state_dict(),
+                "algorithm_state": self.update.state_dict(),
+                "config": config.to_dict(),
+                "progress": dataclasses.asdict(self.progress),
+                "torch_rng_state": torch.get_rng_state(),
+                # Kept at the top level for tools that only want the step.
+                "step": self.progress.step,
+            }
+            if config.checkpoint_replay:
+                token = uuid.uuid4().hex
+                write = functools.partial(_write_replay, config.run_dir, token)
+                state = self.source.save_replay(write)
+                if state is not None:
+                    payload["replay"] = {"token": token, **state}
+            save_checkpoint(config.run_dir, payload)
+        return True
+
+
+def _write_replay(run_dir: str, token: str, tensors: dict[str, torch.Tensor]) -> None:
+    save_replay_file(run_dir, {"token": token, "tensors": tensors})
+
+
+def build_run(
+    config: Config,
+    spec: envs.EnvSpec,
+    device: torch.device,
+    precision: str,
+    *,
+    num_writers: int,
+    on_update: Callable[[UpdateStats], None],
+    log: Callable[[str], None],
+    total_steps: int | None = None,
+    reduce_gradients: Any = None,
+) -> Run:
+    """Build a run's components (module docstring).
+
+    num_writers: actors (monobeast) or this learner's env servers (polybeast).
+    total_steps: this learner's share (polybeast with several learners); default all.
+    reduce_gradients: polybeast's combination of gradients across learners; each step's
+        clipping is then its job.
+    """
+    total_steps = config.total_steps if total_steps is None else total_steps
+    algorithm = build_algorithm(config, spec)
+    policy = algorithm.policy()
+    model = build_checked_model(algorithm).to(device)
+    actor_model = build_checked_model(algorithm)
+    copy_weights(actor_model, model)
+    actor_model.share_memory()
+    actor_model.eval()
+    sink, source = build_experience(config, algorithm, policy, actor_model, device, num_writers)
+    progress = TrainingProgress()
+    stepper = Stepper(
+        grad_norm_clipping=config.grad_norm_clipping if reduce_gradients is None else 0.0,
+        max_nonfinite_updates=config.max_nonfinite_updates,
+        lr_schedule=config.lr_schedule,
+        total_steps=total_steps,
+        progress=progress,
+        reduce_gradients=reduce_gradients,
+    )
+    context = LearnerContext(
+        device=device,
+        bf16=precision == "bf16",
+        forward=CompiledForward(model, log) if config.compile else model,
+        step=stepper,
+        progress=progress,
+    )
+    update = algorithm.learner(model, context)
+    learner = Learner(
+        update=update,
+        source=source,
+        stepper=stepper,
+        progress=progress,
+        total_steps=total_steps,
+        num_learner_threads=config.num_learner_threads,
+        publish=functools.partial(copy_weights, actor_model, model),
+        on_update=on_update,
+    )
+    return Run(
+        config=config,
+        spec=spec,
+        device=device,
+        precision=precision,
+        algorithm=algorithm,
+        policy=policy,
+        model=model,
+        actor_model=actor_model,
+        update=update,
+        stepper=stepper,
+        progress=progress,
+        sink=sink,
+        source=source,
+        learner=learner,
+    )
+
+
+def check_resumable(saved: dict[str, Any], config: Config, path: str) -> list[str]:
+    """Raise ConfigError on an incompatible checkpoint; return the other changed flags."""
+    mismatched = [
+        f"--{key} {saved.get(key)!r} in the checkpoint, {getattr(config, key)!r} now"
+        for key in RESUME_MUST_MATCH
+        if saved.get(key) != getattr(config, key)
+    ]
+    if mismatched:
+        raise ConfigError(
+            f"cannot resume from {path}: {'; '.join(mismatched)} (use a new --xpid to start over)"
+        )
+    current = config.to_dict()
+    return [
+        f"{key} {saved[key]!r} -> {current[key]!r}"
+        for key in current
+        if key in saved and key not in _RESUME_IGNORED and saved[key] != current[key]
+    ]
+
+
+def load_resume_payload(config: Config) -> tuple[dict[str, Any], str, str | None, list[str]] | None:
+    """The checkpoint to resume from, or None for a new run: (payload, its path, why the
+    newest file was skipped or None, the flags that changed). ConfigError when --resume
+    finds none or the checkpoint does not fit."""
+    if config.resume and not has_checkpoint(config.run_dir):
+        raise ConfigError(f"--resume: no checkpoint in {config.run_dir}")
+    if not has_checkpoint(config.run_dir):
+        return None
+    try:
+        payload, path, skipped = load_latest_checkpoint(config.run_dir)
+    except CheckpointError as error:
+        raise ConfigError(f"{error} (use a new --xpid to start over)") from error
+    changed = check_resumable(payload["config"], config, path)
+    return payload, path, skipped, changed
+
+
+def restore(run: Run, payload: dict[str, Any], path: str, *, progress_divisor: int = 1) -> str:
+    """Load a checkpoint into `run` before anything starts; returns what the replay
+    restore did ("" without a replay in the checkpoint), for the start-up line.
+
+    progress_divisor: polybeast's learners each count their share of the steps.
+    """
+    try:
+        run.model.load_state_dict(payload["model_state_dict"])
+        copy_weights(run.actor_model, run.model)
+        run.update.load_state_dict(payload["algorithm_state"])
+    except (RuntimeError, ValueError, KeyError) as error:
+        reason = str(error).strip().splitlines()[0]
+        raise ConfigError(f"cannot resume from {path}: it does not fit: {reason}") from error
+    saved = dict(payload["progress"])
+    saved["step"] //= progress_divisor
+    fields = {f.name for f in dataclasses.fields(TrainingProgress)}
+    for key, value in saved.items():
+        if key in fields:
+            setattr(run.progress, key, value)
+    torch.set_rng_state(payload["torch_rng_state"])
+    meta = payload.get("replay")
+    if meta is None:
+        return ""
+    if not run.config.checkpoint_replay:
+        return "replay not restored (--no-checkpoint_replay): it starts empty"
+    saved_replay = load_replay_file(run.config.run_dir)
+    if saved_replay is None or saved_replay.get("token") != meta["token"]:
+        return "the saved replay does not match this checkpoint: the replay starts empty"
+    try:
+        return "restored " + run.source.restore_replay(saved_replay["tensors"], meta)
+    except (ValueError, KeyError) as error:
+        return f"the saved replay does not fit ({error}): the replay starts empty"

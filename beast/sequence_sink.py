@@ -1,0 +1,539 @@
+"""A prioritized replay that actors fill with sequences themselves, and the learner samples.
+
+For an algorithm whose experience is a `SequenceReplay` (beast/algos/base.py), each actor
+cuts its envs' steps into replay sequences (`beast.replay.SequenceBuilder`, one per env)
+and adds them to the shared `PrioritizedReplay` itself: nothing travels through the
+learner, which only samples.
+
+`SequenceSink` is the data contract between those actors and the learner, picklable to
+actor processes:
+
+    replay            the PrioritizedReplay sequences go into
+    env_steps         int64 [rows], env steps each actor took
+    inserted          int64 [rows], sequences each actor added
+    sampled           int64 [1], sequences the learner trained on
+    episode ring      per actor: the returns and lengths of its finished
+                      episodes, one writer (the actor) and one reader (the
+                      learner), so no lock is needed
+    stop flag         set by `close()` at shutdown; actors exit at their
+                      next step
+
+Each counter row has one writer (an actor, or the learner for `sampled`), and a
+replacement actor keeps its predecessor's row, so counts survive restarts. With
+``samples_per_insert > 0`` actors pause before an insert that would put them more than
+one batch of slack ahead of the learner (a rate limiter, as Acme's SampleToInsertRatio,
+one-sided): how much the learner trains per env step then does not depend on how the
+two share the machine's cores.
+
+    SequenceWriter   an actor's side: one step of n envs at a time, from the arrays the
+                     env batch and the policy fill in place.
+    SequenceSource   the learner's side: prioritized batches, new priorities back, the
+                     actors' step counts and episodes.
+
+polybeast keeps the replay in the learner process: an env server (or the learner's
+central-inference thread) cuts sequences with the same writer into a `SequenceStaging`,
+and the learner `commit`s them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from beast.algos.base import Batch
+from beast.fields import shared_zeros
+from beast.profile import PhaseClock
+from beast.replay import PrioritizedReplay, SequenceBuilder, replay_footprint
+from beast.threads import process_alive
+
+__all__ = [
+    "EPISODE_RING_SIZE",
+    "SequenceSink",
+    "SequenceSource",
+    "SequenceStaging",
+    "SequenceWriter",
+]
+
+# How often an actor checks that the learner still exists.
+_PARENT_CHECK_SECONDS = 1.0
+# How long a rate-limited writer sleeps between looks at the learner's progress.
+_RATE_LIMIT_POLL_SECONDS = 0.002
+# How long the learner waits for the replay to fill before looking at the stop flag.
+_POLL_SECONDS = 0.2
+# Finished episodes each actor's ring holds. The learner drains it at every update;
+# one that falls further behind than half of it loses the oldest (counted), so a
+# reader never reads a row the writer is overwriting.
+EPISODE_RING_SIZE = 4096
+
+
+class SequenceSink:
+    """Where actors put their sequences; the learner's view of the actors.
+
+    Args:
+        replay: the shared prioritized replay.
+        num_actors: actor processes (or env servers): one counter row each.
+        seq_len, seq_overlap: how `SequenceBuilder` cuts each env's steps.
+        samples_per_insert: rate limit, learner samples per inserted sequence;
+            0 turns it off.
+        min_replay_size: inserts allowed before the learner samples at all.
+        batch_size: the learner's batch; the slack of the rate limit is one
+            batch's worth of inserts.
+    """
+
+    def __init__(
+        self,
+        replay: PrioritizedReplay,
+        *,
+        num_actors: int,
+        seq_len: int,
+        seq_overlap: int,
+        samples_per_insert: float = 0.0,
+        min_replay_size: int = 0,
+        batch_size: int = 1,
+    ) -> None:
+        if samples_per_insert < 0:
+            raise ValueError(f"samples_per_insert must be >= 0, got {samples_per_insert}")
+        self.replay = replay
+        self.num_actors = num_actors
+        self.seq_len, self.seq_overlap = seq_len, seq_overlap
+        self.samples_per_insert = samples_per_insert
+        self.min_replay_size = min_replay_size
+        self.batch_size = batch_size
+        self.insert_slack = max(1.0, batch_size / samples_per_insert) if samples_per_insert else 0
+        # Writers wait for the learner (the rate limit) unless it runs in their own thread,
+        # taking turns with them (--serial, where `SequenceSource.poll` keeps the ratio).
+        self.writers_wait = True
+        self.env_steps = shared_zeros((num_actors,), torch.int64)
+        self.inserted = shared_zeros((num_actors,), torch.int64)
+        self.sampled = shared_zeros((1,), torch.int64)
+        self.episode_returns = shared_zeros((num_actors, EPISODE_RING_SIZE), torch.float32)
+        self.episode_lengths = shared_zeros((num_actors, EPISODE_RING_SIZE), torch.int32)
+        self.episode_count = shared_zeros((num_actors,), torch.int64)
+        self._stop = shared_zeros((1,), torch.bool)
+
+    # Shutdown and supervision (what the runner and the supervisor call on any sink).
+
+    def close(self) -> None:
+        """Tell every actor to stop at its next step."""
+        self._stop[0] = True
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._stop[0])
+
+    def reclaim(self, owner: int) -> int:
+        """Nothing to reclaim from a dead actor: a sequence it was writing keeps
+        priority 0 (never sampled) until the ring overwrites its slot. Returns 0."""
+        return 0
+
+    def nbytes(self) -> int:
+        return self.replay.nbytes()
+
+    def describe(self) -> str:
+        footprint = replay_footprint(
+            self.replay.spec, frame_dedup=self.replay.frame_dedup, seq_overlap=self.seq_overlap
+        )
+        return (
+            f"prioritized replay of {self.replay.capacity:,} sequences of {self.seq_len} steps"
+            f" ({self.nbytes() / 2**20:,.0f} MiB, {footprint.per_env_step:,.0f} B per env"
+            f" step{', frame dedup' if self.replay.frame_dedup else ''}), learning from"
+            f" {self.min_replay_size:,}"
+        )
+
+    # The actors' side.
+
+    def writer(
+        self,
+        owner: int,
+        sources: Mapping[str, np.ndarray],
+        *,
+        first_id: int = 0,
+        id_stride: int = 0,
+        learner_pid: int,
+        clock: PhaseClock | None = None,
+    ) -> SequenceWriter:
+        """Actor `owner`'s writer for the n envs of `sources` (`first_id`, `id_stride`: the
+        rollout writer's, unused here)."""
+        return SequenceWriter(
+            self.replay.spec,
+            self.seq_len,
+            self.seq_overlap,
+            sources,
+            _SharedReplayRow(self, owner, learner_pid),
+            clock=clock,
+        )
+
+    def insert_allowed(self) -> bool:
+        """False while the actors are more than the slack ahead of the learner's sampling."""
+        if not self.samples_per_insert:
+            return True
+        allowed = self.min_replay_size + self.insert_slack
+        allowed += int(self.sampled[0]) / self.samples_per_insert
+        return int(self.inserted.sum()) < allowed
+
+    def record_episode(self, row: int, episode_return: float, length: int) -> None:
+        """Append a finished episode to row `row`'s ring (its one writer only)."""
+        count = int(self.episode_count[row])
+        slot = count % EPISODE_RING_SIZE
+        self.episode_returns[row, slot] = episode_return
+        self.episode_lengths[row, slot] = length
+        # Published after the row is written: the reader reads rows below the count.
+        self.episode_count[row] = count + 1
+
+    # polybeast: sequences cut outside the learner process, committed here.
+
+    def staging_writer(
+        self,
+        sources: Mapping[str, np.ndarray],
+        *,
+        publish_every: int,
+        first_id: int = 0,
+        id_stride: int = 0,
+    ) -> tuple[SequenceWriter, SequenceStaging]:
+        """A writer for the n envs of `sources` that collects sequences, episodes and step
+        counts, and the staging that hands them over every `publish_every` writes
+        (`take_rollout`), for `commit`. (`first_id`, `id_stride`: the rollout writer's.)"""
+        staging = SequenceStaging(publish_every)
+        return SequenceWriter(
+            self.replay.spec, self.seq_len, self.seq_overlap, sources, staging
+        ), staging
+
+    def commit(self, payload: Mapping, stop: threading.Event, row: int) -> bool:
+        """Add a staged payload's sequences (rate-limited), steps and episodes, as row `row`;
+        False when `stop` was set while waiting."""
+        sequences = payload["sequences"]
+        count = len(next(iter(sequences.values()))) if sequences else 0
+        for i in range(count):
+            while not self.insert_allowed():
+                if stop.is_set() or self.closed:
+                    return False
+                time.sleep(_RATE_LIMIT_POLL_SECONDS)
+            self.replay.add({key: torch.from_numpy(value[i]) for key, value in sequences.items()})
+            self.inserted[row] += 1
+        self.env_steps[row] += int(payload["env_steps"])
+        for episode_return, length in zip(
+            payload["episode_returns"], payload["episode_steps"], strict=True
+        ):
+            self.record_episode(row, episode_return, length)
+        return True
+
+    # The learner's side.
+
+    def total_env_steps(self) -> int:
+        return int(self.env_steps.sum())
+
+    def total_inserted(self) -> int:
+        return int(self.inserted.sum())
+
+    def new_episodes(self, cursor: np.ndarray) -> tuple[list[float], list[int], int]:
+        """Episodes finished since `cursor` (int64 [rows], advanced in place).
+
+        Returns (returns, lengths, dropped): dropped counts episodes lost because the
+        reader fell more than half a ring behind.
+        """
+        counts = self.episode_count.numpy().copy()
+        returns: list[float] = []
+        lengths: list[int] = []
+        dropped = 0
+        for row in range(self.num_actors):
+            start, end = int(cursor[row]), int(counts[row])
+            if end - start > EPISODE_RING_SIZE // 2:
+                dropped += end - EPISODE_RING_SIZE // 2 - start
+                start = end - EPISODE_RING_SIZE // 2
+            slots = np.arange(start, end) % EPISODE_RING_SIZE
+            returns += self.episode_returns[row].numpy()[slots].tolist()
+            lengths += self.episode_lengths[row].numpy()[slots].tolist()
+            cursor[row] = end
+        return returns, lengths, dropped
+
+
+class _SharedReplayRow:
+    """A `SequenceWriter`'s destination in an actor: the shared replay, as row `owner`."""
+
+    def __init__(self, sink: SequenceSink, owner: int, learner_pid: int) -> None:
+        self.sink, self.owner, self.learner_pid = sink, owner, learner_pid
+        self._env_steps = sink.env_steps.numpy()
+        self._inserted = sink.inserted.numpy()
+        self._last_check = time.monotonic()
+
+    def add(self, sequence: dict[str, torch.Tensor], clock: PhaseClock | None) -> bool:
+        sink = self.sink
+        while sink.writers_wait and not sink.insert_allowed():
+            if sink.closed or not process_alive(self.learner_pid):
+                return False
+            time.sleep(_RATE_LIMIT_POLL_SECONDS)
+        if clock is not None:
+            clock.mark("wait_slots")
+        sink.replay.add(sequence)
+        self._inserted[self.owner] += 1
+        return True
+
+    def step(self, num_envs: int, episodes: Sequence[tuple[float, int]]) -> bool:
+        self._env_steps[self.owner] += num_envs
+        for episode_return, length in episodes:
+            self.sink.record_episode(self.owner, episode_return, length)
+        if self.sink.closed:
+            return False
+        now = time.monotonic()
+        if now - self._last_check >= _PARENT_CHECK_SECONDS:
+            self._last_check = now
+            return process_alive(self.learner_pid)
+        return True
+
+
+class SequenceStaging:
+    """A `SequenceWriter`'s destination outside the learner process (polybeast): sequences,
+    episodes and env steps collected until `take` hands them over, every `publish_every`
+    writes."""
+
+    def __init__(self, publish_every: int) -> None:
+        self.publish_every = publish_every
+        self._sequences: list[dict[str, torch.Tensor]] = []
+        self._episodes: list[tuple[float, int]] = []
+        self._env_steps = 0
+        self._writes = 0
+
+    def add(self, sequence: dict[str, torch.Tensor], clock: PhaseClock | None) -> bool:
+        self._sequences.append(sequence)
+        return True
+
+    def step(self, num_envs: int, episodes: Sequence[tuple[float, int]]) -> bool:
+        self._writes += 1
+        self._env_steps += num_envs
+        self._episodes += episodes
+        return True
+
+    def take_rollout(self) -> dict | None:
+        """The payload for `SequenceSink.commit` once `publish_every` steps were written
+        since the last one, else None."""
+        if self._writes < self.publish_every:
+            return None
+        sequences = (
+            {key: np.stack([s[key].numpy() for s in self._sequences]) for key in self._sequences[0]}
+            if self._sequences
+            else {}
+        )
+        payload = {
+            "sequences": sequences,
+            "episode_returns": [r for r, _ in self._episodes],
+            "episode_steps": [n for _, n in self._episodes],
+            "env_steps": self._env_steps,
+        }
+        self._sequences, self._episodes, self._env_steps, self._writes = [], [], 0, 0
+        return payload
+
+
+class SequenceWriter:
+    """Cuts n envs' steps into sequences, one `SequenceBuilder` per env, and hands each
+    finished one to its destination (the shared replay, or polybeast's staging).
+
+    `sources` maps the replay's per-step fields and the env batch's episode statistics to
+    `[n, ...]` arrays at fixed addresses, updated in place between writes. `write(state)`
+    reads the current step, with the recurrent state (`[n, d0, ...]` per tensor) that
+    produced its policy output, which a sequence starting there stores.
+    """
+
+    def __init__(
+        self,
+        spec: Mapping,
+        seq_len: int,
+        seq_overlap: int,
+        sources: Mapping[str, np.ndarray],
+        destination: _SharedReplayRow | SequenceStaging,
+        clock: PhaseClock | None = None,
+    ) -> None:
+        self.destination = destination
+        self.clock = clock
+        self.num_envs = n = len(sources["reward"])
+        self.builders = [SequenceBuilder(spec, seq_len, seq_overlap) for _ in range(n)]
+        keys = self.builders[0].step_keys
+        # Env i's row of each source as a view (0-d for per-env scalars): made once.
+        self._rows = [
+            {key: sources[key][i : i + 1].reshape(sources[key].shape[1:]) for key in keys}
+            for i in range(n)
+        ]
+        self._episode_end = sources["episode_end"]
+        self._episode_return = sources["episode_return"]
+        self._episode_step = sources["episode_step"]
+        self._first = True
+
+    def write(self, state: Sequence[torch.Tensor]) -> bool:
+        """Write the current step; False when the run is shutting down."""
+        finished = []
+        for i, builder in enumerate(self.builders):
+            sequence = builder.append(self._rows[i], [s[i] for s in state])
+            if sequence is not None:
+                finished.append(sequence)
+        if self.clock is not None:
+            self.clock.mark("slot_write")
+        for sequence in finished:
+            if not self.destination.add(sequence, self.clock):
+                return False
+            if self.clock is not None:
+                self.clock.mark("slot_write")
+        # The first write is the envs' reset observations: no env step led to it.
+        steps = 0 if self._first else self.num_envs
+        self._first = False
+        ended = np.flatnonzero(self._episode_end)
+        episodes = [
+            (float(self._episode_return[i]), int(self._episode_step[i])) for i in ended.tolist()
+        ]
+        return self.destination.step(steps, episodes)
+
+
+class SequenceSource:
+    """The learner's side of a `SequenceSink`: prioritized batches on the learning device.
+
+    Each learner thread samples its batch itself, outside the update lock (so with
+    several threads one samples while another updates), with its own generator. (A
+    sampler thread per learner thread, as rollouts have, measured slower on 2 cores:
+    both make many small torch calls and hand the GIL back and forth; the Ape-X CartPole
+    update ran 161-172 updates/s that way against 173-203 inline.)
+
+    Agent steps are the actors' env steps, counted on their side (`pending_steps`), not
+    steps trained on; episodes come from the actors' rings (`pending_episodes`). Until the
+    replay holds `min_replay_size` sequences, `next` returns None.
+    """
+
+    def __init__(
+        self, sink: SequenceSink, *, batch_size: int, device: torch.device, seed: int = 0
+    ) -> None:
+        self.sink = sink
+        self.replay = sink.replay
+        self.batch_size = batch_size
+        self.device = device
+        self.seed = seed
+        self._local = threading.local()
+        self._threads_seen = 0
+        # Guards the cursors below and _threads_seen: learner threads read them.
+        self._lock = threading.Lock()
+        self._steps_read = sink.total_env_steps()
+        self._episode_cursor = sink.episode_count.numpy().copy()
+        self.dropped_episodes = 0
+        self.failed = threading.Event()  # never set: sampling runs in the learner threads
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        """Nothing to start: learner threads sample."""
+
+    def stop(self, timeout: float) -> None:
+        """Nothing to stop."""
+
+    def _generator(self) -> torch.Generator:
+        generator = getattr(self._local, "generator", None)
+        if generator is None:
+            with self._lock:
+                index = self._threads_seen
+                self._threads_seen += 1
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+            self._local.generator = generator
+        return generator
+
+    def _ready(self) -> bool:
+        return len(self.replay) >= self.sink.min_replay_size and self.replay.tree.total() > 0
+
+    def next(self, timeout: float) -> Batch | None:
+        """A sampled batch, or None (after `timeout`) while the replay is still filling."""
+        if not self._ready():
+            time.sleep(timeout)
+            return None
+        return self._sample()
+
+    def poll(self) -> Batch | None:
+        """--serial: a batch when the learner is behind `samples_per_insert` samples per
+        inserted sequence beyond --min_replay_size, else None."""
+        sink = self.sink
+        owed = sink.samples_per_insert * (sink.total_inserted() - sink.min_replay_size)
+        if not self._ready() or int(sink.sampled[0]) >= owed:
+            return None
+        return self._sample()
+
+    def _sample(self) -> Batch | None:
+        try:
+            sample = self.replay.sample(self.batch_size, self._generator())
+        except ValueError:
+            # Every stored slot can be mid-overwrite (priority 0) for a moment.
+            if self.replay.tree.total() <= 0:
+                return None
+            raise
+        data, weights = sample.batch, sample.weights
+        if self.device.type != "cpu":
+            pin = self.device.type == "cuda"
+            data = {
+                key: (value.pin_memory() if pin else value).to(self.device, non_blocking=pin)
+                for key, value in data.items()
+            }
+            weights = weights.to(self.device, non_blocking=pin)
+        return Batch(
+            data=data, weights=weights, indices=sample.indices, generations=sample.generations
+        )
+
+    def pending_steps(self) -> int:
+        """Env steps the actors took since the last call."""
+        with self._lock:
+            total = self.sink.total_env_steps()
+            new, self._steps_read = total - self._steps_read, total
+        return new
+
+    def pending_episodes(self) -> tuple[list[float], list[int]]:
+        with self._lock:
+            returns, lengths, dropped = self.sink.new_episodes(self._episode_cursor)
+            self.dropped_episodes += dropped
+        return returns, lengths
+
+    def feedback(self, batch: Batch, priorities: torch.Tensor | None) -> None:
+        """New priorities for the batch's sequences (None: a skipped update); the batch
+        counts as sampled either way, for the actors' rate limit: it was consumed."""
+        if priorities is not None:
+            self.replay.update_priorities(batch.indices, priorities, batch.generations)
+        self.sink.sampled[0] += self.batch_size
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "replay_fill": len(self.replay) / self.replay.capacity,
+            "inserted_sequences": self.sink.total_inserted(),
+            "sampled_sequences": int(self.sink.sampled[0]),
+            "dropped_episodes": self.dropped_episodes,
+        }
+
+    def status_line(self) -> str | None:
+        """Progress while the replay fills up before the first update; None once it holds
+        --min_replay_size sequences."""
+        size, needed = len(self.replay), self.sink.min_replay_size
+        if size >= needed:
+            return None
+        return (
+            f"filling the replay: {size:,} of {needed:,} sequences before learning starts,"
+            f" {self.sink.total_env_steps():,} env steps"
+        )
+
+    def describe(self) -> str:
+        return self.sink.describe()
+
+    def close(self) -> None:
+        self.sink.close()
+
+    def save_replay(self, write: Callable[[dict[str, torch.Tensor]], None]) -> dict:
+        """Checkpoint the replay: `write` its sequences (the atomic replay file), return the
+        small rest (priorities, generations, the rate limiter's counters) for model.tar."""
+        tensors, state = self.replay.contents()
+        write(tensors)
+        state = self.replay.settle(state)
+        state["inserted"] = self.sink.total_inserted()
+        state["sampled"] = int(self.sink.sampled[0])
+        return state
+
+    def restore_replay(self, tensors: Mapping[str, torch.Tensor], state: Mapping) -> str:
+        """Load a checkpointed replay before the actors start; returns what was restored."""
+        self.replay.restore(tensors, state)
+        self.sink.inserted.zero_()
+        self.sink.inserted[0] = int(state["inserted"])
+        self.sink.sampled[0] = int(state["sampled"])
+        return (
+            f"prioritized replay of {len(self.replay):,} sequences"
+            f" ({int(state['sampled']):,} sampled)"
+        )
