@@ -1,4 +1,4 @@
-"""MonoBeast: IMPALA on one machine.
+"""MonoBeast: deep RL on one machine (any --algo).
 
     python monobeast.py --env PongNoFrameskip-v4
     python monobeast.py --mode test --xpid <run>

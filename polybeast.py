@@ -1,4 +1,4 @@
-"""PolyBeast: IMPALA across machines on Ray, with one or more learners.
+"""PolyBeast: deep RL across machines on Ray, with one or more learners.
 
     python polybeast.py --env PongNoFrameskip-v4                 # private Ray on 127.0.0.1
     python polybeast.py --env PongNoFrameskip-v4 --ray_address HEAD:6379 --num_env_servers 16

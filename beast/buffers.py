@@ -41,6 +41,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -68,6 +69,7 @@ __all__ = [
     "RolloutBuffers",
     "RolloutSource",
     "RolloutStaging",
+    "RolloutStagingRecipe",
     "RolloutWriter",
     "check_rollout",
     "commit",
@@ -321,23 +323,16 @@ class RolloutBuffers:
 
     # polybeast: rollouts built outside shared memory, committed whole.
 
-    def staging_writer(
-        self,
-        sources: Mapping[str, np.ndarray],
-        *,
-        publish_every: int,
-        first_id: int,
-        id_stride: int,
-    ) -> tuple[RolloutWriter, RolloutStaging]:
-        """A writer for the n envs of `sources` into staged rollouts, and the staging that
-        hands each finished one over (`take_rollout`), for `commit`. (`publish_every`: a
-        rollout is ready every T writes by itself.)"""
-        staging = RolloutStaging(self.spec, len(sources["reward"]))
-        writer = RolloutWriter(staging, sources, first_id=first_id, id_stride=id_stride)
-        return writer, staging
+    def staging_recipe(self) -> RolloutStagingRecipe:
+        """What an env server needs to build rollouts for these slots (picklable to Ray)."""
+        return RolloutStagingRecipe(self.spec)
 
     def commit(self, rollout: Mapping[str, np.ndarray], stop: threading.Event, row: int) -> bool:
-        """Copy a staged rollout into free slots (see `commit`); `row`: the env server's."""
+        """Copy a staged rollout into free slots (see `commit`); `row`: the env server's.
+        ValueError when the rollout does not fit the slots (a server running other code)."""
+        why = check_rollout(self, rollout)
+        if why is not None:
+            raise ValueError(f"an env server's rollout does not fit: {why}")
         return commit(self, rollout, stop)
 
 
@@ -380,6 +375,28 @@ class _Slots(_Destinations):
             buffers.slot_owner[slot] = -1
             buffers.full_queue.put(slot)
         return process_alive(self.learner_pid)
+
+
+@dataclass(frozen=True)
+class RolloutStagingRecipe:
+    """How to build rollouts for a learner's slots outside its process (polybeast)."""
+
+    spec: dict[str, Field]
+
+    def writer(
+        self,
+        sources: Mapping[str, np.ndarray],
+        *,
+        publish_every: int,
+        first_id: int,
+        id_stride: int,
+    ) -> tuple[RolloutWriter, RolloutStaging]:
+        """A writer for the n envs of `sources` into staged rollouts, and the staging that
+        hands each finished one over (`take_rollout`) for `RolloutBuffers.commit`.
+        (`publish_every`: a rollout is ready every T writes by itself.)"""
+        staging = RolloutStaging(self.spec, len(sources["reward"]))
+        writer = RolloutWriter(staging, sources, first_id=first_id, id_stride=id_stride)
+        return writer, staging
 
 
 class RolloutStaging(_Destinations):

@@ -283,21 +283,29 @@ class Run:
         algo = f"{self.config.algo}" + (f" ({detail})" if detail else "")
         return f"{algo}, {self.source.describe()}"
 
-    def save(self) -> bool:
-        """Write a checkpoint (module docstring), under the learner's lock; False (and
-        nothing written) when the model is not finite. Raises CheckpointError."""
-        config = self.config
-        with self.learner.lock:
+    def save(self, *, step_multiplier: int = 1, timeout: float | None = None) -> bool | None:
+        """Write a checkpoint (module docstring), under the learner's lock. False (and
+        nothing written) when the model is not finite; None when the lock was not free
+        within `timeout` seconds (an update stuck in a collective). Raises CheckpointError.
+
+        step_multiplier: polybeast's learners each count their share of the steps.
+        """
+        config, lock = self.config, self.learner.lock
+        if not lock.acquire(timeout=-1 if timeout is None else timeout):
+            return None
+        try:
             if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
                 return False
+            progress = dataclasses.asdict(self.progress)
+            progress["step"] *= step_multiplier
             payload = {
                 "model_state_dict": self.model.state_dict(),
                 "algorithm_state": self.update.state_dict(),
                 "config": config.to_dict(),
-                "progress": dataclasses.asdict(self.progress),
+                "progress": progress,
                 "torch_rng_state": torch.get_rng_state(),
                 # Kept at the top level for tools that only want the step.
-                "step": self.progress.step,
+                "step": progress["step"],
             }
             if config.checkpoint_replay:
                 token = uuid.uuid4().hex
@@ -306,6 +314,8 @@ class Run:
                 if state is not None:
                     payload["replay"] = {"token": token, **state}
             save_checkpoint(config.run_dir, payload)
+        finally:
+            lock.release()
         return True
 
 
@@ -421,11 +431,19 @@ def load_resume_payload(config: Config) -> tuple[dict[str, Any], str, str | None
     return payload, path, skipped, changed
 
 
-def restore(run: Run, payload: dict[str, Any], path: str, *, progress_divisor: int = 1) -> str:
+def restore(
+    run: Run,
+    payload: dict[str, Any],
+    path: str,
+    *,
+    progress_divisor: int = 1,
+    with_replay: bool = True,
+) -> str:
     """Load a checkpoint into `run` before anything starts; returns what the replay
     restore did ("" without a replay in the checkpoint), for the start-up line.
 
     progress_divisor: polybeast's learners each count their share of the steps.
+    with_replay: False for polybeast's several learners, each with its own replay.
     """
     try:
         run.model.load_state_dict(payload["model_state_dict"])
@@ -446,6 +464,8 @@ def restore(run: Run, payload: dict[str, Any], path: str, *, progress_divisor: i
         return ""
     if not run.config.checkpoint_replay:
         return "replay not restored (--no-checkpoint_replay): it starts empty"
+    if not with_replay:
+        return "each learner's replay starts empty (the checkpoint holds one learner's)"
     saved_replay = load_replay_file(run.config.run_dir)
     if saved_replay is None or saved_replay.get("token") != meta["token"]:
         return "the saved replay does not match this checkpoint: the replay starts empty"

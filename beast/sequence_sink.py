@@ -40,12 +40,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from beast.algos.base import Batch
-from beast.fields import shared_zeros
+from beast.fields import Field, shared_zeros
 from beast.profile import PhaseClock
 from beast.replay import PrioritizedReplay, SequenceBuilder, replay_footprint
 from beast.threads import process_alive
@@ -55,6 +56,7 @@ __all__ = [
     "SequenceSink",
     "SequenceSource",
     "SequenceStaging",
+    "SequenceStagingRecipe",
     "SequenceWriter",
 ]
 
@@ -186,21 +188,9 @@ class SequenceSink:
 
     # polybeast: sequences cut outside the learner process, committed here.
 
-    def staging_writer(
-        self,
-        sources: Mapping[str, np.ndarray],
-        *,
-        publish_every: int,
-        first_id: int = 0,
-        id_stride: int = 0,
-    ) -> tuple[SequenceWriter, SequenceStaging]:
-        """A writer for the n envs of `sources` that collects sequences, episodes and step
-        counts, and the staging that hands them over every `publish_every` writes
-        (`take_rollout`), for `commit`. (`first_id`, `id_stride`: the rollout writer's.)"""
-        staging = SequenceStaging(publish_every)
-        return SequenceWriter(
-            self.replay.spec, self.seq_len, self.seq_overlap, sources, staging
-        ), staging
+    def staging_recipe(self) -> SequenceStagingRecipe:
+        """What an env server needs to cut sequences for this replay (picklable to Ray)."""
+        return SequenceStagingRecipe(self.replay.spec, self.seq_len, self.seq_overlap)
 
     def commit(self, payload: Mapping, stop: threading.Event, row: int) -> bool:
         """Add a staged payload's sequences (rate-limited), steps and episodes, as row `row`;
@@ -283,6 +273,31 @@ class _SharedReplayRow:
             self._last_check = now
             return process_alive(self.learner_pid)
         return True
+
+
+@dataclass(frozen=True)
+class SequenceStagingRecipe:
+    """How to cut sequences for a learner's replay outside its process (polybeast)."""
+
+    spec: dict[str, Field]
+    seq_len: int
+    seq_overlap: int
+
+    def writer(
+        self,
+        sources: Mapping[str, np.ndarray],
+        *,
+        publish_every: int,
+        first_id: int = 0,
+        id_stride: int = 0,
+    ) -> tuple[SequenceWriter, SequenceStaging]:
+        """A writer for the n envs of `sources` that collects sequences, episodes and step
+        counts, and the staging that hands them over every `publish_every` writes
+        (`take_rollout`) for `SequenceSink.commit`. (`first_id`, `id_stride`: the rollout
+        writer's.)"""
+        staging = SequenceStaging(publish_every)
+        writer = SequenceWriter(self.spec, self.seq_len, self.seq_overlap, sources, staging)
+        return writer, staging
 
 
 class SequenceStaging:

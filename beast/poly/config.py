@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from beast.config import AUTO, Config, ConfigError, _flag, parse_args
+from beast.config import AUTO, Config, ConfigError, flag, parse_args
 
 __all__ = ["PolyConfig", "parse_poly_args"]
 
@@ -25,12 +25,12 @@ __all__ = ["PolyConfig", "parse_poly_args"]
 @dataclass(frozen=True)
 class PolyConfig(Config):
     parser_description: ClassVar[str] = (
-        "beast: IMPALA across machines on Ray (PolyBeast): env servers as Ray actors,"
+        "beast: deep RL across machines on Ray (PolyBeast): env servers as Ray actors,"
         " one or more learners."
     )
 
     # Redefined from Config: in polybeast the policy runs in env servers or in the learner.
-    policy: str = _flag(
+    policy: str = flag(
         "auto",
         "Where actions are computed: local (each env server runs a CPU copy of the model and"
         " ships whole rollouts of T+1 steps x K envs; weights are broadcast through Ray's"
@@ -41,31 +41,31 @@ class PolyConfig(Config):
     )
 
     # Cluster.
-    ray_address: str | None = _flag(
+    ray_address: str | None = flag(
         None,
         "Address of a running Ray cluster to join (HOST:PORT of `ray start --head`, or auto)."
         " Default: start a private Ray instance on this machine, bound to 127.0.0.1.",
     )
-    num_env_servers: int | None = _flag(
+    num_env_servers: int | None = flag(
         None, "Env-server Ray actors, spread across the cluster's nodes. Default: --num_actors."
     )
-    num_envs_per_server: int | None = _flag(
+    num_envs_per_server: int | None = flag(
         None, "Environments each env server steps in a loop (K). Default: --num_envs_per_actor."
     )
-    cpus_per_env_server: float = _flag(
+    cpus_per_env_server: float = flag(
         1.0, "Ray CPU resources each env server reserves (placement only; may be fractional)."
     )
-    num_learners: int = _flag(
+    num_learners: int = flag(
         1,
         "Data-parallel learners (torch.distributed: gloo on CPU, NCCL on GPU), each fed by its"
         " own share of the env servers; gradients are combined every update, rank 0 writes"
         " the checkpoint and the logs. With more than 1, Ray starts them as actors.",
     )
-    weights_interval: int = _flag(
+    weights_interval: int = flag(
         1,
         "--policy local: broadcast the learner's weights to env servers every this many updates.",
     )
-    rollouts_in_flight: int = _flag(
+    rollouts_in_flight: int = flag(
         2,
         "--policy local: rollout requests queued per env server, so a server starts its next"
         " rollout while the previous one travels.",
@@ -102,10 +102,8 @@ class PolyConfig(Config):
                 raise ConfigError(f"--{name} must be positive, got {value}")
         if self.cpus_per_env_server < 0:
             raise ConfigError(f"--cpus_per_env_server must be >= 0, got {self.cpus_per_env_server}")
-        # getattr: --algo arrives with LASER (beast/algos/laser.py); polybeast's learners
-        # build the IMPALA loss so far.
-        if getattr(self, "algo", "impala") != "impala":
-            raise ConfigError(f"polybeast runs --algo impala only so far, got {self.algo!r}")
+        if self.serial:
+            raise ConfigError("--serial is monobeast's (one process); polybeast runs on Ray")
         if self.num_env_splits not in (AUTO, 1):
             raise ConfigError(
                 "--num_env_splits splits monobeast's actors into lanes; polybeast's env"
@@ -153,7 +151,8 @@ class PolyConfig(Config):
 
 
 def parse_poly_args(argv: Sequence[str] | None = None, prog: str | None = None) -> PolyConfig:
-    """`beast.config.parse_args` for PolyConfig: defaults < config file < flags."""
+    """`beast.config.parse_args` for PolyConfig (with the chosen --algo's flags added):
+    defaults < config file < flags."""
     config = parse_args(argv, prog, PolyConfig)
     assert isinstance(config, PolyConfig)
     return config

@@ -2,9 +2,10 @@
 
 Each learner process (a Ray actor, see beast/poly/trainer.py) runs the
 unchanged `beast.learner.Learner` on batches from its own env servers and
-passes a `GradientReducer` as its `reduce_gradients` hook. On every update,
-after the backward pass and before the optimizer step, every learner calls
-it (it is a collective: all of them, every update, finite or not). It
+gives a `GradientReducer` to its `Stepper` as the `reduce_gradients` hook. On
+every optimizer step, after the backward pass and before the step, every
+learner calls it (it is a collective: all of them, every step, finite or not;
+an algorithm takes the same steps on every learner). It
 
 1. all-reduces two flags with MAX: "my loss or gradient is not finite" and
    "I was asked to stop". Every learner then takes the same decision: skip
@@ -18,9 +19,11 @@ it (it is a collective: all of them, every update, finite or not). It
    clipping off, so that clipping applies to the combined gradient, as one
    learner on all the data would clip it).
 
-Why SUM and not the mean: beast's losses are sums over T and B
+Why SUM and not the mean: IMPALA's losses are sums over T and B
 (beast/algos/impala.py), so the gradient of one learner on the concatenated
-batch of N learners is the sum of theirs. Summing makes N learners with
+batch of N learners is the sum of theirs. (A loss that is a mean over its batch,
+as R2D2's, gets N times the step of one learner on the concatenated batch; its
+learning rate is the knob, as with DDP's per-GPU batch sizes.) Summing makes N learners with
 `--batch_size B` exactly one learner with batch N*B (up to float rounding),
 which is what tests/test_polybeast.py checks; DDP averages because its
 losses are means, which amounts to the same thing.
@@ -89,17 +92,17 @@ class GradientReducer:
         self.on_last_update = on_last_update
         self.global_grad_norm = float("nan")  # of the combined gradient, before clipping
 
-    def __call__(self, model: nn.Module, finite: bool) -> bool:
+    def __call__(self, params: list[torch.Tensor], finite: bool) -> bool:
+        """All-reduce `params`' gradients (an optimizer step's parameters) across learners,
+        after agreeing on finiteness and on a stop; see the module docstring."""
         flags = torch.tensor([0.0 if finite else 1.0, 1.0 if self.stop_requested.is_set() else 0.0])
-        device = next(model.parameters()).device
-        flags = flags.to(device)
+        flags = flags.to(params[0].device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         all_finite, stop = bool(flags[0] == 0), bool(flags[1] > 0)
         if stop:
             self.on_last_update()
         if not all_finite:
             return False
-        params = [p for p in model.parameters() if p.requires_grad]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)

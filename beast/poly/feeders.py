@@ -7,9 +7,10 @@ which process is behind each: a reply from a new incarnation is a restart,
 logged once with both places, and too many restarts within a minute stop
 the run.
 
-Two feeders, one per `--policy`; each writes only whole rollouts into slots
-(`beast.poly.rollouts.commit`), so a rollout lost with its server is simply
-never written:
+Two feeders, one per `--policy`; each commits only whole payloads into the
+learner's sink (`sink.commit`: whole rollouts into the rollout slots, or the
+sequences, episodes and step counts of T steps into the replay), so what is
+lost with its server is simply never written:
 
     RolloutReceiver   (local) keeps `--rollouts_in_flight` rollout requests
                       queued at each server, each carrying the latest weights
@@ -19,8 +20,9 @@ never written:
     CentralInference  (central) keeps one step request per server in flight;
                       gathers the replies that are ready, runs one batched
                       forward pass for all of them on the learner's device,
-                      records the step in each server's staged rollout,
-                      commits rollouts that are complete, sends the actions.
+                      acts with the algorithm's policy, writes the step with
+                      the same writer a server would use, commits what is
+                      complete, sends the actions.
 """
 
 from __future__ import annotations
@@ -31,16 +33,16 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from beast.buffers import Field, RolloutBuffers
-from beast.inference import ActionBatch, sample_actions
+from beast.algos.base import Policy, as_outputs
+from beast.inference import record_arrays
 from beast.poly.config import PolyConfig
 from beast.poly.env_server import EnvServer, Incarnation, RolloutTimes
-from beast.poly.rollouts import CommitTimes, RolloutStaging, check_rollout, commit
 
 __all__ = ["CentralInference", "FeederStats", "RolloutReceiver", "ServerPool", "WeightsBroadcast"]
 
@@ -79,10 +81,13 @@ class ServerPool:
         config: PolyConfig,
         indices: list[int],
         log: Callable[[str], None],
+        recipe: Any,
     ) -> None:
+        """recipe: the learner's experience's `staging_recipe()`, for the servers."""
         self.config = config
         self.indices = indices
         self.log = log
+        self.recipe = recipe
         self.handles: dict[int, object] = {}
         self.known: dict[int, Incarnation] = {}
         self.restarts: collections.deque[float] = collections.deque()
@@ -102,7 +107,7 @@ class ServerPool:
             scheduling_strategy="SPREAD",
         )
         for index in self.indices:
-            self.handles[index] = remote.remote(self.config, index)
+            self.handles[index] = remote.remote(self.config, index, self.recipe)
         refs = {self.handles[i].info.remote(): i for i in self.indices}
         try:
             infos = ray.get(list(refs), timeout=_START_TIMEOUT_SECONDS)
@@ -204,11 +209,11 @@ class WeightsBroadcast:
 class FeederStats:
     """Where time goes, summed over a run (the throughput note's breakdown)."""
 
-    rollouts: int = 0
+    rollouts: int = 0  # payloads committed
     server_env_s: float = 0.0  # env.step inside servers
     server_policy_s: float = 0.0  # the servers' (or central) forward passes
     server_total_s: float = 0.0  # whole rollout() calls inside servers
-    commit: CommitTimes = field(default_factory=CommitTimes)  # slots: waiting, copying
+    commit_s: float = 0.0  # the learner process committing payloads (waits included)
     wait_s: float = 0.0  # the feeder waiting for Ray replies
     steps: int = 0  # central: step replies handled
     batch_sizes: list[int] = field(default_factory=list)
@@ -229,9 +234,8 @@ class FeederStats:
                 f" mean batch {np.mean(self.batch_sizes):.1f} servers"
             )
         parts.append(
-            f"learner process per rollout: {self.commit.copy_s / self.rollouts * 1e3:.2f} ms"
-            f" copying into slots, {self.commit.wait_s / self.rollouts * 1e3:.2f} ms waiting"
-            " for free slots"
+            f"learner process: {self.commit_s / self.rollouts * 1e3:.2f} ms per rollout"
+            " committing (waiting for room included)"
         )
         return "; ".join(parts)
 
@@ -241,14 +245,15 @@ class _Feeder:
 
     name = "feeder"
 
-    def __init__(self, pool: ServerPool, buffers: RolloutBuffers, stop: threading.Event) -> None:
+    def __init__(self, pool: ServerPool, sink: Any, stop: threading.Event) -> None:
         self.pool = pool
-        self.buffers = buffers
+        self.sink = sink
         self.stop = stop
         self.failure: str | None = None
         self.stats = FeederStats()
-        self._checked = False
         self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
+        # The sink's row of each server (a replay's counters): its place in the pool.
+        self._rows = {index: row for row, index in enumerate(pool.indices)}
 
     def start(self) -> None:
         self._thread.start()
@@ -268,14 +273,12 @@ class _Feeder:
     def _run(self) -> None:
         raise NotImplementedError
 
-    def _commit(self, rollout: dict[str, np.ndarray]) -> bool:
-        if not self._checked:
-            why = check_rollout(self.buffers, rollout)
-            if why is not None:
-                raise ValueError(f"an env server's rollout does not fit: {why}")
-            self._checked = True
+    def _commit(self, index: int, payload: Any) -> bool:
+        start = time.perf_counter()
         self.stats.rollouts += 1
-        return commit(self.buffers, rollout, self.stop, self.stats.commit)
+        committed = self.sink.commit(payload, self.stop, self._rows[index])
+        self.stats.commit_s += time.perf_counter() - start
+        return committed
 
     def _server_failed(self, index: int, error: BaseException) -> None:
         """An env bug (an exception in the server's code): stop the run, say why once."""
@@ -292,12 +295,12 @@ class RolloutReceiver(_Feeder):
     def __init__(
         self,
         pool: ServerPool,
-        buffers: RolloutBuffers,
+        sink: Any,
         stop: threading.Event,
         weights: WeightsBroadcast,
         in_flight: int,
     ) -> None:
-        super().__init__(pool, buffers, stop)
+        super().__init__(pool, sink, stop)
         self.weights = weights
         self.in_flight = in_flight
 
@@ -319,7 +322,7 @@ class RolloutReceiver(_Feeder):
             for ref in ready:
                 index = pending.pop(ref)
                 try:
-                    info, rollout, times = ray.get(ref)
+                    info, payload, times = ray.get(ref)
                 except ray.exceptions.RayError as error:
                     if not _is_lost_actor(error):
                         self._server_failed(index, error)
@@ -329,7 +332,7 @@ class RolloutReceiver(_Feeder):
                     continue
                 self.pool.saw(info)
                 self._count(times)
-                if not self._commit(rollout):
+                if not self._commit(index, payload):
                     return
                 submit(index)
 
@@ -339,59 +342,78 @@ class RolloutReceiver(_Feeder):
         self.stats.server_total_s += times.total
 
 
-@dataclass
 class _ServerState:
-    """What the central feeder keeps per server between steps."""
+    """What the central feeder keeps per server between steps: the server's step as the
+    writer reads it (fixed arrays), the policy's record and its bound act, the recurrent
+    state, and the writer with its staging."""
 
-    staging: RolloutStaging
-    state: tuple[torch.Tensor, ...]  # recurrent state for the next forward pass, [d0, K, ...]
-    last_action: torch.Tensor  # [K]
-    rollout_ids: torch.Tensor  # [K]
-    token: str | None = None
-    t: int = 0
+    def __init__(self, feeder: CentralInference, index: int, first_id: int) -> None:
+        k = feeder.num_envs
+        self.token: str | None = None
+        self.sources: dict[str, np.ndarray] | None = None  # made from the first reply
+        self.last_action = np.zeros(k, dtype=np.int64)
+        self.record = record_arrays(feeder.policy, k)
+        rows = slice(index * k, (index + 1) * k)
+        self.act = feeder.policy.bind(
+            self.record, {key: value[rows] for key, value in feeder.params.items()}
+        )
+        self.state = tuple(s.to(feeder.device) for s in feeder.model.initial_state(k))
+        self.first_id = first_id
+        self.writer: Any = None
+        self.staging: Any = None
+
+    def take_reply(self, feeder: CentralInference, out: dict[str, np.ndarray]) -> None:
+        """Copy a server's reply into the fixed arrays the writer reads."""
+        if self.sources is None:
+            self.sources = {key: np.array(value) for key, value in out.items()}
+            self.sources["last_action"] = self.last_action
+            self.writer, self.staging = feeder.recipe.writer(
+                {**self.sources, **self.record},
+                publish_every=feeder.unroll_length,
+                first_id=self.first_id,
+                id_stride=feeder.num_envs,
+            )
+            return
+        for key, value in out.items():
+            np.copyto(self.sources[key], value)
 
 
 class CentralInference(_Feeder):
-    """--policy central: batched inference for all servers, rollouts built here."""
+    """--policy central: batched inference for all servers, payloads built here."""
 
     name = "central-inference"
 
     def __init__(
         self,
         pool: ServerPool,
-        buffers: RolloutBuffers,
+        sink: Any,
         stop: threading.Event,
         model: nn.Module,
-        spec: dict[str, Field],
-        unroll_length: int,
+        policy: Policy,
         num_envs: int,
     ) -> None:
-        super().__init__(pool, buffers, stop)
+        super().__init__(pool, sink, stop)
         self.model = model
+        self.policy = policy
         self.device = next(model.parameters()).device
-        self.spec = spec
-        self.unroll_length = unroll_length
+        self.recipe = sink.staging_recipe()
+        self.unroll_length = pool.config.unroll_length
         self.num_envs = num_envs
+        # The policy's per-env parameters over all the run's envs (server s: rows s*K...).
+        self.params = policy.env_params(pool.config.servers * num_envs)
         self._next_id = 0
 
-    def _fresh(self) -> _ServerState:
-        k = self.num_envs
-        ids = torch.arange(k, dtype=torch.int64) + self._next_id
+    def _fresh(self, index: int) -> _ServerState:
         self._next_id += 1 << 32
-        return _ServerState(
-            staging=RolloutStaging(self.spec, k),
-            state=tuple(s.to(self.device) for s in self.model.initial_state(k)),
-            last_action=torch.zeros(k, dtype=torch.int64),
-            rollout_ids=ids,
-        )
+        return _ServerState(self, index, self._next_id)
 
     def _run(self) -> None:
-        servers = {index: self._fresh() for index in self.pool.indices}
+        torch.set_grad_enabled(False)  # for this thread: serving never backpropagates
+        servers = {index: self._fresh(index) for index in self.pool.indices}
         pending: dict[object, int] = {}
         for index in self.pool.indices:
             pending[self.pool.handles[index].step.remote(None, None)] = index
         ray = _ray()
-        T = self.unroll_length
         while not self.stop.is_set():
             start = time.perf_counter()
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_SECONDS)
@@ -411,68 +433,48 @@ class CentralInference(_Feeder):
                         self._server_failed(index, error)
                         return
                     self.pool.lost(index, error)
-                    servers[index] = self._fresh()
+                    servers[index] = self._fresh(index)
                     pending[self.pool.handles[index].step.remote(None, None)] = index
                     continue
                 server = servers[index]
                 if info.token != server.token:
-                    # First reply, or a new process behind the server: start a new
-                    # rollout from its current envs; any partial one is dropped.
+                    # First reply, or a new process behind the server: start afresh from
+                    # its current envs; anything staged for the old one is dropped.
                     self.pool.saw(info)
                     if server.token is not None:
-                        server = servers[index] = self._fresh()
+                        server = servers[index] = self._fresh(index)
                     server.token = info.token
-                    server.t = 0
-                replies.append((index, server, out))
+                server.take_reply(self, out)
+                replies.append((index, server))
             if not replies:
                 continue
             start = time.perf_counter()
             inputs = {
-                "obs": torch.from_numpy(np.concatenate([o["obs"] for _, _, o in replies])),
-                "reward": torch.from_numpy(np.concatenate([o["reward"] for _, _, o in replies])),
-                "done": torch.from_numpy(np.concatenate([o["done"] for _, _, o in replies])),
-                "last_action": torch.cat([s.last_action for _, s, _ in replies]),
+                key: torch.from_numpy(np.concatenate([s.sources[key] for _, s in replies]))
+                for key in ("obs", "reward", "done", "last_action")
             }
             state_in = tuple(
-                torch.cat([s.state[i] for _, s, _ in replies], dim=1)
+                torch.cat([s.state[i] for _, s in replies], dim=1)
                 for i in range(len(replies[0][1].state))
             )
-            with torch.no_grad():
-                output, state_out = self.model(
-                    {k: v.to(self.device).unsqueeze(0) for k, v in inputs.items()}, state_in
-                )
-            logits = output.policy_logits[0].float()
-            actions = sample_actions(logits).cpu()
-            logits, baseline = logits.cpu(), output.baseline[0].float().cpu()
+            outputs, state_out = self.model(
+                {k: v.to(self.device).unsqueeze(0) for k, v in inputs.items()}, state_in
+            )
+            outputs = as_outputs(outputs)
             self.stats.server_policy_s += time.perf_counter() - start
             self.stats.steps += 1
             self.stats.batch_sizes.append(len(replies))
             k = self.num_envs
-            for n, (index, server, out) in enumerate(replies):
+            for n, (index, server) in enumerate(replies):
                 rows = slice(n * k, (n + 1) * k)
-                step = ActionBatch(actions[rows], logits[rows], baseline[rows])
-                own_state_in = tuple(s[:, rows].transpose(0, 1).cpu() for s in state_in)
-                if server.t == 0:
-                    server.staging.write_state(own_state_in)
-                env_inputs = {key: inputs[key][rows] for key in ("obs", "reward", "done")}
-                env_inputs["last_action"] = server.last_action
-                env_outputs = {
-                    key: torch.from_numpy(np.array(out[key]))
-                    for key in ("episode_end", "episode_return", "episode_step")
-                }
-                server.staging.write_step(
-                    server.t, env_inputs, env_outputs, step, server.rollout_ids
-                )
-                if server.t == T:
-                    if not self._commit(server.staging.arrays()):
-                        return
-                    server.rollout_ids += k
-                    server.staging.repeat_last_step(server.rollout_ids)
-                    server.staging.write_state(own_state_in)
-                    server.t = 1
-                else:
-                    server.t += 1
+                server.act({key: value[:, rows] for key, value in outputs.items()})
+                server.writer.write(tuple(s[:, rows].transpose(0, 1).cpu() for s in state_in))
+                payload = server.staging.take_rollout()
+                if payload is not None and not self._commit(index, payload):
+                    return
                 server.state = tuple(s[:, rows] for s in state_out)
-                server.last_action = step.action.clone()
-                ref = self.pool.handles[index].step.remote(step.action.numpy(), server.token)
+                np.copyto(server.last_action, server.record["action"])
+                ref = self.pool.handles[index].step.remote(
+                    server.record["action"].copy(), server.token
+                )
                 pending[ref] = index

@@ -13,13 +13,13 @@
   torchrun starts them because Ray already places processes on the
   cluster's nodes and owns the env servers: one launcher, one way to stop.
 
-A `LearnerNode` holds what monobeast's learner process holds: rollout slots
-(`beast.buffers.RolloutBuffers`), the unchanged `beast.learner.Learner`,
-the model, optimizer, schedule, checkpoints and run log (rank 0), plus its
-share of the env servers (servers r, r+N, r+2N, ...) and the feeder thread
-that commits their whole rollouts into free slots (beast/poly/feeders.py).
-The learning code is monobeast's; only where the slots are filled from
-differs.
+A `LearnerNode` holds what monobeast's learner process holds, built by the same
+code (beast/engine.py, through the algorithm registry): the algorithm's sink and
+source (rollout slots, or a replay that stays in this process), the learner, the
+model, the algorithm's state, checkpoints and run log (rank 0), plus its share of
+the env servers (servers r, r+N, r+2N, ...) and the feeder thread that commits
+what they produce into the sink (beast/poly/feeders.py). The learning code is
+monobeast's; only who writes into the sink differs.
 
 Shutdown, however the run ends: the learner stops, the feeder stops, the
 slot queues close, rank 0 writes the final checkpoint, then `ray_session`
@@ -31,45 +31,31 @@ driver kills). With several learners a stop is agreed at an update
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import socket
 import tempfile
 import threading
 import time
-import traceback
 from typing import Any
 
 import torch
 
 from beast import envs
-from beast.buffers import RolloutBuffers
-from beast.checkpoint import (
-    CheckpointError,
-    has_checkpoint,
-    load_latest_checkpoint,
-    save_checkpoint,
-)
-from beast.config import Config, ConfigError
-from beast.learner import Learner, NonFiniteError, TrainingProgress, UpdateStats
-from beast.logs import RunLog
+from beast.checkpoint import CheckpointError
+from beast.config import ConfigError
+from beast.engine import Run, build_run, load_resume_payload, prepare, restore, select_device
+from beast.learner import UpdateStats
 from beast.poly.cluster import ray_session
 from beast.poly.config import PolyConfig
 from beast.poly.distributed import GradientReducer, broadcast_parameters, init_process_group
-from beast.poly.env_server import poly_rollout_spec
 from beast.poly.feeders import CentralInference, RolloutReceiver, ServerPool, WeightsBroadcast
 from beast.runner import (
     TrainingError,
-    build_loss,
-    build_optimizer,
-    build_run_model,
-    build_scheduler,
-    check_resumable,
+    learner_failure,
     open_run_log,
-    prepare_learner_process,
     raise_keyboard_interrupt,
-    select_device,
+    report,
 )
 
 __all__ = ["LearnerNode", "train"]
@@ -125,7 +111,7 @@ class LearnerNode:
     def run(self) -> str | None:
         """Train until total_steps or a stop; returns why the run failed, or None."""
         config, rank, world = self.config, self.rank, self.world_size
-        config, spec, device, precision = prepare_learner_process(config)
+        config, spec, device, precision = prepare(config)
         if world > 1:
             if config.ray_address is None:
                 # Gloo's connections on loopback too (a private instance is one machine).
@@ -133,57 +119,16 @@ class LearnerNode:
             init_process_group(self.init_method, rank, world, device, _COLLECTIVE_TIMEOUT_SECONDS)
         # Each learner counts its own batches; together they consume total_steps.
         local_total = max(1, config.total_steps // world)
-        local_config = dataclasses.replace(config, total_steps=local_total)
-        model = build_run_model(config, spec).to(device)
-        optimizer = build_optimizer(config, model)
-        scheduler = build_scheduler(local_config, optimizer)
-        progress = TrainingProgress()
-        log: Any = self._open_log(config) if rank == 0 else _Console(rank)
-        payload: Any = None
-        if rank == 0:
-            try:
-                payload = self._resume_payload(config, log)
-            except ConfigError as error:
-                if world == 1:
-                    raise
-                payload = {"error": str(error)}  # the other learners must hear of it too
-        if world > 1:
-            box = [payload]
-            torch.distributed.broadcast_object_list(box, src=0)
-            payload = box[0]
-            if payload is not None and "error" in payload:
-                raise ConfigError(payload["error"])
-        if payload is not None:
-            model.load_state_dict(payload["model_state_dict"])
-            optimizer.load_state_dict(payload["optimizer_state_dict"])
-            scheduler.load_state_dict(payload["scheduler_state_dict"])
-            saved = dict(payload["progress"])
-            saved["step"] //= world
-            progress = TrainingProgress(**saved)
-            torch.set_rng_state(payload["torch_rng_state"])
-        if world > 1:
-            broadcast_parameters(list(model.state_dict().values()))
-        if rank == 0:
-            log.start_from(progress.step * world)  # SPS counts this run's steps only
-
-        central = config.resolved_policy == "central"
-        actor_model = build_run_model(config, spec)
-        actor_model.load_state_dict(model.state_dict())
-        actor_model.eval()
-        if central:
-            actor_model.to(device)
-        buffers = RolloutBuffers(
-            poly_rollout_spec(config, spec, actor_model), int(config.num_buffers or 0)
-        )
+        log: Any = open_run_log(config) if rank == 0 else _Console(rank)
         reducer = None
-        learner_box: list[Learner] = []
-        pools: list[ServerPool] = []
         if world > 1:
             reducer = GradientReducer(
                 config.grad_norm_clipping,
                 self.stop_requested,
-                lambda: self._last_update(learner_box[0]),
+                lambda: self._last_update(run),
             )
+        servers = list(range(rank, config.servers, world))
+        pools: list[ServerPool] = []
 
         def on_update(stats: UpdateStats) -> None:
             if rank != 0:
@@ -193,66 +138,80 @@ class LearnerNode:
                 losses["grad_norm"] = reducer.global_grad_norm
             # This learner's servers (all of them with one learner), in logs.csv too.
             losses["env_server_restarts"] = pools[0].total_restarts if pools else 0
-            log.record(dataclasses.replace(stats, step=stats.step * world, losses=losses))
+            log.record(
+                UpdateStats(
+                    step=stats.step * world,
+                    num_updates=stats.num_updates,
+                    losses=losses,
+                    episode_returns=stats.episode_returns,
+                    episode_steps=stats.episode_steps,
+                )
+            )
 
-        learner = Learner(
-            model=model,
-            actor_model=actor_model,
-            buffers=buffers,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            loss_fn=build_loss(config),
-            device=device,
-            batch_size=config.batch_size,
-            total_steps=local_total,
-            # With several learners the reducer clips the combined gradient instead.
-            grad_norm_clipping=config.grad_norm_clipping if reducer is None else 0.0,
-            num_learner_threads=config.num_learner_threads,
-            max_nonfinite_updates=config.max_nonfinite_updates,
-            precision=precision,
+        run = build_run(
+            config,
+            spec,
+            device,
+            precision,
+            num_writers=len(servers),
             on_update=on_update,
-            progress=progress,
+            log=log.print,
+            total_steps=local_total,
             reduce_gradients=reducer,
         )
-        learner_box.append(learner)
+        payload: Any = None
+        if rank == 0:
+            try:
+                payload = load_resume_payload(config)
+            except ConfigError as error:
+                if world == 1:
+                    raise
+                payload = {"error": str(error)}  # the other learners must hear of it too
+        if world > 1:
+            box = [payload]
+            torch.distributed.broadcast_object_list(box, src=0)
+            payload = box[0]
+            if isinstance(payload, dict) and "error" in payload:
+                raise ConfigError(payload["error"])
+        if payload is not None:
+            checkpoint_payload, path, skipped, changed = payload
+            # Each learner keeps its own replay; only a lone learner's is in the checkpoint.
+            replay_line = restore(
+                run, checkpoint_payload, path, progress_divisor=world, with_replay=world == 1
+            )
+            if skipped:
+                log.print(f"the newest checkpoint is unusable ({skipped}); using the previous one")
+            log.print(
+                f"resuming {config.xpid} from {path} at step {run.progress.step * world:,}"
+                + (f"; changed flags: {', '.join(changed)}" if changed else "")
+                + (f"; {replay_line}" if replay_line else "")
+            )
+        if world > 1:
+            broadcast_parameters(list(run.model.state_dict().values()))
+            run.learner.publish()
+        if rank == 0:
+            log.start_from(run.progress.step * world)  # SPS counts this run's steps only
+        central = config.resolved_policy == "central"
+        if central:
+            run.actor_model.to(device)  # the feeder's forward passes run on the device
+        learner = run.learner
 
-        def checkpoint(wait: float = -1) -> None:
+        def checkpoint(wait: float | None = None) -> None:
             if rank != 0:
                 return
-            if not learner.lock.acquire(timeout=wait):
+            saved = run.save(step_multiplier=world, timeout=wait)
+            if saved is None:
                 log.print("an update is stuck (a learner peer is gone): no final checkpoint")
-                return
-            try:
-                if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-                    log.print("the model has non-finite weights: keeping the previous checkpoint")
-                    return
-                saved_progress = dataclasses.asdict(progress)
-                saved_progress["step"] = progress.step * world
-                save_checkpoint(
-                    config.run_dir,
-                    {
-                        "model_state_dict": model.state_dict(),
-                        "optimizer_state_dict": optimizer.state_dict(),
-                        "scheduler_state_dict": scheduler.state_dict(),
-                        # Monobeast's fields only, so that tools reading checkpoints as a
-                        # Config (--mode test, monobeast resuming the run) accept it; the
-                        # cluster flags are in the run's config.yaml.
-                        "config": _base_config_dict(config),
-                        "progress": saved_progress,
-                        "torch_rng_state": torch.get_rng_state(),
-                        "step": progress.step * world,
-                    },
-                )
-            finally:
-                learner.lock.release()
+            elif not saved:
+                log.print("the model has non-finite weights: keeping the previous checkpoint")
 
         log.print(
             f"learner {rank}/{world} on {device} in {precision}"
             f" ({torch.get_num_threads()} thread(s)): env {config.env} (obs {spec.obs_shape}"
-            f" {spec.obs_dtype}, {spec.num_actions} actions), policy {config.resolved_policy},"
-            f" {config.num_buffers} rollout slots ({buffers.nbytes() / 2**20:.0f} MiB)"
+            f" {spec.obs_dtype}, {spec.num_actions} actions), {run.describe()},"
+            f" policy {config.resolved_policy}"
         )
-        if progress.step >= local_total:
+        if run.progress.step >= local_total:
             log.print(
                 f"already at total_steps {config.total_steps:,}; raise --total_steps to go on"
             )
@@ -260,33 +219,27 @@ class LearnerNode:
                 log.close()
             return None
 
-        pool = ServerPool(config, list(range(rank, config.servers, world)), log.print)
+        pool = ServerPool(config, servers, log.print, run.sink.staging_recipe())
         pools.append(pool)
         stop = threading.Event()
         if central:
             feeder: Any = CentralInference(
-                pool,
-                buffers,
-                stop,
-                actor_model,
-                buffers.spec,
-                config.unroll_length,
-                config.servers_envs,
+                pool, run.sink, stop, run.actor_model, run.policy, config.servers_envs
             )
         else:
             weights = WeightsBroadcast(
-                actor_model,
+                run.actor_model,
                 learner.lock,
                 lambda: learner.progress.num_updates,
                 config.weights_interval,
             )
-            feeder = RolloutReceiver(pool, buffers, stop, weights, config.rollouts_in_flight)
+            feeder = RolloutReceiver(pool, run.sink, stop, weights, config.rollouts_in_flight)
         failure: str | None = None
         try:
             pool.start()
             feeder.start()
             learner.start()
-            failure = self._monitor(learner, pool, feeder, log, checkpoint)
+            failure = self._monitor(run, pool, feeder, log, checkpoint)
         except KeyboardInterrupt:
             log.print("interrupted: stopping env servers and learner, writing a final checkpoint")
         except CheckpointError as error:
@@ -300,7 +253,7 @@ class LearnerNode:
             try:
                 learner.stop(_LEARNER_STOP_SECONDS)
                 stop.set()
-                buffers.close()
+                run.source.close()
                 feeder.join(_FEEDER_STOP_SECONDS)
                 # The servers die with their owner (this process's Ray connection, or
                 # this learner actor); killing them here, with calls in flight, only
@@ -310,7 +263,9 @@ class LearnerNode:
                 )
                 checkpoint(wait=_LEARNER_STOP_SECONDS)
                 if rank == 0:
-                    log.print(f"checkpoint at step {progress.step * world:,} in {config.run_dir}")
+                    log.print(
+                        f"checkpoint at step {run.progress.step * world:,} in {config.run_dir}"
+                    )
             except CheckpointError as error:
                 failure = failure or str(error)
             finally:
@@ -320,36 +275,15 @@ class LearnerNode:
                     torch.distributed.destroy_process_group()
         return failure
 
-    def _last_update(self, learner: Learner) -> None:
+    def _last_update(self, run: Run) -> None:
         """Several learners agreed that the update in progress is the last one."""
-        learner.total_steps = min(learner.total_steps, learner.progress.step + 1)
+        learner = run.learner
+        learner.total_steps = min(learner.total_steps, run.progress.step + 1)
         self._agreed_stop.set()
 
-    def _open_log(self, config: PolyConfig) -> RunLog:
-        return open_run_log(config)
-
-    def _resume_payload(self, config: PolyConfig, log: RunLog) -> dict[str, Any] | None:
-        """The checkpoint to resume from (rank 0 reads it, the others get a copy), or None."""
-        if config.resume and not has_checkpoint(config.run_dir):
-            raise ConfigError(f"--resume: no checkpoint in {config.run_dir}")
-        if not has_checkpoint(config.run_dir):
-            return None
-        try:
-            payload, path, skipped = load_latest_checkpoint(config.run_dir, "cpu")
-        except CheckpointError as error:
-            raise ConfigError(f"{error} (use a new --xpid to start over)") from error
-        changed = check_resumable(payload["config"], config, path)
-        if skipped:
-            log.print(f"the newest checkpoint is unusable ({skipped}); using the previous one")
-        log.print(
-            f"resuming {config.xpid} from {path} at step {payload['progress']['step']:,}"
-            + (f"; changed flags: {', '.join(changed)}" if changed else "")
-        )
-        return payload
-
-    def _monitor(self, learner: Learner, pool: ServerPool, feeder, log, checkpoint) -> str | None:
+    def _monitor(self, run: Run, pool: ServerPool, feeder, log, checkpoint) -> str | None:
         """Progress lines, periodic checkpoints, restarts and failures; until the end."""
-        config = self.config
+        config, learner = self.config, run.learner
         last_line = last_checkpoint = time.monotonic()
         stop_asked_at: float | None = None
         while not learner.finished.wait(_MONITOR_SECONDS):
@@ -365,17 +299,14 @@ class LearnerNode:
                     log.print("no update to agree a stop on: stopping this learner alone")
                     return None
             if self.rank == 0 and now - last_line >= config.log_interval:
-                log.report_progress()
+                report(run, log)
                 last_line = now
             if self.rank == 0 and now - last_checkpoint >= config.checkpoint_interval:
                 checkpoint()
                 last_checkpoint = now
-        if learner.error is not None:
-            error = learner.error
-            if isinstance(error, NonFiniteError):
-                return str(error)
-            log.print("learner failed:\n" + "".join(traceback.format_exception(error)).rstrip())
-            return f"learner failed: {type(error).__name__}: {error}"
+        failure = learner_failure(run, log)
+        if failure:
+            return failure
         if self.rank == 0:
             log.report_progress()
             if self._agreed_stop.is_set():
@@ -383,11 +314,6 @@ class LearnerNode:
             else:
                 log.print(f"reached total_steps {config.total_steps:,}")
         return None
-
-
-def _base_config_dict(config: PolyConfig) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(Config)}
-    return {key: value for key, value in config.to_dict().items() if key in names}
 
 
 def _ignore_signals(signums) -> None:
