@@ -1,10 +1,14 @@
 """Throughput of each stage of a run, measured alone and together, in one sitting.
 
-    python -m beast.bench throughput --env PongNoFrameskip-v4 --repeats 3 --write_results
-    python -m beast.bench inference --env PongNoFrameskip-v4 --repeats 3 --write_results
+    python -m benchmarks.bench throughput --env PongNoFrameskip-v4 --repeats 3 --write_results
+    python -m benchmarks.bench inference --env PongNoFrameskip-v4 --repeats 3 --write_results
+
+The figures are IMPALA's: its policy acts (beast/algos/policies.py `CategoricalPolicy`),
+its actor-critic update learns (beast/algos/impala.py). A benchmark may name an
+algorithm; the runtime (beast/) never imports this module.
 
 `inference` compares the two policy modes (beast/inference.py): env only; acting with
-central and with local inference, first with `TrivialPolicy` (a forward pass that costs
+central and with local inference, first with `TrivialModel` (a forward pass that costs
 nothing, so the ratio to env only is what the engine adds) and then with the real model;
 one request's round trip through CentralPolicy, the Batcher and an idle inference
 thread (p50, p99); and monobeast end to end with each `--policy`.
@@ -18,8 +22,9 @@ One run measures, repeat after repeat, one after the other on the same machine:
 - acting only: the real actor processes (`beast.actor.run_actor`, started as
   `beast.runner` starts them) with the real model and no learning: a consumer thread
   hands every full rollout slot straight back to the free queue;
-- learner only: one update exactly as `beast.learner.Learner._update` makes it
-  (forward, IMPALA loss, backward, gradient clipping, RMSProp, scheduler, weight
+- learner only: one update exactly as a monobeast IMPALA run makes it (forward, IMPALA
+  loss, and through the learner's `Stepper` backward, gradient clipping, the
+  non-finite guards, the learning-rate schedule and the RMSProp step; then weight
   publishing) on synthetic batches shaped like real ones, no actors, for each variant
   (fp32, bf16 autocast, channels-last, torch.compile) at each torch thread count;
 - end to end: `monobeast.py` itself (`benchmarks.monobeast_sps`).
@@ -38,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import datetime
 import functools
 import math
@@ -49,9 +55,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `beast` importable from the repo
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch
@@ -59,14 +68,19 @@ from torch import nn
 
 from beast import envs
 from beast.actor import ActorSettings
-from beast.algos.impala import impala_loss
-from beast.buffers import Field, RolloutBuffers, core_state_shapes, rollout_spec
-from beast.config import AUTO, Config, int_or_auto
+from beast.algos.base import Batch, LearnerContext
+from beast.algos.impala import ActorCriticUpdate, Impala, impala_loss
+from beast.algos.policies import CategoricalPolicy
+from beast.buffers import RolloutBuffers, rollout_spec
+from beast.config import AUTO, Config, config_for, int_or_auto
+from beast.engine import acting_bf16, select_precision
+from beast.fields import Field, core_state_shapes
 from beast.inference import CentralPolicy, InferenceServer, InferenceTable
-from beast.learner import compute_gradients, copy_weights
-from beast.models import AgentOutput, build_model
+from beast.learner import Stepper, TrainingProgress
+from beast.measure import TrivialModel, synthetic_batch, torch_threads
+from beast.models import build_model, copy_weights
 from beast.native import QueueClosed
-from beast.runner import acting_bf16, select_precision
+from beast.optim import build_optimizer
 from beast.supervisor import ActorPool
 
 __all__ = [
@@ -78,37 +92,40 @@ __all__ = [
     "LearnerVariant",
     "PrecisionCheck",
     "compare_precision",
+    "impala_algorithm",
+    "learner_rollout_spec",
     "machine_summary",
-    "TrivialPolicy",
     "measure_acting",
     "measure_inference_latency",
     "measure_learner",
-    "synthetic_batch",
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Hyperparameters of the learner step: monobeast's defaults (beast.config), so that the
-# optimizer and clipping cost what they cost in a run.
-_LEARNING_RATE = 6e-4
-_RMSPROP_ALPHA = 0.99
-_RMSPROP_EPSILON = 0.01
-_GRAD_NORM_CLIPPING = 40.0
-_LOSS_KWARGS = {
-    "discounting": 0.99,
-    "reward_clipping": "abs_one",
-    "baseline_cost": 0.5,
-    "entropy_cost": 0.01,
-}
-# Synthetic batch content, roughly Pong's: a point every ~20 steps, rare episode ends.
-_REWARD_PROBABILITY = 0.05
-_DONE_PROBABILITY = 0.01
+# Hyperparameters of the learner step (optimizer, clipping, loss costs, non-finite guard):
+# monobeast's IMPALA defaults (beast.config, beast/algos/impala.py), so that the optimizer
+# and clipping cost what they cost in a run.
+IMPALA_DEFAULTS = config_for("impala")()
 # How often the acting benchmark's main thread checks that the actors are alive.
 _ACTING_POLL_SECONDS = 0.1
 # Longest wait for the actors' first rollout (process start, env creation, first forward).
 _ACTING_START_TIMEOUT = 120.0
 # Seconds actors get to exit after the queues close before they are killed (as the runner).
 _ACTOR_JOIN_SECONDS = 5.0
+
+
+def impala_algorithm(env_spec: envs.EnvSpec, **flags: object) -> Impala:
+    """The IMPALA plug-in for `env_spec`, with monobeast's defaults but `flags` (its model,
+    its policy, its model outputs)."""
+    return Impala(dataclasses.replace(IMPALA_DEFAULTS, **flags), env_spec)
+
+
+def _env_spec(env: str, seed: int) -> envs.EnvSpec:
+    probe = envs.make(env, seed=seed)
+    try:
+        return envs.env_spec(probe)
+    finally:
+        probe.close()
 
 
 # ---------------------------------------------------------------------------------------
@@ -169,70 +186,24 @@ def _to_channels_last(module: nn.Module, args: tuple) -> tuple:
     return (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
 
 
-@contextlib.contextmanager
-def torch_threads(num_threads: int) -> Iterator[None]:
-    """Run the body with `torch.set_num_threads(num_threads)`, then restore the old count."""
-    _check_positive(num_threads=num_threads)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
-def synthetic_batch(
-    spec: Mapping[str, Field], batch_size: int, *, seed: int = 0
-) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
-    """A learner batch of `batch_size` random rollouts laid out as the learner gets it.
-
-    The slots are filled in real `RolloutBuffers` and copied out with `gather`, so the
-    batch has the real layout: rollout fields `[T+1, B, ...]`, core state `[d0, B, ...]`.
-    Content is random but plausible: uniform pixels (or normal vectors), sparse +-1
-    rewards, rare episode ends, `last_action[t] == action[t-1]`, normal logits.
-
-    Returns:
-        (batch, core_state), as `Learner._update` passes them to the model.
-    """
-    _check_positive(batch_size=batch_size)
-    generator = torch.Generator().manual_seed(seed)
-    buffers = RolloutBuffers(spec, batch_size)
-    num_actions = spec["policy_logits"].shape[-1]
-    for tensor in buffers.tensors.values():
-        shape, dtype = tensor.shape, tensor.dtype
-        if dtype == torch.uint8:
-            tensor.copy_(torch.randint(0, 256, shape, dtype=dtype, generator=generator))
-        elif dtype == torch.bool:
-            tensor.copy_(torch.rand(shape, generator=generator) < _DONE_PROBABILITY)
-        elif dtype.is_floating_point:
-            tensor.copy_(torch.randn(shape, generator=generator))
-        else:
-            tensor.copy_(torch.randint(0, num_actions, shape, dtype=dtype, generator=generator))
-    tensors = buffers.tensors
-    point = torch.rand(tensors["reward"].shape, generator=generator) < _REWARD_PROBABILITY
-    tensors["reward"].copy_(point * torch.randn(point.shape, generator=generator).sign())
-    tensors["last_action"][:, 1:] = tensors["action"][:, :-1]
-    tensors["baseline"].mul_(0.1)
-    batch = buffers.gather(range(batch_size))
-    core_state = buffers.core_state(batch)
-    buffers.close()
-    return batch, core_state
-
-
-def _batch_to(
-    batch: Mapping[str, torch.Tensor], core_state: Sequence[torch.Tensor], device: torch.device
-) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
-    return {k: v.to(device) for k, v in batch.items()}, tuple(s.to(device) for s in core_state)
+def _batch_to(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device) for k, v in batch.items()}
 
 
 class LearnerStep:
-    """One learner update as `beast.learner.Learner._update` makes it, in a given variant.
+    """One learner update as a monobeast IMPALA run makes it (`beast.learner.Learner.step`),
+    in a given variant.
 
-    Forward over [T+1, B], IMPALA loss in float32, zero_grad, backward, global gradient
-    norm clipping, the finiteness guards, RMSProp step, scheduler step, weights copied in
-    place into a separate actor model, and the loss statistics read out as Python floats
-    (each a host sync, as in the learner). Only the batch hand-off is left out: synthetic
-    batches are ready.
+    IMPALA's update (`beast.algos.impala.ActorCriticUpdate`: forward over [T+1, B], IMPALA
+    loss in float32) through the run's `Stepper` (zero_grad, backward, global gradient
+    norm clipping, the non-finite guards, the learning-rate schedule, the RMSProp step),
+    then the weights copied in place into a separate actor model, and the loss
+    statistics read out as Python floats (each a host sync, as in the learner). Only the
+    batch hand-off is left out: synthetic batches are ready.
+
+    Batches are the learner's: rollout fields `[T+1, B, ...]` and the recurrent state at
+    their start as `core_state_i` fields (`beast.measure.synthetic_batch`, or
+    `RolloutBuffers.gather`).
 
     Args:
         obs_shape, num_actions: the environment's.
@@ -257,6 +228,9 @@ class LearnerStep:
     ) -> None:
         self.variant = _variant(variant)
         self.device = torch.device(device)
+        self.obs_shape, self.num_actions = tuple(obs_shape), num_actions
+        self.model_name, self.use_lstm = model, use_lstm
+        config = IMPALA_DEFAULTS
         torch.manual_seed(seed)
         self.model = build_model(model, obs_shape, num_actions, use_lstm=use_lstm)
         if initial_state is not None:
@@ -265,83 +239,92 @@ class LearnerStep:
         self.actor_model.share_memory()
         self.model.to(self.device)
         if self.variant.channels_last:
-            if len(tuple(obs_shape)) != 3:
+            if len(self.obs_shape) != 3:
                 raise ValueError(
                     f"variant {variant!r} needs image observations [C, H, W], got obs_shape "
-                    f"{tuple(obs_shape)}"
+                    f"{self.obs_shape}"
                 )
             self.model.to(memory_format=torch.channels_last)
             self.model.torso.register_forward_pre_hook(_to_channels_last)
-        self.forward = torch.compile(self.model) if self.variant.compile else self.model
-        self.optimizer = torch.optim.RMSprop(
-            self.model.parameters(),
-            lr=_LEARNING_RATE,
-            alpha=_RMSPROP_ALPHA,
-            eps=_RMSPROP_EPSILON,
+        self.optimizer = build_optimizer(config, self.model)
+        self.loss_fn = functools.partial(
+            impala_loss,
+            discounting=config.discounting,
+            reward_clipping=config.reward_clipping,
+            baseline_cost=config.baseline_cost,
+            entropy_cost=config.entropy_cost,
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
-        self.loss_fn = functools.partial(impala_loss, **_LOSS_KWARGS)
+        progress = TrainingProgress()
+        self.stepper = Stepper(
+            grad_norm_clipping=config.grad_norm_clipping,
+            max_nonfinite_updates=config.max_nonfinite_updates,
+            lr_schedule=config.lr_schedule,
+            total_steps=config.total_steps,
+            progress=progress,
+        )
+        self.context = LearnerContext(
+            device=self.device,
+            bf16=self.variant.bf16,
+            forward=torch.compile(self.model) if self.variant.compile else self.model,
+            step=self.stepper,
+            progress=progress,
+        )
+        self.update = ActorCriticUpdate(self.model, self.context, self.optimizer, self.loss_fn)
 
     def _compile_settings(self) -> contextlib.AbstractContextManager:
         if not self.variant.compile:
             return contextlib.nullcontext()
         import torch._inductor.config as inductor_config
 
-        # Generated CPU kernels otherwise hard-code the thread count seen at compile time.
+        # Generated CPU kernels otherwise hard-code the thread count seen at compile time
+        # (as beast.compile.CompiledForward does in a run).
         return inductor_config.patch({"cpp.dynamic_threads": True})
 
     def loss_and_grad_norm(
-        self,
-        batch: Mapping[str, torch.Tensor],
-        core_state: Sequence[torch.Tensor],
-        max_norm: float = _GRAD_NORM_CLIPPING,
+        self, batch: Mapping[str, torch.Tensor], max_norm: float | None = None
     ) -> tuple[dict[str, float], float]:
         """The forward and backward half of the update, without the optimizer step.
 
-        Leaves the gradients, clipped to `max_norm`, in the parameters' `.grad`;
-        returns the loss statistics and the gradient norm before clipping.
+        The same update (forward pass, loss) with a step that only runs zero_grad,
+        backward and clipping to `max_norm` (default the run's --grad_norm_clipping):
+        leaves the clipped gradients in the parameters' `.grad`; returns the loss
+        statistics and the gradient norm before clipping.
         """
-        with self._compile_settings():
-            loss, grad_norm = compute_gradients(
-                self.forward,
-                self.loss_fn,
-                self.model,
-                self.optimizer,
-                batch,
-                tuple(core_state),
-                grad_norm_clipping=max_norm,
-                bf16=self.variant.bf16,
-                device_type=self.device.type,
-            )
-        losses = {key: float(value) for key, value in loss.stats.items()}
-        return losses, float(grad_norm)
+        bound = self.stepper.grad_norm_clipping if max_norm is None else max_norm
+        norms: list[float] = []
 
-    def __call__(
-        self, batch: Mapping[str, torch.Tensor], core_state: Sequence[torch.Tensor]
-    ) -> dict[str, float]:
+        def backward_only(loss, optimizer, parameters) -> bool:
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            params = [p for p in parameters if p.requires_grad]
+            # clip_grad_norm_ with an infinite bound just measures the norm.
+            norms.append(float(nn.utils.clip_grad_norm_(params, bound if bound > 0 else math.inf)))
+            return False
+
+        context = dataclasses.replace(self.context, step=backward_only)
+        update = ActorCriticUpdate(self.model, context, self.optimizer, self.loss_fn)
+        with self._compile_settings():
+            info = update(Batch(data=dict(batch)))
+        return {key: float(value) for key, value in info.stats.items()}, norms[0]
+
+    def __call__(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
         """One whole update; returns the loss statistics and the gradient norm."""
-        losses, grad_norm = self.loss_and_grad_norm(batch, core_state)
-        losses["grad_norm"] = grad_norm
-        # The learner's guard: a non-finite update is neither stepped nor published.
-        if not (math.isfinite(losses["total_loss"]) and math.isfinite(grad_norm)):
-            self.optimizer.zero_grad(set_to_none=True)
-            return losses
-        self.optimizer.step()
-        # The learner checks the stepped weights too (a host sync per parameter).
-        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
-            raise RuntimeError("an optimizer step made the weights non-finite")
-        self.scheduler.step()
-        copy_weights(self.actor_model, self.model)
+        applied = self.stepper.steps_applied
+        with self._compile_settings():
+            info = self.update(Batch(data=dict(batch)))
+        # The learner publishes only a step that was taken (a non-finite one is skipped).
+        if self.stepper.steps_applied > applied:
+            copy_weights(self.actor_model, self.model)
+        losses = {key: float(value) for key, value in info.stats.items()}
+        losses["grad_norm"] = self.stepper.grad_norm
         return losses
 
-    def timed(
-        self, batch: Mapping[str, torch.Tensor], core_state: Sequence[torch.Tensor], steps: int
-    ) -> list[float]:
+    def timed(self, batch: Mapping[str, torch.Tensor], steps: int) -> list[float]:
         """Seconds taken by each of `steps` updates."""
         times = []
         for _ in range(steps):
             start = time.perf_counter()
-            self(batch, core_state)
+            self(batch)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             times.append(time.perf_counter() - start)
@@ -377,6 +360,19 @@ class LearnerTiming:
 def _error_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def learner_rollout_spec(
+    step: LearnerStep, unroll_length: int, obs_dtype: np.dtype | torch.dtype
+) -> dict[str, Field]:
+    """The rollout layout a run of `step`'s model fills: IMPALA's record, its core state."""
+    return rollout_spec(
+        unroll_length=unroll_length,
+        obs_shape=step.obs_shape,
+        obs_dtype=obs_dtype,
+        record=CategoricalPolicy(step.num_actions).record_spec(),
+        core_state_shapes=core_state_shapes(step.model.initial_state(1)),
+    )
 
 
 def measure_learner(
@@ -417,22 +413,15 @@ def measure_learner(
             device=device,
             seed=seed,
         )
-        core_shapes = core_state_shapes(step.model.initial_state(1))
-        spec = rollout_spec(
-            unroll_length=unroll_length,
-            obs_shape=obs_shape,
-            obs_dtype=obs_dtype,
-            num_actions=num_actions,
-            core_state_shapes=core_shapes,
-        )
-        batch, core_state = _batch_to(*synthetic_batch(spec, batch_size, seed=seed), step.device)
+        spec = learner_rollout_spec(step, unroll_length, obs_dtype)
+        batch = _batch_to(synthetic_batch(spec, batch_size, num_actions, seed=seed), step.device)
         timing = LearnerTiming(variant, num_threads, unroll_length * batch_size)
         try:
-            (timing.first_step_seconds,) = step.timed(batch, core_state, 1)
+            (timing.first_step_seconds,) = step.timed(batch, 1)
         except Exception as error:
             timing.error = _error_line(error)
             return timing
-        timing.step_seconds = step.timed(batch, core_state, steps)
+        timing.step_seconds = step.timed(batch, steps)
     return timing
 
 
@@ -445,12 +434,12 @@ class ActingResult:
     """Agent steps/s of the actors alone, and optionally some rollouts they wrote.
 
     rollouts: the first `capture` full slots, gathered into one learner batch
-    ([T+1, capture, ...], with `core_state`), or None when none was asked for.
+    ([T+1, capture, ...], with the recurrent state at their start as `core_state_i`
+    fields), or None when none was asked for.
     """
 
     steps_per_second: float
     rollouts: dict[str, torch.Tensor] | None = None
-    core_state: tuple[torch.Tensor, ...] = ()
 
 
 def measure_acting(
@@ -475,17 +464,19 @@ def measure_acting(
     """Agent steps/s of real actor processes with the real model and no learning.
 
     Actors start as `beast.runner.train` starts them (forkserver, the supervisor's
-    `ActorPool` running `run_actor`, shared `RolloutBuffers`, a shared-memory model).
-    A consumer thread here takes each full slot and puts it straight back on the free
-    queue, so actors never wait on a learner.
+    `ActorPool` running `run_actor`, shared `RolloutBuffers`, a shared-memory model) and
+    act with IMPALA's policy (`CategoricalPolicy`: a sample from the logits, stored with
+    the logits and the baseline). A consumer thread here takes each full slot and puts
+    it straight back on the free queue, so actors never wait on a learner.
     The clock starts at the first rollout plus `warmup_seconds` (process start, env
     creation, first forward pass are excluded); the figure is rollouts completed in the
     next `seconds`, times `unroll_length`, over the time between.
 
     Args:
         actor_model: the model to act with (shared memory is set up here); default a
-            fresh `build_model(model, ...)` seeded with `seed`. `TrivialPolicy` measures
-            what the engine costs around a forward pass that costs nothing.
+            fresh IMPALA model `model` seeded with `seed`. A `beast.measure.TrivialModel`
+            of IMPALA's outputs measures what the engine costs around a forward pass
+            that costs nothing.
         policy: "local" (each actor runs the model) or "central" (an inference thread
             here serves the actors, as in a run with --policy central; one server thread,
             batches of up to all envs, `inference_timeout_ms` batch window).
@@ -510,32 +501,41 @@ def measure_acting(
         raise ValueError("warmup_seconds and capture must be >= 0")
     if policy not in ("local", "central"):
         raise ValueError(f"policy must be local or central, got {policy!r}")
-    layout = Config(num_envs_per_actor=num_envs_per_actor, num_env_splits=num_env_splits)
-    layout.validate()  # monobeast's checks: the lanes must split K evenly
-    splits = layout.env_splits(policy)
-    probe = envs.make(env, seed=seed)
-    spec = envs.env_spec(probe)
-    probe.close()
+    spec = _env_spec(env, seed)
+    algorithm = impala_algorithm(
+        spec,
+        env=env,
+        seed=seed,
+        model=model,
+        use_lstm=use_lstm,
+        num_actors=num_actors,
+        num_envs_per_actor=num_envs_per_actor,
+        unroll_length=unroll_length,
+        num_env_splits=num_env_splits,
+    )
+    config = algorithm.config
+    config.validate()  # monobeast's checks: the lanes must split K evenly
+    splits = config.env_splits(policy)
+    acting_policy = algorithm.policy()
     if bf16 is None:
         cpu = torch.device("cpu")
-        bf16 = acting_bf16(select_precision(Config(env=env), cpu, spec), cpu)
+        bf16 = acting_bf16(select_precision(config, cpu, spec, Impala), cpu)
     if actor_model is None:
         torch.manual_seed(seed)
-        actor_model = build_model(model, spec.obs_shape, spec.num_actions, use_lstm=use_lstm)
+        actor_model = algorithm.builtin_model()
     actor_model.share_memory()
     actor_model.eval()
     slots_held = num_actors * num_envs_per_actor
     num_buffers = num_buffers or 2 * slots_held
     if num_buffers < slots_held:
         raise ValueError(f"num_buffers must be >= num_actors * num_envs_per_actor ({slots_held})")
-    core_shapes = core_state_shapes(actor_model.initial_state(1))
     buffers = RolloutBuffers(
         rollout_spec(
             unroll_length=unroll_length,
             obs_shape=spec.obs_shape,
             obs_dtype=spec.obs_dtype,
-            num_actions=spec.num_actions,
-            core_state_shapes=core_shapes,
+            record=acting_policy.record_spec(),
+            core_state_shapes=core_state_shapes(actor_model.initial_state(1)),
         ),
         num_buffers,
     )
@@ -567,12 +567,13 @@ def measure_acting(
             num_envs=num_envs_per_actor,
             obs_shape=spec.obs_shape,
             obs_dtype=spec.obs_dtype,
-            num_actions=spec.num_actions,
+            policy=acting_policy,
             initial_state=actor_model.initial_state(1),
             num_env_splits=splits,
         )
         server = InferenceServer(
             table=table,
+            policy=acting_policy,
             model=copy.deepcopy(actor_model),
             source=actor_model,
             device=torch.device("cpu"),
@@ -585,13 +586,14 @@ def measure_acting(
         settings=ActorSettings(
             env=env,
             seed=seed,
+            num_actors=num_actors,
             num_envs=num_envs_per_actor,
-            unroll_length=unroll_length,
             episodic_life=False,
+            policy=acting_policy,
             bf16=bf16,
             num_env_splits=splits,
         ),
-        buffers=buffers,
+        sink=buffers,
         policy_source=table if table is not None else actor_model,
         num_actors=num_actors,
         max_restarts=0,
@@ -628,9 +630,7 @@ def measure_acting(
     done = sum(1 for t in arrivals if start <= t < end)
     result = ActingResult(steps_per_second=done * unroll_length / seconds)
     if captured:
-        rollouts = {key: torch.cat([c[key] for c in captured], dim=1) for key in captured[0]}
-        result.rollouts = rollouts
-        result.core_state = buffers.core_state(rollouts)
+        result.rollouts = {key: torch.cat([c[key] for c in captured], dim=1) for key in captured[0]}
     return result
 
 
@@ -640,33 +640,6 @@ def _check_actors(actors: ActorPool, server: InferenceServer | None = None) -> N
         raise RuntimeError(failure)
     if server is not None and server.failed.is_set():
         raise RuntimeError(f"inference failed: {server.error!r}")
-
-
-class TrivialPolicy(nn.Module):
-    """A policy whose forward pass costs next to nothing: uniform logits, zero baseline.
-
-    With it, acting throughput measures the engine around the model (env stepping,
-    slot writes, and for central inference the request round trips), not the model.
-    The zero outputs are made once per input shape and returned again (callers copy
-    outputs out, never write into them), so a forward pass runs no torch op at all.
-    """
-
-    def __init__(self, num_actions: int) -> None:
-        super().__init__()
-        self.num_actions = num_actions
-        self._outputs: dict[tuple, AgentOutput] = {}
-
-    def initial_state(self, batch_size: int, device=None) -> tuple[torch.Tensor, ...]:
-        return ()
-
-    def forward(self, inputs, core_state=()):
-        reward = inputs["reward"]
-        key = (*reward.shape[:2], reward.device)
-        output = self._outputs.get(key)
-        if output is None:
-            logits = torch.zeros((*key[:2], self.num_actions), device=reward.device)
-            output = self._outputs[key] = AgentOutput(logits, logits[..., 0])
-        return output, ()
 
 
 # ---------------------------------------------------------------------------------------
@@ -681,7 +654,7 @@ def _latency_actor(table: InferenceTable, total: int, latencies_ns: torch.Tensor
     policy = CentralPolicy(table, 0, lambda: True)
     k = table.num_envs
     inputs = {
-        "obs": torch.zeros_like(table.obs[:k]),
+        "obs": torch.zeros_like(table.inputs["obs"][:k]),
         "reward": torch.zeros(k),
         "done": torch.zeros(k, dtype=torch.bool),
         "last_action": torch.zeros(k, dtype=torch.int64),
@@ -698,22 +671,24 @@ def measure_inference_latency(
     """p50 and p99 (microseconds) of `CentralPolicy.act` against an idle `InferenceServer`.
 
     One actor process posts `num_envs` requests of `env`'s observation shape and waits;
-    an inference thread here collects, runs `TrivialPolicy` on the rows, stores its
-    outputs, samples and answers, as in a run. Everything but the model's cost is in it.
+    an inference thread here collects, runs a `TrivialModel` of IMPALA's outputs on the
+    rows, and through IMPALA's policy stores its outputs, samples and answers, as in a
+    run. Everything but the model's cost is in it.
     """
-    probe = envs.make(env, seed=seed)
-    spec = envs.env_spec(probe)
-    probe.close()
-    model = TrivialPolicy(spec.num_actions)
+    spec = _env_spec(env, seed)
+    algorithm = impala_algorithm(spec, env=env, seed=seed)
+    acting_policy = algorithm.policy()
+    model = TrivialModel(algorithm.model_outputs())
     table = InferenceTable(
         num_actors=1,
         num_envs=num_envs,
         obs_shape=spec.obs_shape,
         obs_dtype=spec.obs_dtype,
-        num_actions=spec.num_actions,
+        policy=acting_policy,
     )
     server = InferenceServer(
         table=table,
+        policy=acting_policy,
         model=model,
         source=model,
         device=torch.device("cpu"),
@@ -764,27 +739,20 @@ class PrecisionCheck:
     noise_cosine: float
 
 
-def _flat_grad(
-    step: LearnerStep, batch: Mapping[str, torch.Tensor], core_state: Sequence[torch.Tensor]
-) -> tuple[float, torch.Tensor]:
+def _flat_grad(step: LearnerStep, batch: Mapping[str, torch.Tensor]) -> tuple[float, torch.Tensor]:
     # Unclipped (an infinite bound only measures the norm), so the gradients compare as computed.
-    losses, _ = step.loss_and_grad_norm(batch, core_state, max_norm=math.inf)
+    losses, _ = step.loss_and_grad_norm(batch, max_norm=math.inf)
     grads = [p.grad.detach().flatten().double() for p in step.model.parameters()]
     return losses["total_loss"], torch.cat(grads)
 
 
-def _half_batch(
-    batch: Mapping[str, torch.Tensor], core_state: Sequence[torch.Tensor], part: slice
-) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+def _half_batch(batch: Mapping[str, torch.Tensor], part: slice) -> dict[str, torch.Tensor]:
     # Rollout fields are [T+1, B, ...] and core state [d0, B, ...]: the batch is dim 1.
-    return {k: v[:, part] for k, v in batch.items()}, tuple(s[:, part] for s in core_state)
+    return {k: v[:, part] for k, v in batch.items()}
 
 
 def compare_precision(
-    reference: LearnerStep,
-    variant: str,
-    batch: Mapping[str, torch.Tensor],
-    core_state: Sequence[torch.Tensor] = (),
+    reference: LearnerStep, variant: str, batch: Mapping[str, torch.Tensor]
 ) -> PrecisionCheck:
     """Loss and gradient of `variant` against `reference` (an fp32 `LearnerStep`).
 
@@ -795,21 +763,20 @@ def compare_precision(
     batch_size = batch["reward"].shape[1]
     if batch_size < 2:
         raise ValueError("need a batch of at least 2 rollouts (the noise scale uses halves)")
-    model = reference.model
     other = LearnerStep(
-        obs_shape=model.obs_shape,
-        num_actions=model.num_actions,
-        model=_model_name(model),
-        use_lstm=model.use_lstm,
+        obs_shape=reference.obs_shape,
+        num_actions=reference.num_actions,
+        model=reference.model_name,
+        use_lstm=reference.use_lstm,
         variant=variant,
         device=str(reference.device),
-        initial_state=model.state_dict(),
+        initial_state=reference.model.state_dict(),
     )
-    loss_ref, grad_ref = _flat_grad(reference, batch, core_state)
-    loss_var, grad_var = _flat_grad(other, batch, core_state)
+    loss_ref, grad_ref = _flat_grad(reference, batch)
+    loss_var, grad_var = _flat_grad(other, batch)
     half = batch_size // 2
-    _, grad_a = _flat_grad(reference, *_half_batch(batch, core_state, slice(0, half)))
-    _, grad_b = _flat_grad(reference, *_half_batch(batch, core_state, slice(half, None)))
+    _, grad_a = _flat_grad(reference, _half_batch(batch, slice(0, half)))
+    _, grad_b = _flat_grad(reference, _half_batch(batch, slice(half, None)))
     cosine = torch.nn.functional.cosine_similarity
     norm_ref = grad_ref.norm()
     return PrecisionCheck(
@@ -820,15 +787,6 @@ def compare_precision(
         grad_cosine=float(cosine(grad_var, grad_ref, dim=0)),
         noise_cosine=float(cosine(grad_a, grad_b, dim=0)),
     )
-
-
-def _model_name(model: nn.Module) -> str:
-    from beast.models import AtariNet, MLPNet, ResNet
-
-    for name, cls in (("atari", AtariNet), ("resnet", ResNet), ("mlp", MLPNet)):
-        if type(model) is cls:
-            return name
-    raise ValueError(f"cannot rebuild a {type(model).__name__}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -942,8 +900,7 @@ class _Session:
     initial_weights: dict[str, torch.Tensor]  # its weights, where every learner starts
     steps: dict[str, LearnerStep]  # one learner per variant
     rollout: dict[str, Field]  # the rollout spec of the synthetic batch
-    batch: dict[str, torch.Tensor]
-    core_state: tuple[torch.Tensor, ...]
+    batch: dict[str, torch.Tensor]  # a synthetic learner batch, on the learner's device
     figures: _Figures
 
 
@@ -958,14 +915,13 @@ def throughput(args: argparse.Namespace) -> _Figures:
         f"{args.device}; actors and env-only workers run 1 torch/OpenMP thread each",
         flush=True,
     )
-    probe = envs.make(args.env, seed=args.seed)
-    spec = envs.env_spec(probe)
-    probe.close()
+    spec = _env_spec(args.env, args.seed)
+    algorithm = impala_algorithm(spec, env=args.env, seed=args.seed, model=args.model)
 
     # One model for the actors and, through its weights, the learners: the captured
     # rollouts' behaviour logits then come from the learner's own policy, as in a run.
     torch.manual_seed(args.seed)
-    actor_model = build_model(args.model, spec.obs_shape, spec.num_actions)
+    actor_model = algorithm.builtin_model()
     initial_weights = copy.deepcopy(actor_model.state_dict())
     steps = {}
     for name in variants if "learner" in args.parts else ():
@@ -984,14 +940,14 @@ def throughput(args: argparse.Namespace) -> _Figures:
         unroll_length=args.unroll_length,
         obs_shape=spec.obs_shape,
         obs_dtype=spec.obs_dtype,
-        num_actions=spec.num_actions,
+        record=algorithm.policy().record_spec(),
+        core_state_shapes=core_state_shapes(actor_model.initial_state(1)),
     )
-    batch, core_state = _batch_to(
-        *synthetic_batch(rollout, args.batch_size, seed=args.seed), torch.device(args.device)
+    batch = _batch_to(
+        synthetic_batch(rollout, args.batch_size, spec.num_actions, seed=args.seed),
+        torch.device(args.device),
     )
-    session = _Session(
-        args, spec, actor_model, initial_weights, steps, rollout, batch, core_state, _Figures()
-    )
+    session = _Session(args, spec, actor_model, initial_weights, steps, rollout, batch, _Figures())
     for name in steps:
         for threads in args.threads:
             session.figures.learner[name, threads] = LearnerTiming(
@@ -1042,12 +998,8 @@ def _measure_learner_part(session: _Session, tag: str) -> None:
                     continue
                 try:
                     if timing.first_step_seconds is None:
-                        (timing.first_step_seconds,) = step.timed(
-                            session.batch, session.core_state, 1
-                        )
-                    timing.step_seconds += step.timed(
-                        session.batch, session.core_state, args.learner_steps
-                    )
+                        (timing.first_step_seconds,) = step.timed(session.batch, 1)
+                    timing.step_seconds += step.timed(session.batch, args.learner_steps)
                 except Exception as error:  # e.g. torch.compile without a compiler
                     timing.error = _error_line(error)
                 print(f"{tag} learner {_learner_line(timing)}", flush=True)
@@ -1109,13 +1061,13 @@ def _measure_precision(session: _Session, acting: ActingResult) -> None:
         device=args.device,
         initial_state=session.initial_weights,
     )
-    batch, core_state = _batch_to(acting.rollouts, acting.core_state, reference.device)
+    batch = _batch_to(acting.rollouts, reference.device)
     for when in ("at initialisation", f"after {_PRECISION_UPDATES} fp32 updates"):
         if when != "at initialisation":
             for _ in range(_PRECISION_UPDATES):
-                reference(batch, core_state)
+                reference(batch)
         for name in others:
-            check = compare_precision(reference, name, batch, core_state)
+            check = compare_precision(reference, name, batch)
             session.figures.precision.append((when, check))
             print(
                 f"precision {name} vs fp32 on a captured batch, {when}: loss rel diff "
@@ -1249,12 +1201,11 @@ def inference(args: argparse.Namespace) -> list[str]:
     by; one request's round trip; end to end with each policy. Returns the markdown
     summary."""
     print(f"machine: {machine_summary()}", flush=True)
-    probe = envs.make(args.env, seed=args.seed)
-    spec = envs.env_spec(probe)
-    probe.close()
+    spec = _env_spec(args.env, args.seed)
+    algorithm = impala_algorithm(spec, env=args.env, seed=args.seed)
     torch.manual_seed(args.seed)
-    real_model = build_model("auto", spec.obs_shape, spec.num_actions)
-    trivial = TrivialPolicy(spec.num_actions)
+    real_model = algorithm.builtin_model()
+    trivial = TrivialModel(algorithm.model_outputs())
     acting_kinds = [
         ("central", "trivial", trivial),
         ("local", "trivial", trivial),
@@ -1356,7 +1307,7 @@ def _write_results(
     with open(path, "a") as f:
         if new:
             f.write(
-                "# Measured throughput\n\nAppended by `python -m beast.bench throughput "
+                "# Measured throughput\n\nAppended by `python -m benchmarks.bench throughput "
                 "--write_results`; see the project's measuring guide (BENCHMARKS.md) for what "
                 "each figure means. Steps are agent steps (4 frames on Atari).\n"
             )
@@ -1373,7 +1324,7 @@ def _csv(kind: type) -> Callable[[str], list]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m beast.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("throughput", help="env, acting, learner and end-to-end steps/s")
     p.add_argument("--env", default="PongNoFrameskip-v4")
@@ -1487,7 +1438,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("\n" + "\n".join(lines))
     print(f"\nload average before: {load_before}; after: {load_after}")
     if args.write_results:
-        command = "python -m beast.bench " + " ".join(argv)
+        command = "python -m benchmarks.bench " + " ".join(argv)
         loads = f"before {load_before}, after {load_after} (1, 5, 15 min)"
         _write_results(args.results, command, machine, loads, lines, args.command)
         print(f"appended to {args.results}")

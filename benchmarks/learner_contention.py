@@ -2,11 +2,11 @@
 
     python -m benchmarks.learner_contention --env PongNoFrameskip-v4 --variants fp32,bf16
 
-`beast.bench throughput` times the learner on an idle machine. In a run the actors
+`benchmarks.bench throughput` times the learner on an idle machine. In a run the actors
 share the cores with it, and some kernels suffer far more than others from a core
 taken away mid-operation (a parallel region waits for its slowest thread). This
 measures, in one sitting: each variant's update alone, then with `--num_actors`
-acting-only actors stepping real envs (`beast.bench.measure_acting` in a thread),
+acting-only actors stepping real envs (`benchmarks.bench.measure_acting` in a thread),
 then alone again. Prints every update's milliseconds and the medians.
 """
 
@@ -22,8 +22,9 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from beast import bench, envs
-from beast.buffers import rollout_spec
+from beast import envs
+from beast.measure import synthetic_batch, torch_threads
+from benchmarks import bench
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num_envs_per_actor", type=int, default=8)
     parser.add_argument("--unroll_length", type=int, default=80)
     parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--variants", default="fp32,bf16", help="beast.bench learner variants")
+    parser.add_argument("--variants", default="fp32,bf16", help="benchmarks.bench learner variants")
     parser.add_argument("--threads", default="1,2", help="torch thread counts")
     parser.add_argument("--steps", type=int, default=3, help="timed updates per block")
     parser.add_argument("--repeats", type=int, default=2, help="blocks with the actors running")
@@ -45,29 +46,24 @@ def main(argv: list[str] | None = None) -> None:
     probe = envs.make(args.env)
     spec = envs.env_spec(probe)
     probe.close()
-    rollout = rollout_spec(
-        unroll_length=args.unroll_length,
-        obs_shape=spec.obs_shape,
-        obs_dtype=spec.obs_dtype,
-        num_actions=spec.num_actions,
-    )
-    batch, core_state = bench.synthetic_batch(rollout, args.batch_size)
     steps = {
         name: bench.LearnerStep(
             obs_shape=spec.obs_shape, num_actions=spec.num_actions, variant=name
         )
         for name in variants
     }
+    rollout = bench.learner_rollout_spec(
+        next(iter(steps.values())), args.unroll_length, spec.obs_dtype
+    )
+    batch = synthetic_batch(rollout, args.batch_size, spec.num_actions)
     for step in steps.values():
-        step(batch, core_state)  # warm-up (and compilation)
+        step(batch)  # warm-up (and compilation)
 
     def block(times: dict[tuple[str, int], list[float]]) -> None:
         for num_threads in threads:
-            with bench.torch_threads(num_threads):
+            with torch_threads(num_threads):
                 for name, step in steps.items():
-                    times.setdefault((name, num_threads), []).extend(
-                        step.timed(batch, core_state, args.steps)
-                    )
+                    times.setdefault((name, num_threads), []).extend(step.timed(batch, args.steps))
 
     alone: dict[tuple[str, int], list[float]] = {}
     busy: dict[tuple[str, int], list[float]] = {}

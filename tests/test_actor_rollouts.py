@@ -1,9 +1,10 @@
 """What an IMPALA actor writes into its rollout slots, checked against a replay.
 
-Real actor processes (through `beast.bench.measure_acting`, which starts them as a
+Real actor processes (through `benchmarks.bench.measure_acting`, which starts them as a
 run does) fill slots; the test then replays each env from its seed with the actions
-the slots recorded and checks every observation, reward, done flag, last action and
-episode statistic, and recomputes the logits and baselines with the acting model.
+the slots recorded, following the env batch's auto-reset rules (beast/envs/batch.py),
+and checks every observation, reward, done / terminated / truncated flag, last action
+and episode statistic, and recomputes the logits and baselines with the acting model.
 With lanes (--num_env_splits) each lane's envs post and step in turn; the slots must
 not tell the difference.
 """
@@ -15,8 +16,9 @@ import pytest
 import torch
 
 from beast import envs
-from beast.bench import measure_acting
+from beast.fields import core_state
 from beast.models import build_model
+from benchmarks.bench import measure_acting
 
 ENV = "CartPole-v1"
 NUM_ENVS = 4
@@ -44,6 +46,7 @@ def test_slots_hold_exactly_what_the_envs_and_model_produced(policy, num_env_spl
         num_env_splits=num_env_splits,
     )
     batch = result.rollouts
+    assert core_state(batch) == ()  # no LSTM: no recurrent state stored
     ids = batch["rollout_id"]
     assert bool((ids == ids[0]).all()), "a slot holds steps of two rollouts"
     # Low 32 bits of an id: rollout number * K + env index (beast/actor.py).
@@ -59,29 +62,42 @@ def test_slots_hold_exactly_what_the_envs_and_model_produced(policy, num_env_spl
         env = envs.make(ENV, seed=10 + env_index)  # the actor's seeds: seed + env index
         obs, _ = env.reset()
         episode_return, episode_length = 0.0, 0
+        truncated = False  # the previous row was a time-limited episode's final observation
         last_row = None
         for _, column in rollouts:
             get = {key: value[:, column] for key, value in batch.items()}
             np.testing.assert_array_equal(get["obs"][0].numpy(), obs)
-            if last_row is not None:  # row 0 repeats the previous rollout's last row
+            if last_row is None:  # the first row of all starts an episode
+                assert bool(get["done"][0]) and not bool(get["terminated"][0])
+                assert not bool(get["truncated"][0])
+            else:  # row 0 repeats the previous rollout's last row
                 for key, value in last_row.items():
                     if key != "rollout_id":
                         assert torch.equal(get[key][0], value), key
             for t in range(UNROLL):
                 action = int(get["action"][t])
-                obs, reward, terminated, truncated, _ = env.step(action)
-                episode_return += reward
-                episode_length += 1
-                done = terminated or truncated
-                if done:
+                if truncated:
+                    # No action is taken from a final observation: the env resets.
                     obs, _ = env.reset()
+                    reward, done, episode_end = 0.0, True, False
+                    terminated = truncated = False
+                else:
+                    obs, reward, terminated, truncated, _ = env.step(action)
+                    episode_return += reward
+                    episode_length += 1
+                    truncated = truncated and not terminated
+                    done, episode_end = terminated, terminated or truncated
+                    if terminated:  # the row holds the next episode's first observation
+                        obs, _ = env.reset()
                 step = t + 1
                 np.testing.assert_array_equal(get["obs"][step].numpy(), obs)
                 assert float(get["reward"][step]) == reward
                 assert bool(get["done"][step]) == done
+                assert bool(get["terminated"][step]) == terminated
+                assert bool(get["truncated"][step]) == truncated
                 assert int(get["last_action"][step]) == action
-                assert bool(get["episode_end"][step]) == done
-                if done:
+                assert bool(get["episode_end"][step]) == episode_end
+                if episode_end:
                     assert float(get["episode_return"][step]) == episode_return
                     assert int(get["episode_step"][step]) == episode_length
                     episode_return, episode_length = 0.0, 0
