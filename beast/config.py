@@ -537,8 +537,8 @@ def check_value(key: str, value: Any, source: str, config_class: type[Config] = 
     fields = {f.name: f for f in dataclasses.fields(config_class)}
     if key not in fields or key in _NOT_IN_FILES:
         owner = algorithm_of(str(key)) if key not in _NOT_IN_FILES else None
-        if owner is not None:
-            algo = fields["algo"].default
+        algo = fields["algo"].default
+        if owner is not None and owner != algo:
             raise ConfigError(f"{source}: '{key}' is a flag of --algo {owner}, not of {algo}")
         names = [name for name in fields if name not in _NOT_IN_FILES]
         close = difflib.get_close_matches(str(key), names, n=1)

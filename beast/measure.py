@@ -104,6 +104,7 @@ def synthetic_batch(
     point = torch.rand(tensors["reward"].shape, generator=generator) < _REWARD_PROBABILITY
     tensors["reward"].copy_(point * torch.randn(point.shape, generator=generator).sign())
     tensors["last_action"][:, 1:] = tensors["action"][:, :-1]
+    tensors["terminated"].copy_(tensors["done"])  # every episode end a termination
     tensors["rollout_id"].zero_()
     batch = buffers.gather(range(batch_size))
     buffers.close()

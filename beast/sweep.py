@@ -60,7 +60,8 @@ from typing import Any
 
 import yaml
 
-from beast.config import Config, ConfigError, check_value
+from beast.algos import ALGORITHMS
+from beast.config import Config, ConfigError, algorithm_of, check_value, config_for
 
 __all__ = [
     "Run",
@@ -123,14 +124,18 @@ class RunResult:
     wall_clock: float = math.nan
 
 
-def _check(key: str, value: Any, source: str) -> Any:
+def _check(key: str, value: Any, source: str, algo: str | None) -> Any:
+    """`value` checked against the flag `key` of `algo`'s runs (None: the algorithm varies
+    across runs, so against the algorithm that has the flag)."""
     if key in _RESERVED:
         raise SweepError(f"{source}: '{key}' is set by the sweep for each run; remove it")
     if key == "config":  # a file to start every run from: a path, checked by monobeast
         if not isinstance(value, str):
             raise SweepError(f"{source}: key 'config' must be a string, got {value!r}")
         return value
-    return check_value(key, value, source)
+    if algo is None or algo not in ALGORITHMS:
+        algo = algorithm_of(key) or Config.algo
+    return check_value(key, value, source, config_for(algo))
 
 
 def load_sweep(path: str) -> SweepSpec:
@@ -152,13 +157,16 @@ def load_sweep(path: str) -> SweepSpec:
                 " flags go under 'flags' or 'grid')"
             )
     flags = _mapping(data, "flags", path)
-    flags = {key: _check(key, value, f"{path}: flags") for key, value in flags.items()}
+    random_spec = _mapping(data, "random", path)
+    # The runs' algorithm, when one is fixed (a grid over algorithms checks per flag).
+    varied = set(_mapping(data, "grid", path)) | set(random_spec.get("params") or {})
+    algo = None if "algo" in varied else flags.get("algo", Config.algo)
+    flags = {key: _check(key, value, f"{path}: flags", algo) for key, value in flags.items()}
     grid: dict[str, list[Any]] = {}
     for key, values in _mapping(data, "grid", path).items():
         if not isinstance(values, list) or not values:
             raise SweepError(f"{path}: grid key '{key}' needs a non-empty list of values")
-        grid[key] = [_check(key, value, f"{path}: grid") for value in values]
-    random_spec = _mapping(data, "random", path)
+        grid[key] = [_check(key, value, f"{path}: grid", algo) for value in values]
     params: dict[str, dict[str, list[Any]]] = {}
     num_samples, random_seed = 0, 0
     if random_spec:
@@ -172,7 +180,7 @@ def load_sweep(path: str) -> SweepSpec:
         if not isinstance(random_seed, int):
             raise SweepError(f"{path}: random: seed must be an integer")
         for key, dist in _mapping(random_spec, "params", f"{path}: random").items():
-            params[key] = _check_distribution(key, dist, f"{path}: random")
+            params[key] = _check_distribution(key, dist, f"{path}: random", algo)
         if not params:
             raise SweepError(f"{path}: random: params is empty")
     overlap = (set(grid) & set(params)) | ((set(grid) | set(params)) & set(flags))
@@ -207,7 +215,7 @@ def _mapping(data: dict[str, Any], key: str, source: str) -> dict[str, Any]:
     return value
 
 
-def _check_distribution(key: str, dist: Any, source: str) -> dict[str, list[Any]]:
+def _check_distribution(key: str, dist: Any, source: str, algo: str | None) -> dict[str, list[Any]]:
     if not isinstance(dist, dict) or len(dist) != 1 or next(iter(dist)) not in _DISTRIBUTIONS:
         raise SweepError(
             f"{source}: '{key}' needs one of {{{', '.join(_DISTRIBUTIONS)}}}: [...], got {dist!r}"
@@ -216,14 +224,14 @@ def _check_distribution(key: str, dist: Any, source: str) -> dict[str, list[Any]
     if not isinstance(args, list) or not args:
         raise SweepError(f"{source}: '{key}': {kind} needs a list, got {args!r}")
     if kind == "choice":
-        return {kind: [_check(key, value, source) for value in args]}
+        return {kind: [_check(key, value, source, algo) for value in args]}
     if len(args) != 2 or not all(isinstance(a, int | float) for a in args) or args[0] > args[1]:
         raise SweepError(f"{source}: '{key}': {kind} needs [low, high] numbers, got {args!r}")
     if kind == "log_uniform" and args[0] <= 0:
         raise SweepError(f"{source}: '{key}': log_uniform needs low > 0, got {args[0]}")
     # The bounds must be values the flag accepts (int flags need int_uniform or choice).
     sample = int(args[0]) if kind == "int_uniform" else float(args[0])
-    _check(key, sample, source)
+    _check(key, sample, source, algo)
     return {kind: [float(a) for a in args]}
 
 

@@ -9,6 +9,8 @@ import torch
 
 from beast import autosize, envs
 from beast.config import AUTO, ConfigError, parse_args
+from beast.engine import build_algorithm
+from beast.measure import TrivialModel
 from tests.test_monobeast import CARTPOLE_SMALL, run
 
 
@@ -24,8 +26,12 @@ def test_auto_parses_from_flags_and_files_and_leaves_num_buffers_open(tmp_path):
     path.write_text("num_actors: auto\nnum_envs_per_actor: 4\n")
     config = parse_args(["--env", "CartPole-v1", "--config", str(path)])
     assert config.num_actors == AUTO and config.num_envs_per_actor == 4
+
+
+def test_a_replay_algorithm_needs_numbers(monkeypatch):
+    fake_costs(monkeypatch, {}, learning=0.0, cores=2)
     with pytest.raises(ConfigError, match="give numbers with --algo r2d2"):
-        auto_config("--num_actors", "auto", "--algo", "r2d2")
+        resolve(auto_config("--num_actors", "auto", "--algo", "r2d2"))
 
 
 def test_parser_rejects_other_words(capsys):
@@ -38,12 +44,12 @@ def test_parser_rejects_other_words(capsys):
 def fake_costs(monkeypatch, acting, learning, cores):
     calls = []
 
-    def acting_cost(config, model, num_envs, seconds=0.0):
+    def acting_cost(config, algorithm, model, num_envs, seconds=0.0):
         calls.append(num_envs)
         return acting[num_envs]
 
     monkeypatch.setattr(autosize, "acting_cost", acting_cost)
-    monkeypatch.setattr(autosize, "_learning_cost", lambda *args, **kwargs: learning)
+    monkeypatch.setattr(autosize, "learning_cost", lambda *args, **kwargs: learning)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     return calls
 
@@ -51,8 +57,9 @@ def fake_costs(monkeypatch, acting, learning, cores):
 def resolve(config, device="cpu"):
     spec = envs.EnvSpec(obs_shape=(4,), obs_dtype=torch.float32, num_actions=2)
     lines = []
+    algorithm = build_algorithm(config, spec)
     resolved = autosize.resolve_actor_layout(
-        config, spec, torch.device(device), lambda: None, "central", "fp32", log=lines.append
+        config, algorithm, torch.device(device), "central", "fp32", log=lines.append
     )
     return resolved, lines
 
@@ -95,8 +102,10 @@ def test_no_auto_is_returned_unchanged(monkeypatch):
 def test_acting_cost_is_a_real_cpu_time_per_step():
     """Per-step cost falls as K grows for CartPole, where the policy call dominates."""
     config = dataclasses.replace(auto_config(), seed=1)
-    model = autosize.TrivialPolicy(2)
-    one, eight = (autosize.acting_cost(config, model, k, seconds=0.2) for k in (1, 8))
+    spec = envs.EnvSpec(obs_shape=(4,), obs_dtype=torch.float32, num_actions=2)
+    algorithm = build_algorithm(config, spec)
+    model = TrivialModel(algorithm.model_outputs())
+    one, eight = (autosize.acting_cost(config, algorithm, model, k, seconds=0.2) for k in (1, 8))
     assert 0 < eight < one < 0.01
 
 

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from beast.buffers import RolloutBuffers, core_state_key, rollout_spec, shared_zeros
+from beast.algos.policies import CategoricalPolicy
+from beast.buffers import RolloutBuffers, rollout_spec
+from beast.fields import core_state, core_state_key, shared_zeros
 
 
 def make_buffers(num_buffers=6, unroll_length=3, core_state_shapes=((1, 5), (1, 5))):
@@ -16,7 +18,7 @@ def make_buffers(num_buffers=6, unroll_length=3, core_state_shapes=((1, 5), (1, 
         unroll_length=unroll_length,
         obs_shape=(2, 3),
         obs_dtype=np.uint8,
-        num_actions=4,
+        record=CategoricalPolicy(4).record_spec(),
         core_state_shapes=core_state_shapes,
     )
     return RolloutBuffers(spec, num_buffers)
@@ -27,6 +29,8 @@ def test_one_contiguous_block_per_field():
     assert buffers.tensors["obs"].shape == (6, 4, 2, 3)
     assert buffers.tensors["obs"].dtype == torch.uint8
     assert buffers.tensors["policy_logits"].shape == (6, 4, 4)
+    # Both episode-end flags travel with every step (beast/envs/batch.py).
+    assert buffers.tensors["terminated"].shape == buffers.tensors["truncated"].shape == (6, 4)
     assert buffers.tensors[core_state_key(1)].shape == (6, 1, 5)
     for tensor in buffers.tensors.values():
         assert tensor.is_shared() and tensor.is_contiguous()
@@ -59,7 +63,7 @@ def test_written_in_one_process_read_in_another(method):
     for b, index in enumerate(indices):
         assert torch.all(batch["obs"][:, b] == index)
         assert torch.equal(batch["reward"][:, b], torch.arange(4) + 10.0 * index)
-    state = buffers.core_state(batch)
+    state = core_state(batch)
     assert len(state) == 2 and state[0].shape == (1, 4, 5)
     assert torch.equal(state[0][0, :, 0], -torch.tensor(indices, dtype=torch.float32))
 

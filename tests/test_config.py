@@ -6,11 +6,13 @@ import os
 import pytest
 import yaml
 
+from beast.algos import ALGORITHMS
 from beast.config import (
     CONFIGS_DIR,
     Config,
     ConfigError,
     build_parser,
+    config_for,
     config_to_yaml,
     load_config_file,
     parse_args,
@@ -76,9 +78,10 @@ def test_flags_parse_with_types():
         (["--num_env_splits", "0"], "--num_env_splits must be positive"),
         (["--num_env_splits", "3"], "--num_env_splits 3 does not divide --num_envs_per_actor 8"),
         (
-            ["--algo", "apex", "--env", "CartPole-v1", "--num_env_splits", "2"],
-            "--num_env_splits is not supported with --algo apex",
+            ["--algo", "apex", "--env", "CartPole-v1", "--use_lstm"],
+            "--algo apex has a feed-forward Q-network",
         ),
+        (["--algo", "r2d2", "--burn_in", "80"], "--burn_in must be in [0, --seq_len 80)"),
     ],
 )
 def test_bad_values_raise_one_line(argv, fragment):
@@ -224,8 +227,44 @@ def test_shipped_configs_load_and_validate():
         if algo == "sweeps" or not os.path.isdir(folder):
             continue
         for name in os.listdir(folder):
-            values = load_config_file(os.path.join(folder, name))
-            Config(**values).validate()
+            values = load_config_file(os.path.join(folder, name), config_for(algo))
+            config_for(algo)(**values).validate()
+
+
+@pytest.mark.parametrize("algo", list(ALGORITHMS))
+def test_each_algorithm_has_its_flags_and_defaults(algo):
+    config = parse_args(["--algo", algo, "--env", "CartPole-v1"])
+    assert config.algo == algo
+    assert config.config.endswith(os.path.join("configs", algo, "classic.yaml"))
+    names = {f.name for f in dataclasses.fields(config)}
+    assert set(config_for(algo).algorithm_fields) <= names
+    assert {f.name for f in dataclasses.fields(Config)} <= names
+
+
+def test_a_flag_of_another_algorithm_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--algo", "impala", "--replay_ratio", "1"])
+    assert info.value.code == 2 and "--replay_ratio" in capsys.readouterr().err
+    path = tmp_path / "c.yaml"
+    path.write_text("replay_ratio: 1.0\n")
+    with pytest.raises(ConfigError, match="'replay_ratio' is a flag of --algo laser, not of impala"):
+        parse_args(["--config", str(path)])
+
+
+def test_a_config_file_picks_its_algorithm(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("algo: r2d2\nseq_len: 10\nburn_in: 2\nseq_overlap: 5\n")
+    config = parse_args(["--config", str(path)])
+    assert (config.algo, config.seq_len, config.burn_in) == ("r2d2", 10, 2)
+
+
+def test_help_groups_the_algorithms_flags_under_it():
+    text = build_parser("monobeast.py", config_for("r2d2")).format_help()
+    options = text.partition("\noptions:\n")[2]  # after the usage line, which lists all
+    core, _, group = options.partition("\n--algo r2d2:\n")
+    assert "--seq_len" in group and "--seq_len" not in core
+    assert "--learning_rate" in core and "--entropy_cost" not in text
+    assert "`--algo NAME --help` lists NAME's" in text
 
 
 def test_config_to_yaml_round_trips():
@@ -233,8 +272,9 @@ def test_config_to_yaml_round_trips():
     assert yaml.safe_load(config_to_yaml(config)) == config.to_dict()
 
 
-def test_help_lists_every_flag():
+@pytest.mark.parametrize("algo", list(ALGORITHMS))
+def test_help_lists_every_flag(algo):
     # argparse %-formats help texts: one with a literal "%" used to crash --help.
-    text = build_parser("monobeast.py").format_help()
-    for f in dataclasses.fields(Config):
+    text = build_parser("monobeast.py", config_for(algo)).format_help()
+    for f in dataclasses.fields(config_for(algo)):
         assert f"--{f.name}" in text

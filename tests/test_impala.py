@@ -1,5 +1,6 @@
 """Contract of beast.algos.impala: the batch shift, reward clipping, episode
-ends, which tensors carry gradients, the entropy sign, masks and sums."""
+ends (terminations cut the bootstrap, truncations bootstrap from the final
+observation), which tensors carry gradients, the entropy sign, masks and sums."""
 
 from __future__ import annotations
 
@@ -27,10 +28,13 @@ def make_batch(num_steps, batch_size, num_actions=4, seed=0):
         "policy_logits": torch.randn(*shape, num_actions, generator=g).requires_grad_(True),
         "baseline": torch.randn(*shape, generator=g).requires_grad_(True),
     }
+    terminated = torch.rand(*shape, generator=g) < 0.2
     batch = {
         "obs": torch.zeros(*shape, 2, 2, dtype=torch.uint8),  # ignored
         "reward": torch.randn(*shape, generator=g),
-        "done": torch.rand(*shape, generator=g) < 0.2,
+        "done": terminated,
+        "terminated": terminated,
+        "truncated": torch.zeros(shape, dtype=torch.bool),
         "action": torch.randint(0, num_actions, shape, generator=g),
         "policy_logits": torch.randn(*shape, num_actions, generator=g),
     }
@@ -109,10 +113,11 @@ def test_abs_one_clips_rewards():
     assert not torch.equal(loss(big, "none").total_loss, loss(unit, "none").total_loss)
 
 
-def hand_case(done):
+def hand_case(done, truncated=(False, False, False, False)):
     """T=3, B=1, A=2, on-policy (batch logits == learner logits, so rho = 1).
 
-    reward[1:] = 1, 2, 3; baseline = 0.5, -1, 4 and bootstrap 10.
+    reward[1:] = 1, 2, 3; baseline = 0.5, -1, 4 and bootstrap 10. `done` marks
+    terminations (same-step resets), `truncated` final observations of time limits.
     """
     logits = torch.tensor([[[0.0, 1.0]], [[2.0, 0.0]], [[0.5, 0.5]], [[1.0, -1.0]]])
     learner_outputs = {
@@ -123,6 +128,8 @@ def hand_case(done):
         # reward[0] and done[0] describe the transition into obs_0 (previous rollout).
         "reward": torch.tensor([[7.0], [1.0], [2.0], [3.0]]),
         "done": torch.tensor(done).unsqueeze(1),
+        "terminated": torch.tensor(done).unsqueeze(1),
+        "truncated": torch.tensor(truncated).unsqueeze(1),
         "action": torch.tensor([[1], [0], [1], [0]]),
         "policy_logits": logits.clone(),
     }
@@ -178,6 +185,36 @@ def test_episode_end_at_last_step_drops_the_bootstrap():
     )
 
 
+def test_truncation_bootstraps_from_the_final_observation():
+    # obs_2 is the final observation of an episode cut by a time limit (truncated[2]);
+    # the env resets instead of acting from it, so step 3 is the next episode's first
+    # (done, reward 0) and the transition out of step 2 is no transition. By hand
+    # (rho = c = 1 on policy; step 2 gets rho = c = 0, so vs_2 = V_2):
+    #   vs = 1 + 0.9*5.6, 2 + 0.9*V_2, V_2 = 6.04, 5.6, 4
+    #   pg advantages = r + gamma vs_next - V = 1 + 0.9*5.6 - 0.5, 2 + 0.9*4 + 1 = 5.54, 6.6
+    # Treating the time limit as terminal would give vs_1 = 2; bootstrapping from the
+    # next episode's first observation, 2 + 0.9*10 = 11.
+    learner_outputs, batch = hand_case(
+        [False, False, False, True], truncated=[False, False, True, False]
+    )
+    batch["terminated"][3] = False  # step 3 is a reset after a truncation, not a termination
+    batch["reward"][3] = 99.0  # the no-transition's reward: must not matter
+    kwargs = {**LOSS_KWARGS, "reward_clipping": "none", "entropy_cost": 0.0}
+    out = impala.impala_loss(learner_outputs, batch, **kwargs)
+    vs, values = np.array([6.04, 5.6]), np.array([0.5, -1.0])
+    expected_baseline = 0.5 * 0.5 * np.sum((vs - values) ** 2)
+    logits = learner_outputs["policy_logits"]
+    expected_pg = pg_loss_by_hand(logits[[0, 1, 3]], batch["action"], [5.54, 6.6])
+    # Tolerance: float32 arithmetic on numbers of order 10-100.
+    assert out.stats["baseline_loss"].item() == pytest.approx(expected_baseline, rel=1e-6)
+    assert out.stats["pg_loss"].item() == pytest.approx(expected_pg, rel=1e-6)
+    out.total_loss.backward()
+    # Step 2 trains nothing (its action was never taken): V(final obs) is only a target.
+    assert learner_outputs["baseline"].grad[2].item() == 0.0
+    assert torch.all(learner_outputs["policy_logits"].grad[2] == 0)
+    assert learner_outputs["baseline"].grad[1].item() != 0.0
+
+
 def test_gradients_flow_to_outputs_not_through_targets():
     learner_outputs, batch = make_batch(6, 3, seed=1)
     batch["policy_logits"].requires_grad_(True)
@@ -186,7 +223,7 @@ def test_gradients_flow_to_outputs_not_through_targets():
     out.total_loss.backward()
 
     logits, baseline = learner_outputs["policy_logits"], learner_outputs["baseline"]
-    discounts = 0.9 * (~batch["done"][1:]).float()
+    discounts = 0.9 * (~batch["terminated"][1:]).float()
     targets = vtrace.from_logits(
         batch["policy_logits"][:-1].detach(),
         logits[:-1].detach(),

@@ -93,15 +93,16 @@ def test_value_rescaling_known_values():
 
 
 def targets_reference(
-    online_q, target_q, rewards, dones, mask, n_step, gamma, eps, truncate_at_end
+    online_q, target_q, rewards, terminated, truncated, mask, n_step, gamma, eps, truncate_at_end
 ):
     """R2D2 section 2 with episode ends, one (t, b) at a time:
 
-    y_t = h(sum_{k=0}^{m-1} gamma^k r_{t+k} + [no end] gamma^m h^-1(Q-(x_{t+m}, argmax Q(x_{t+m}))))
+    y_t = h(sum_{k=0}^{m-1} gamma^k r_{t+k} + [not terminated] gamma^m h^-1(Q-(x_{t+m}, a*)))
 
-    with r_{t+k} = rewards[t + k + 1] (the reward of the transition out of
-    row t + k), m = n, or fewer when an episode ends (then no bootstrap) or
-    the sequence does. Returns (targets, valid) as nested lists.
+    with a* = argmax Q(x_{t+m}), r_{t+k} = rewards[t + k + 1] (the reward of the
+    transition out of row t + k), m = n, or fewer when an episode ends: by termination
+    (no bootstrap), by truncation (bootstrap from the truncated row, the episode's final
+    observation), or when the sequence does. Returns (targets, valid) as nested lists.
     """
     num_rows, batch = len(rewards), len(rewards[0])
 
@@ -117,17 +118,21 @@ def targets_reference(
         for t in range(num_rows):
             if not mask[t][b]:
                 continue
-            total, steps, ended = 0.0, 0, False
+            total, steps, ended, cut = 0.0, 0, False, False
             for k in range(n_step):
                 row = t + k + 1
                 if row >= num_rows:
                     break
                 total += gamma**k * rewards[row][b]
                 steps = k + 1
-                if dones[row][b]:
+                if terminated[row][b]:
                     ended = True
                     break
-            if steps == 0 or (not truncate_at_end and steps < n_step and not ended):
+                if truncated[row][b]:
+                    cut = True
+                    break
+            complete = steps == n_step or ended or cut
+            if steps == 0 or (not truncate_at_end and not complete):
                 continue
             if not ended:
                 s = t + steps
@@ -140,23 +145,28 @@ def targets_reference(
 
 
 def builder_like_batch(num_rows, batch, num_actions, rng, *, episode_end_prob=0.15):
-    """Columns as SequenceBuilder writes them: real rows (mask), and at an episode
-    end a terminal row (done, no mask) followed by padding (done, no mask).
-    Some columns start an episode (done at row 0)."""
+    """Columns as SequenceBuilder writes them: real rows (mask), and at an episode end a
+    terminal row (no mask), terminated or truncated at random, followed by padding
+    (done and terminated, no mask). Returns online and target Q, rewards, terminated,
+    truncated and mask."""
     rewards = rng.normal(0.0, 1.0, (num_rows, batch))
-    dones = np.zeros((num_rows, batch), dtype=bool)
+    terminated = np.zeros((num_rows, batch), dtype=bool)
+    truncated = np.zeros((num_rows, batch), dtype=bool)
     mask = np.ones((num_rows, batch), dtype=bool)
     for b in range(batch):
-        dones[0, b] = rng.random() < 0.3
         for t in range(1, num_rows):
             if rng.random() < episode_end_prob:
-                dones[t:, b] = True
+                if rng.random() < 0.5:
+                    truncated[t, b] = True
+                    terminated[t + 1 :, b] = True
+                else:
+                    terminated[t:, b] = True
                 mask[t:, b] = False
                 rewards[t + 1 :, b] = 0.0
                 break
     online_q = rng.normal(0.0, 2.0, (num_rows, batch, num_actions))
     target_q = rng.normal(0.0, 2.0, (num_rows, batch, num_actions))
-    return online_q, target_q, rewards, dones, mask
+    return online_q, target_q, rewards, terminated, truncated, mask
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -166,24 +176,18 @@ def builder_like_batch(num_rows, batch, num_actions, rng, *, episode_end_prob=0.
 def test_n_step_targets_match_reference(seed, n_step, eps, truncate_at_end):
     rng = np.random.default_rng(seed)
     num_rows, batch, gamma = 12, 6, 0.97
-    online_q, target_q, rewards, dones, mask = builder_like_batch(num_rows, batch, 4, rng)
+    arrays = builder_like_batch(num_rows, batch, 4, rng)
     if seed == 3:
-        # Arbitrary done patterns too (several ends in a column, dones at masked rows).
-        dones = rng.random((num_rows, batch)) < 0.25
+        # Arbitrary end patterns too (several ends in a column, ends at masked rows).
+        terminated = rng.random((num_rows, batch)) < 0.2
+        truncated = rng.random((num_rows, batch)) < 0.1
         mask = rng.random((num_rows, batch)) < 0.8
+        arrays = (*arrays[:3], terminated, truncated, mask)
     expected, expected_valid = targets_reference(
-        online_q.tolist(),
-        target_q.tolist(),
-        rewards.tolist(),
-        dones.tolist(),
-        mask.tolist(),
-        n_step,
-        gamma,
-        eps,
-        truncate_at_end,
+        *(a.tolist() for a in arrays), n_step, gamma, eps, truncate_at_end
     )
     out = r2d2.n_step_double_q_targets(
-        *(torch.from_numpy(a) for a in (online_q, target_q, rewards, dones, mask)),
+        *(torch.from_numpy(a) for a in arrays),
         n_step=n_step,
         discounting=gamma,
         rescale_eps=eps,
@@ -198,36 +202,49 @@ def test_n_step_targets_worked_by_hand():
     """One column, 5 rows, n = 2, gamma = 0.5, no rescaling; the episode ends on
     the transition into row 3 (row 3 is the terminal row, row 4 padding).
 
-    Double-Q: the online net prefers action 1 at rows 1, 2 and action 0 at
+    Double-Q: the online net prefers action 1 at rows 1, 2, 3 and action 0 at
     row 0; the target net's values are 10 * row + action.
     """
     rewards = torch.tensor([[9.0], [1.0], [2.0], [4.0], [0.0]])
-    dones = torch.tensor([[True], [False], [False], [True], [True]])
+    terminated = torch.tensor([[False], [False], [False], [True], [True]])
+    truncated = torch.zeros(5, 1, dtype=torch.bool)
     mask = torch.tensor([[True], [True], [True], [False], [False]])
     online_q = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]], [[0.0, 1.0]], [[0.0, 1.0]], [[0, 1.0]]])
     target_q = torch.tensor([[[10.0 * t, 10.0 * t + 1]] for t in range(5)])
+    kwargs = dict(n_step=2, discounting=0.5, rescale_eps=None)
     out = r2d2.n_step_double_q_targets(
-        online_q, target_q, rewards, dones, mask, n_step=2, discounting=0.5, rescale_eps=None
+        online_q, target_q, rewards, terminated, truncated, mask, **kwargs
     )
     # Row 0: r1 + 0.5 r2 + 0.25 Q-(x2, a* = 1) = 1 + 1 + 0.25 * 21.
     # Row 1: r2 + 0.5 r3, then the episode ends: 2 + 2, no bootstrap.
     # Row 2: r3 and the episode ends: 4.
     assert out.targets.flatten().tolist() == [7.25, 4.0, 4.0, 0.0, 0.0]
     assert out.valid.flatten().tolist() == [True, True, True, False, False]
+    # Row 3 a time limit's final observation instead: rows 1 and 2 bootstrap from it,
+    # Q-(x3, a* = 1) = 31, not from 0 (a terminal) nor from row 4 (the next episode).
+    # Row 1: 2 + 0.5 * 4 + 0.25 * 31; row 2: 4 + 0.5 * 31.
+    truncated[3], terminated[3] = True, False
+    out = r2d2.n_step_double_q_targets(
+        online_q, target_q, rewards, terminated, truncated, mask, **kwargs
+    )
+    assert out.targets.flatten().tolist() == [7.25, 11.75, 19.5, 0.0, 0.0]
+    assert out.valid.flatten().tolist() == [True, True, True, False, False]
 
 
 def test_sequence_end_truncates_or_drops_the_window():
     """No episode end; T = 4, n = 3, gamma = 1, no rescaling, target Q = 100 everywhere."""
     rewards = torch.tensor([[0.0], [1.0], [2.0], [3.0]])
-    dones = torch.zeros(4, 1, dtype=torch.bool)
+    ends = torch.zeros(4, 1, dtype=torch.bool)
     mask = torch.ones(4, 1, dtype=torch.bool)
     q = torch.full((4, 1, 2), 100.0)
     kwargs = dict(n_step=3, discounting=1.0, rescale_eps=None)
-    out = r2d2.n_step_double_q_targets(q, q, rewards, dones, mask, **kwargs)
+    out = r2d2.n_step_double_q_targets(q, q, rewards, ends, ends, mask, **kwargs)
     # Row 0: 1 + 2 + 3 + 100; row 1: 2 + 3 + 100 (2 steps); row 2: 3 + 100; row 3: none.
     assert out.targets.flatten().tolist() == [106.0, 105.0, 103.0, 0.0]
     assert out.valid.flatten().tolist() == [True, True, True, False]
-    out = r2d2.n_step_double_q_targets(q, q, rewards, dones, mask, truncate_at_end=False, **kwargs)
+    out = r2d2.n_step_double_q_targets(
+        q, q, rewards, ends, ends, mask, truncate_at_end=False, **kwargs
+    )
     assert out.valid.flatten().tolist() == [True, False, False, False]
 
 
@@ -235,11 +252,11 @@ def test_apex_layout_trains_only_row_zero():
     """Ape-X: seq_len = n + 1, no burn-in, full windows only."""
     n = 3
     rewards = torch.randn(n + 1, 5)
-    dones = torch.zeros(n + 1, 5, dtype=torch.bool)
+    ends = torch.zeros(n + 1, 5, dtype=torch.bool)
     mask = torch.ones(n + 1, 5, dtype=torch.bool)
     q = torch.randn(n + 1, 5, 4)
     out = r2d2.n_step_double_q_targets(
-        q, q, rewards, dones, mask, n_step=n, discounting=0.99, truncate_at_end=False
+        q, q, rewards, ends, ends, mask, n_step=n, discounting=0.99, truncate_at_end=False
     )
     assert out.valid[0].all() and not out.valid[1:].any()
 
@@ -247,10 +264,12 @@ def test_apex_layout_trains_only_row_zero():
 def test_terminal_row_q_values_never_leak():
     """Non-finite Q at a terminal row (another episode's) does not reach the target."""
     rewards = torch.tensor([[0.0], [1.0], [0.0]])
-    dones = torch.tensor([[False], [True], [True]])
+    terminated = torch.tensor([[False], [True], [True]])
     mask = torch.tensor([[True], [False], [False]])
     q = torch.tensor([[[0.0, 0.0]], [[math.inf, math.nan]], [[math.nan, 0.0]]])
-    out = r2d2.n_step_double_q_targets(q, q, rewards, dones, mask, n_step=5, discounting=0.9)
+    out = r2d2.n_step_double_q_targets(
+        q, q, rewards, terminated, torch.zeros_like(terminated), mask, n_step=5, discounting=0.9
+    )
     assert out.targets[0, 0].item() == pytest.approx(r2d2.value_rescaling(torch.tensor(1.0)).item())
 
 
@@ -259,11 +278,13 @@ def test_target_argument_checks():
     r = torch.zeros(3, 2)
     b = torch.zeros(3, 2, dtype=torch.bool)
     with pytest.raises(ValueError, match="n_step"):
-        r2d2.n_step_double_q_targets(q, q, r, b, b, n_step=0, discounting=0.9)
+        r2d2.n_step_double_q_targets(q, q, r, b, b, b, n_step=0, discounting=0.9)
     with pytest.raises(ValueError, match="discounting"):
-        r2d2.n_step_double_q_targets(q, q, r, b, b, n_step=1, discounting=1.5)
+        r2d2.n_step_double_q_targets(q, q, r, b, b, b, n_step=1, discounting=1.5)
     with pytest.raises(ValueError, match="rewards"):
-        r2d2.n_step_double_q_targets(q, q, r[:2], b, b, n_step=1, discounting=0.9)
+        r2d2.n_step_double_q_targets(q, q, r[:2], b, b, b, n_step=1, discounting=0.9)
+    with pytest.raises(ValueError, match="truncated"):
+        r2d2.n_step_double_q_targets(q, q, r, b, b[:2], b, n_step=1, discounting=0.9)
     with pytest.raises(ValueError, match="differ"):
         r2d2.double_q_values(q, q[:, :, :3])
 
@@ -304,7 +325,8 @@ def loss_reference(online_q, target_q, batch, weights, burn_in, n_step, gamma, e
         online_q[sl].tolist(),
         target_q[sl].tolist(),
         batch["reward"][sl].tolist(),
-        batch["done"][sl].tolist(),
+        batch["terminated"][sl].tolist(),
+        batch["truncated"][sl].tolist(),
         batch["mask"][sl].tolist(),
         n_step,
         gamma,
@@ -329,12 +351,18 @@ def loss_reference(online_q, target_q, batch, weights, burn_in, n_step, gamma, e
 def test_loss_and_priorities_match_reference(burn_in):
     rng = np.random.default_rng(burn_in)
     num_rows, batch_size, num_actions = 14, 5, 3
-    online_q, target_q, rewards, dones, mask = builder_like_batch(
+    online_q, target_q, rewards, terminated, truncated, mask = builder_like_batch(
         num_rows, batch_size, num_actions, rng, episode_end_prob=0.05
     )
     actions = rng.integers(0, num_actions, (num_rows, batch_size))
     weights = rng.uniform(0.2, 1.0, batch_size)
-    batch = {"action": actions, "reward": rewards, "done": dones, "mask": mask}
+    batch = {
+        "action": actions,
+        "reward": rewards,
+        "terminated": terminated,
+        "truncated": truncated,
+        "mask": mask,
+    }
     expected_loss, expected_priorities = loss_reference(
         online_q, target_q, batch, weights.tolist(), burn_in, 3, 0.99, 1e-3, 0.9
     )
@@ -365,11 +393,12 @@ def test_loss_and_priorities_match_reference(burn_in):
 
 def test_zero_weights_zero_the_loss_but_not_the_priorities():
     rng = np.random.default_rng(0)
-    online_q, target_q, rewards, dones, mask = builder_like_batch(6, 3, 2, rng)
+    online_q, target_q, rewards, terminated, truncated, mask = builder_like_batch(6, 3, 2, rng)
     batch = {
         "action": torch.zeros(6, 3, dtype=torch.int64),
         "reward": torch.from_numpy(rewards),
-        "done": torch.from_numpy(dones),
+        "terminated": torch.from_numpy(terminated),
+        "truncated": torch.from_numpy(truncated),
         "mask": torch.from_numpy(mask),
     }
     out = r2d2.r2d2_loss(
@@ -416,36 +445,6 @@ def test_unroll_with_burn_in_matches_one_unroll_and_stops_gradients():
     assert any(p.grad is not None and (p.grad != 0).any() for p in model.parameters())
 
 
-# Exploration.
-
-
-@pytest.mark.parametrize("n", [1, 2, 8, 256])
-def test_actor_epsilons_follow_the_apex_formula(n):
-    eps = r2d2.actor_epsilons(n, eps_base=0.4, alpha=7.0)
-    assert len(eps) == n
-    for i, e in enumerate(eps):
-        exponent = 1.0 if n == 1 else 1.0 + 7.0 * i / (n - 1)
-        assert e == pytest.approx(0.4**exponent, rel=1e-15)
-    assert eps[0] == pytest.approx(0.4)
-    if n > 1:
-        assert eps[-1] == pytest.approx(0.4**8)
-        assert all(a > b for a, b in zip(eps, eps[1:], strict=False))
-    with pytest.raises(ValueError):
-        r2d2.actor_epsilons(0)
-
-
-def test_epsilon_greedy():
-    generator = torch.Generator().manual_seed(0)
-    q = torch.tensor([[0.0, 5.0, 1.0]]).expand(20000, 3)
-    assert (r2d2.epsilon_greedy(q, 0.0, generator) == 1).all()
-    counts = torch.bincount(r2d2.epsilon_greedy(q, 1.0, generator), minlength=3)
-    # Uniform: each 1/3 of 20000; 5 sigma of a binomial is ~330.
-    assert ((counts - 20000 / 3).abs() < 330).all()
-    eps = torch.tensor([0.0, 1.0]).repeat(10000)
-    actions = r2d2.epsilon_greedy(q, eps, generator)
-    assert (actions[eps == 0] == 1).all() and (actions[eps == 1] != 1).any()
-
-
 def test_random_episode_layouts_never_bootstrap_across_an_end():
     """Invariant on many random layouts: a target equals the reference and is
     never built from a row after the first episode end in its window."""
@@ -453,17 +452,18 @@ def test_random_episode_layouts_never_bootstrap_across_an_end():
     for _ in range(50):
         num_rows, n = rng.randrange(2, 10), rng.randrange(1, 6)
         gen = np.random.default_rng(rng.randrange(10**6))
-        online_q, target_q, rewards, dones, mask = builder_like_batch(num_rows, 3, 2, gen)
+        online_q, target_q, rewards, terminated, truncated, mask = builder_like_batch(
+            num_rows, 3, 2, gen
+        )
         # Poison everything after each column's terminal row: it must never matter.
         for b in range(3):
-            ends = np.nonzero(dones[1:, b])[0]
+            ends = np.nonzero(terminated[1:, b] | truncated[1:, b])[0]
             if len(ends):
                 start = ends[0] + 2
                 online_q[start:, b] = target_q[start:, b] = 1e30
                 rewards[start:, b] = 1e30
+        arrays = (online_q, target_q, rewards, terminated, truncated, mask)
         out = r2d2.n_step_double_q_targets(
-            *(torch.from_numpy(a) for a in (online_q, target_q, rewards, dones, mask)),
-            n_step=n,
-            discounting=0.9,
+            *(torch.from_numpy(a) for a in arrays), n_step=n, discounting=0.9
         )
         assert (out.targets.abs() < 1e6).all()

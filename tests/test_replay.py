@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from beast.fields import Field
 from beast.replay import (
     PrioritizedReplay,
     SequenceBuilder,
@@ -31,11 +32,16 @@ from beast.replay import (
 pytestmark = pytest.mark.usefixtures("watchdog")
 
 
+# The policy's record, as an epsilon-greedy policy's: the action alone.
+RECORD = {"action": Field((), torch.int64)}
+
+
 def vector_spec(seq_len, obs_size=3, state_shapes=((1, 4),)):
     return sequence_spec(
         seq_len=seq_len,
         obs_shape=(obs_size,),
         obs_dtype=np.float32,
+        record=RECORD,
         core_state_shapes=state_shapes,
     )
 
@@ -43,11 +49,21 @@ def vector_spec(seq_len, obs_size=3, state_shapes=((1, 4),)):
 def random_stream(num_steps, seed, end_prob=0.04, frames=None):
     """Steps as an actor writes them: row s of the stream carries a unique id in
     its reward (s + 1) and obs, its episode id, and a state equal to its id.
-    done marks the first row of every episode after the first (and row 0)."""
+    done marks the first row of every episode after the first (and row 0). Half
+    the episode ends are terminations (the episode's next row is the reset one,
+    `terminated`), half truncations (a row of the old episode with `truncated`,
+    its final observation, then the reset row, `done` only: beast/envs/batch.py)."""
     rng = random.Random(seed)
-    episode, steps = 0, []
+    episode, steps, truncating = 0, [], False
     for s in range(num_steps):
-        done = s == 0 or rng.random() < end_prob
+        done = s == 0 or truncating or rng.random() < end_prob
+        terminated = done and s > 0 and not truncating
+        truncated = False
+        if terminated and rng.random() < 0.5:
+            # This row becomes the old episode's final observation instead.
+            done = terminated = False
+            truncated = True
+        truncating = truncated
         if done and s > 0:
             episode += 1
         steps.append(
@@ -55,6 +71,8 @@ def random_stream(num_steps, seed, end_prob=0.04, frames=None):
                 "obs": torch.tensor([s, episode, 0.0]),
                 "reward": float(s + 1),
                 "done": done,
+                "terminated": terminated,
+                "truncated": truncated,
                 "last_action": s % 5,
                 "action": (s + 1) % 5,
                 "_episode": episode,
@@ -95,14 +113,20 @@ def test_builder_layout(seq_len, overlap, seed):
         # row 0 may start it.
         assert {stream[i]["_episode"] for i in real} == {episode}
         assert not seq["done"][1 : len(real)].any()
+        assert not (seq["terminated"][1 : len(real)].any() or seq["truncated"][: len(real)].any())
         assert seq["done"][0].item() == stream[real[0]]["done"]
         # The stored state is the one fed with the first row.
         assert torch.equal(seq["core_state_0"], stream[real[0]]["_state"])
         if len(real) < seq_len + 1:
-            # Terminal row: the next episode's first step, unmasked, then padding.
+            # Terminal row, unmasked: the next episode's first step (a termination), or
+            # this episode's final observation (a truncation); then padding, terminal.
             terminal = len(real)
-            assert ids[terminal] == real[-1] + 1 and stream[ids[terminal]]["done"]
-            assert seq["done"][terminal:].all() and not seq["mask"][terminal:].any()
+            step = stream[ids[terminal]]
+            assert ids[terminal] == real[-1] + 1 and (step["terminated"] or step["truncated"])
+            assert seq["truncated"][terminal].item() == step["truncated"]
+            assert seq["terminated"][terminal].item() == step["terminated"]
+            assert (step["_episode"] == episode) == step["truncated"]
+            assert seq["terminated"][terminal + 1 :].all() and not seq["mask"][terminal:].any()
             assert (seq["reward"][terminal + 1 :] == 0).all()
             assert (seq["obs"][terminal + 1 :] == 0).all()
         for key in ("obs", "last_action", "action"):
@@ -136,6 +160,8 @@ def test_every_step_trained_exactly_once_with_burn_in_equal_to_overlap(seq_len, 
     last = max(trained)
     starts = [s for s, step in enumerate(stream) if step["done"]]
     untrained = {s + k for s in starts for k in range(burn_in)}
+    # A truncated row is an episode's final observation: no action was taken from it.
+    untrained |= {s for s, step in enumerate(stream) if step["truncated"]}
     expected = {s for s in range(last + 1) if s not in untrained}
     assert set(trained) == expected
 
@@ -319,6 +345,8 @@ def atari_like_stream(num_steps, seed, frame_shape=(6, 5), stack=4):
                 "obs": torch.stack(frames),
                 "reward": float(s),
                 "done": done,
+                "terminated": done and s > 0,
+                "truncated": False,
                 "last_action": 0,
                 "action": int(rng.integers(0, 3)),
                 "_state": torch.full((1, 2), float(s)),
@@ -330,7 +358,11 @@ def atari_like_stream(num_steps, seed, frame_shape=(6, 5), stack=4):
 def test_frame_dedup_rebuilds_identical_batches():
     seq_len, overlap = 8, 4
     spec = sequence_spec(
-        seq_len=seq_len, obs_shape=(4, 6, 5), obs_dtype=np.uint8, core_state_shapes=[(1, 2)]
+        seq_len=seq_len,
+        obs_shape=(4, 6, 5),
+        obs_dtype=np.uint8,
+        record=RECORD,
+        core_state_shapes=[(1, 2)],
     )
     sequences = build_all(SequenceBuilder(spec, seq_len, overlap), atari_like_stream(300, 0))
     plain = PrioritizedReplay(spec, 64)
@@ -353,7 +385,7 @@ def test_frame_dedup_rebuilds_identical_batches():
 
 
 def test_frame_dedup_rejects_non_sliding_stacks():
-    spec = sequence_spec(seq_len=4, obs_shape=(4, 3, 3), obs_dtype=np.uint8)
+    spec = sequence_spec(seq_len=4, obs_shape=(4, 3, 3), obs_dtype=np.uint8, record=RECORD)
     replay = PrioritizedReplay(spec, 4, frame_dedup=True)
     seq = filled_sequence(spec, 0)
     seq["obs"] = torch.randint(0, 255, (5, 4, 3, 3), dtype=torch.uint8)
@@ -366,14 +398,18 @@ def test_frame_dedup_rejects_non_sliding_stacks():
 def test_replay_footprint_atari():
     """R2D2 on Atari: 80-step sequences (81 rows) of uint8 [4, 84, 84], LSTM state 2 x 512."""
     spec = sequence_spec(
-        seq_len=80, obs_shape=(4, 84, 84), obs_dtype=np.uint8, core_state_shapes=[(1, 512)] * 2
+        seq_len=80,
+        obs_shape=(4, 84, 84),
+        obs_dtype=np.uint8,
+        record=RECORD,
+        core_state_shapes=[(1, 512)] * 2,
     )
-    # Per sequence: everything but obs is reward 324 + done 81 + last_action 648 +
-    # action 648 + mask 81 + state 4096 = 5878 bytes.
+    # Per sequence: everything but obs is reward 324 + done, terminated and truncated
+    # 3 * 81 + last_action 648 + action 648 + mask 81 + state 4096 = 6040 bytes.
     plain = replay_footprint(spec, frame_dedup=False, seq_overlap=40)
-    assert plain.per_sequence == 81 * 4 * 84 * 84 + 5878
+    assert plain.per_sequence == 81 * 4 * 84 * 84 + 6040
     dedup = replay_footprint(spec, frame_dedup=True, seq_overlap=40)
-    assert dedup.per_sequence == 84 * 84 * 84 + 5878
+    assert dedup.per_sequence == 84 * 84 * 84 + 6040
     assert dedup.per_stored_step == pytest.approx(dedup.per_sequence / 81)
     assert dedup.per_env_step == pytest.approx(dedup.per_sequence / 40)
     assert plain.per_stored_step / dedup.per_stored_step > 3.8

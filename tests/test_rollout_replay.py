@@ -10,6 +10,7 @@ import threading
 import pytest
 import torch
 
+from beast.algos.policies import CategoricalPolicy
 from beast.buffers import rollout_spec
 from beast.rollout_replay import RolloutReplay
 
@@ -23,7 +24,7 @@ def make_spec():
         unroll_length=UNROLL_LENGTH,
         obs_shape=(5,),
         obs_dtype=torch.uint8,
-        num_actions=NUM_ACTIONS,
+        record=CategoricalPolicy(NUM_ACTIONS).record_spec(),
         core_state_shapes=[(1, 6), (1, 6)],
     )
 
