@@ -21,21 +21,28 @@ import pytest
 import torch
 
 from beast.actor import ERROR_BOARD_BYTES, ActorSettings, run_actor
-from beast.buffers import RolloutBuffers, core_state_shapes, rollout_spec
+from beast.algos.policies import CategoricalPolicy, EpsilonGreedyPolicy
+from beast.buffers import RolloutBuffers, rollout_spec
+from beast.fields import core_state_shapes
 from beast.inference import (
     CentralPolicy,
     InferenceServer,
     InferenceTable,
     LocalPolicy,
-    sample_actions,
 )
-from beast.models import AgentOutput, build_model
+from beast.models import AgentOutput, build_model, build_q_model
 from beast.native import QueueClosed
 from tests.test_monobeast import CARTPOLE_SMALL, shm_entries, wait_until_gone
 from tests.test_reliability import actor_pids, read_csv, start, wait_for_rows
 
 OBS_SHAPE = (4,)
 NUM_ACTIONS = 3
+POLICY = CategoricalPolicy(NUM_ACTIONS)
+
+
+def tensors(record: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """A policy's record (numpy arrays it overwrites every step) as tensor copies."""
+    return {key: torch.from_numpy(value.copy()) for key, value in record.items()}
 
 
 def recurrent_model(seed: int = 0) -> torch.nn.Module:
@@ -51,7 +58,7 @@ def make_table(
         num_envs=num_envs,
         obs_shape=OBS_SHAPE,
         obs_dtype=np.float32,
-        num_actions=NUM_ACTIONS,
+        policy=POLICY,
         initial_state=model.initial_state(1),
         num_servers=num_servers,
         num_env_splits=num_env_splits,
@@ -61,10 +68,11 @@ def make_table(
 def make_server(table, model, source, **kwargs) -> InferenceServer:
     defaults = dict(
         table=table,
+        policy=POLICY,
         model=model,
         source=source,
         device=torch.device("cpu"),
-        max_batch=table.obs.shape[0],
+        max_batch=table.inputs["obs"].shape[0],
         batch_window=0.0,
     )
     return InferenceServer(**{**defaults, **kwargs})
@@ -78,25 +86,6 @@ def random_inputs(rng: torch.Generator, num_envs: int, t: int) -> dict[str, torc
         "done": torch.rand(num_envs, generator=rng) < (1.0 if t == 0 else 0.2),
         "last_action": torch.randint(NUM_ACTIONS, (num_envs,), generator=rng),
     }
-
-
-@pytest.mark.parametrize("offset", [0.0, 1000.0])
-def test_sample_actions_follows_the_softmax(offset):
-    """Chi-square of 60k draws against softmax probabilities (0.1% level, 5 dof),
-    also with every logit shifted by 1000 (softmax is shift-invariant) and with an
-    action of probability ~1e-4."""
-    torch.manual_seed(0)
-    probabilities = torch.tensor([0.5, 0.25, 0.15, 0.0699, 0.03, 0.0001], dtype=torch.float64)
-    draws = 60_000
-    logits = (probabilities.log() + offset).float().expand(draws, 6)
-    actions = sample_actions(logits)
-    assert actions.dtype == torch.int64 and actions.shape == (draws,)
-    counts = torch.bincount(actions, minlength=6).double()
-    expected = draws * probabilities
-    statistic = float(((counts - expected) ** 2 / expected).sum())
-    assert statistic < 20.52, statistic  # chi-square 0.999 quantile, 5 dof
-    # Leading dims are kept: [T, B, A] -> [T, B].
-    assert sample_actions(torch.zeros(2, 3, 4)).shape == (2, 3)
 
 
 def atari_inputs(num_envs: int, first: bool) -> dict[str, torch.Tensor]:
@@ -116,16 +105,17 @@ def test_local_policy_in_bf16_stays_close_to_fp32(use_lstm):
     stays float32 from step to step (the rollout slots store it as float32)."""
     torch.manual_seed(0)
     model = build_model("atari", (4, 84, 84), 6, use_lstm=use_lstm).eval()
-    fp32, bf16 = LocalPolicy(model, 3), LocalPolicy(model, 3, bf16=True)
+    policy = CategoricalPolicy(6)
+    fp32, bf16 = LocalPolicy(model, policy, 3), LocalPolicy(model, policy, 3, bf16=True)
     for t in range(3):
         inputs = atari_inputs(3, first=t == 0)
-        expected, got = fp32.act(inputs), bf16.act(inputs)
-        assert not torch.equal(got.policy_logits.float(), expected.policy_logits)  # autocast ran
+        expected, got = tensors(fp32.act(inputs)), tensors(bf16.act(inputs))
+        assert not torch.equal(got["policy_logits"], expected["policy_logits"])  # autocast ran
         torch.testing.assert_close(
-            got.policy_logits.float(), expected.policy_logits, atol=0.02, rtol=0.02
+            got["policy_logits"], expected["policy_logits"], atol=0.02, rtol=0.02
         )
-        torch.testing.assert_close(got.baseline.float(), expected.baseline, atol=0.02, rtol=0.02)
-        assert got.action.dtype == torch.int64 and got.action.shape == (3,)
+        torch.testing.assert_close(got["baseline"], expected["baseline"], atol=0.02, rtol=0.02)
+        assert got["action"].dtype == torch.int64 and got["action"].shape == (3,)
         assert all(s.dtype == torch.float32 for s in bf16.state)
         for g, e in zip(bf16.state, fp32.state, strict=True):
             torch.testing.assert_close(g, e, atol=0.02, rtol=0.02)
@@ -137,27 +127,32 @@ def test_central_policy_in_bf16_stays_close_to_fp32(watchdog):
     bf16's rounding of an fp32 local policy's."""
     torch.manual_seed(0)
     model = build_model("atari", (4, 84, 84), 6, use_lstm=True).eval()
+    policy = CategoricalPolicy(6)
     table = InferenceTable(
         num_actors=1,
         num_envs=2,
         obs_shape=(4, 84, 84),
         obs_dtype=np.uint8,
-        num_actions=6,
+        policy=policy,
         initial_state=model.initial_state(1),
     )
     server = make_server(
-        table, build_model("atari", (4, 84, 84), 6, use_lstm=True), model, bf16=True
+        table,
+        build_model("atari", (4, 84, 84), 6, use_lstm=True),
+        model,
+        bf16=True,
+        policy=policy,
     )
     server.start()
     try:
-        central, local = CentralPolicy(table, 0, lambda: True), LocalPolicy(model, 2)
+        central, local = CentralPolicy(table, 0, lambda: True), LocalPolicy(model, policy, 2)
         for t in range(3):
             inputs = atari_inputs(2, first=t == 0)
-            expected, got = local.act(inputs), central.act(inputs)
-            assert got.policy_logits.dtype == torch.float32
-            assert not torch.equal(got.policy_logits, expected.policy_logits)  # autocast ran
+            expected, got = tensors(local.act(inputs)), tensors(central.act(inputs))
+            assert got["policy_logits"].dtype == torch.float32
+            assert not torch.equal(got["policy_logits"], expected["policy_logits"])  # autocast
             torch.testing.assert_close(
-                got.policy_logits, expected.policy_logits, atol=0.02, rtol=0.02
+                got["policy_logits"], expected["policy_logits"], atol=0.02, rtol=0.02
             )
             for g, e in zip(central.state, local.state, strict=True):
                 assert g.dtype == torch.float32
@@ -177,17 +172,18 @@ def test_central_policy_gives_the_local_policy_outputs_and_states(watchdog):
     server = make_server(table, recurrent_model(seed=1), source=model)  # synced at start
     server.start()
     try:
-        local = [LocalPolicy(model, num_envs) for _ in range(num_actors)]
+        local = [LocalPolicy(model, POLICY, num_envs) for _ in range(num_actors)]
         central = [CentralPolicy(table, i, lambda: True) for i in range(num_actors)]
         rng = torch.Generator().manual_seed(0)
         for t in range(12):
             for i in range(num_actors):
                 inputs = random_inputs(rng, num_envs, t)
-                expected = local[i].act(inputs)
-                got = central[i].act(inputs)
-                torch.testing.assert_close(got.policy_logits, expected.policy_logits)
-                torch.testing.assert_close(got.baseline, expected.baseline)
-                assert got.action.shape == (num_envs,) and got.action.dtype == torch.int64
+                expected = tensors(local[i].act(inputs))
+                got = tensors(central[i].act(inputs))
+                torch.testing.assert_close(got["policy_logits"], expected["policy_logits"])
+                torch.testing.assert_close(got["baseline"], expected["baseline"])
+                assert got["action"].shape == (num_envs,)
+                assert got["action"].dtype == torch.int64
                 # The state that produced this output, per env: what a rollout stores.
                 for g, e in zip(central[i].state, local[i].state, strict=True):
                     torch.testing.assert_close(g, e)
@@ -199,6 +195,55 @@ def test_central_policy_gives_the_local_policy_outputs_and_states(watchdog):
     assert server.stats.serving_seconds > 0
     summary = server.stats.summary()
     assert f"{server.stats.batches:,} batches of {server.stats.mean_batch:.1f} envs" in summary
+
+
+def test_central_q_policy_keeps_per_env_epsilon_and_state_on_the_server(watchdog):
+    """SEED RL's R2D2 on the server: the table holds each env's epsilon (Ape-X's spread
+    over all envs) and recurrent state. With epsilons 0 and 1 alternating, the greedy
+    rows get the actor-side Q-network's argmax, the others explore, and every row's
+    state is the local model's."""
+    torch.manual_seed(0)
+    model = build_q_model("mlp", OBS_SHAPE, NUM_ACTIONS, use_lstm=True, hidden_size=16).eval()
+
+    class Alternating(EpsilonGreedyPolicy):
+        def env_params(self, num_envs):
+            return {"epsilon": np.tile(np.array([0.0, 1.0], dtype=np.float32), num_envs // 2)}
+
+    policy = Alternating(NUM_ACTIONS)
+    num_actors, num_envs = 2, 4
+    table = InferenceTable(
+        num_actors=num_actors,
+        num_envs=num_envs,
+        obs_shape=OBS_SHAPE,
+        obs_dtype=np.float32,
+        policy=policy,
+        initial_state=model.initial_state(1),
+    )
+    assert table.params["epsilon"].tolist() == [0.0, 1.0] * 4
+    own = build_q_model("mlp", OBS_SHAPE, NUM_ACTIONS, use_lstm=True, hidden_size=16)
+    server = make_server(table, own, model, policy=policy)
+    server.start()
+    explored = 0
+    try:
+        central = [CentralPolicy(table, i, lambda: True) for i in range(num_actors)]
+        greedy = [LocalPolicy(model, EpsilonGreedyPolicy(NUM_ACTIONS, epsilon=0.0), num_envs)]
+        greedy.append(LocalPolicy(model, EpsilonGreedyPolicy(NUM_ACTIONS, epsilon=0.0), num_envs))
+        rng = torch.Generator().manual_seed(0)
+        for t in range(20):
+            for i in range(num_actors):
+                inputs = random_inputs(rng, num_envs, t)
+                expected = greedy[i].act(inputs)["action"].copy()
+                got = central[i].act(inputs)["action"].copy()
+                np.testing.assert_array_equal(got[0::2], expected[0::2])
+                explored += int((got[1::2] != expected[1::2]).sum())
+                for g, e in zip(central[i].state, greedy[i].state, strict=True):
+                    torch.testing.assert_close(g, e)
+    finally:
+        table.close()
+        server.stop()
+    assert server.error is None
+    # 80 uniform draws at epsilon 1 among 3 actions: about 53 differ from the greedy one.
+    assert explored > 30
 
 
 _COMPILE_BESIDE_BF16_SERVING = """
@@ -278,16 +323,16 @@ def test_lanes_post_and_wait_in_turn_and_get_their_own_answers(watchdog):
     server.start()
     try:
         lanes = [CentralPolicy(table, 1, lambda: True, split=s) for s in range(splits)]
-        local = [LocalPolicy(model, lane_envs) for _ in range(splits)]
+        local = [LocalPolicy(model, POLICY, lane_envs) for _ in range(splits)]
         rng = torch.Generator().manual_seed(0)
         for t in range(6):
             inputs = [random_inputs(rng, lane_envs, t) for _ in range(splits)]
             for lane, lane_inputs in zip(lanes, inputs, strict=True):
                 lane.post(lane_inputs)
             for s, (lane, lane_inputs) in enumerate(zip(lanes, inputs, strict=True)):
-                expected = local[s].act(lane_inputs)
-                got = lane.wait()
-                torch.testing.assert_close(got.policy_logits, expected.policy_logits)
+                expected = tensors(local[s].act(lane_inputs))
+                got = tensors(lane.wait())
+                torch.testing.assert_close(got["policy_logits"], expected["policy_logits"])
                 for g, e in zip(lane.state, local[s].state, strict=True):
                     torch.testing.assert_close(g, e)
         # A dead actor's lanes are all dropped: a request left pending is not answered.
@@ -316,16 +361,16 @@ def test_a_batch_with_gaps_between_rows_gets_each_rows_answer(watchdog):
     server.start()
     try:
         central = {i: CentralPolicy(table, i, lambda: True) for i in posting}
-        local = {i: LocalPolicy(model, num_envs) for i in posting}
+        local = {i: LocalPolicy(model, POLICY, num_envs) for i in posting}
         rng = torch.Generator().manual_seed(1)
         for t in range(3):
             inputs = {i: random_inputs(rng, num_envs, t) for i in posting}
-            expected = {i: local[i].act(inputs[i]) for i in posting}
+            expected = {i: tensors(local[i].act(inputs[i])) for i in posting}
             got = {}
             threads = [
                 threading.Thread(
                     target=lambda i=i, got=got, inputs=inputs: got.__setitem__(
-                        i, central[i].act(inputs[i])
+                        i, tensors(central[i].act(inputs[i]))
                     )
                 )
                 for i in posting
@@ -335,8 +380,8 @@ def test_a_batch_with_gaps_between_rows_gets_each_rows_answer(watchdog):
             for thread in threads:
                 thread.join(10)
             for i in posting:
-                torch.testing.assert_close(got[i].policy_logits, expected[i].policy_logits)
-                torch.testing.assert_close(got[i].baseline, expected[i].baseline)
+                torch.testing.assert_close(got[i]["policy_logits"], expected[i]["policy_logits"])
+                torch.testing.assert_close(got[i]["baseline"], expected[i]["baseline"])
     finally:
         table.close()
         server.stop()
@@ -377,10 +422,10 @@ def test_concurrent_actors_get_the_answers_meant_for_them(watchdog):
                     "done": torch.zeros(num_envs, dtype=torch.bool),
                     "last_action": torch.zeros(num_envs, dtype=torch.int64),
                 }
-                out = policy.act(inputs)
-                if not torch.equal(out.policy_logits, obs[:, :NUM_ACTIONS]):
+                out = tensors(policy.act(inputs))
+                if not torch.equal(out["policy_logits"], obs[:, :NUM_ACTIONS]):
                     errors.append((i, r, "logits"))
-                if not torch.equal(out.baseline, inputs["reward"]):
+                if not torch.equal(out["baseline"], inputs["reward"]):
                     errors.append((i, r, "baseline"))
                 if rng.random() < 0.1:
                     time.sleep(rng.uniform(0, 0.002))
@@ -451,22 +496,23 @@ def _dead_pid() -> int:
 def test_actor_exits_when_the_server_process_is_gone(forkserver, processes, watchdog):
     """No server answers and the learner pid is gone: the actor exits 0 on its own."""
     model = build_model("mlp", OBS_SHAPE, 2)
+    policy = CategoricalPolicy(2)
     table = InferenceTable(
-        num_actors=1, num_envs=2, obs_shape=OBS_SHAPE, obs_dtype=np.float32, num_actions=2
+        num_actors=1, num_envs=2, obs_shape=OBS_SHAPE, obs_dtype=np.float32, policy=policy
     )
     buffers = RolloutBuffers(
         rollout_spec(
             unroll_length=5,
             obs_shape=OBS_SHAPE,
             obs_dtype=np.float32,
-            num_actions=2,
+            record=policy.record_spec(),
             core_state_shapes=core_state_shapes(model.initial_state(1)),
         ),
         4,
     )
     board = torch.zeros((1, ERROR_BOARD_BYTES), dtype=torch.uint8).share_memory_()
     settings = ActorSettings(
-        env="CartPole-v1", seed=0, num_envs=2, unroll_length=5, episodic_life=False
+        env="CartPole-v1", seed=0, num_actors=1, num_envs=2, episodic_life=False, policy=policy
     )
     actor = processes.start(
         forkserver, run_actor, 0, 0, settings, buffers, table, _dead_pid(), board, name="actor"

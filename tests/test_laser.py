@@ -10,18 +10,22 @@ import math
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 import torch
 
+from beast import envs
 from beast.algos import impala, laser
-from beast.buffers import RolloutBuffers, core_state_shapes, rollout_spec
-from beast.config import CONFIGS_DIR, ConfigError, load_config_file, parse_args
-from beast.learner import Learner
+from beast.algos.base import LearnerContext
+from beast.algos.impala import ActorCriticUpdate, Impala
+from beast.algos.laser import Laser
+from beast.algos.policies import CategoricalPolicy
+from beast.buffers import RolloutBuffers, RolloutSource, rollout_spec
+from beast.config import CONFIGS_DIR, ConfigError, config_for, load_config_file, parse_args
+from beast.fields import core_state, core_state_shapes
+from beast.learner import Learner, Stepper, TrainingProgress
 from beast.models import build_model
 from beast.rollout_replay import RolloutReplay
-from beast.runner import build_loss
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,9 +56,12 @@ def make_batch(num_steps, batch_size, num_actions=4, seed=0, spread=1.0):
         "policy_logits": target.clone().requires_grad_(True),
         "baseline": torch.randn(*shape, generator=g).requires_grad_(True),
     }
+    terminated = torch.rand(*shape, generator=g) < 0.2
     batch = {
         "reward": torch.randn(*shape, generator=g),
-        "done": torch.rand(*shape, generator=g) < 0.2,
+        "done": terminated,
+        "terminated": terminated,
+        "truncated": torch.zeros(shape, dtype=torch.bool),
         "action": torch.randint(0, num_actions, shape, generator=g),
         "policy_logits": target + spread * torch.randn(*shape, num_actions, generator=g),
     }
@@ -172,6 +179,8 @@ def test_a_rejected_step_is_dropped_and_cuts_the_trace_by_hand():
     batch = {
         "reward": torch.tensor([[0.0], [1.0], [2.0], [3.0]]),
         "done": torch.zeros(4, 1, dtype=torch.bool),
+        "terminated": torch.zeros(4, 1, dtype=torch.bool),
+        "truncated": torch.zeros(4, 1, dtype=torch.bool),
         "action": torch.tensor([[1], [0], [1], [0]]),
         "policy_logits": behaviour,
     }
@@ -241,35 +250,47 @@ UNROLL = 2
 
 
 def make_learner(batch_size, replay_size=None, num_replayed=0, use_lstm=False):
+    """A learner with LASER's update over a rollout source; (learner, source)."""
     model = build_model("mlp", (4,), 2, use_lstm=use_lstm)
     spec = rollout_spec(
         unroll_length=UNROLL,
         obs_shape=(4,),
         obs_dtype=torch.float32,
-        num_actions=2,
+        record=CategoricalPolicy(2).record_spec(),
         core_state_shapes=core_state_shapes(model.initial_state(1)),
     )
     buffers = RolloutBuffers(spec, num_buffers=16)
     replay = None if replay_size is None else RolloutReplay(spec, capacity=replay_size)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    learner = Learner(
-        model=model,
-        actor_model=build_model("mlp", (4,), 2, use_lstm=use_lstm),
-        buffers=buffers,
-        optimizer=optimizer,
-        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
-        loss_fn=functools.partial(laser.laser_loss, trust_region_threshold=None, **LOSS_KWARGS),
-        device=torch.device("cpu"),
+    source = RolloutSource(
+        buffers,
         batch_size=batch_size,
-        total_steps=10**9,
-        grad_norm_clipping=40.0,
-        num_learner_threads=1,
-        max_nonfinite_updates=10,
-        on_update=lambda stats: None,
+        device=torch.device("cpu"),
         replay=replay,
         num_replayed=num_replayed,
     )
-    return learner
+    progress = TrainingProgress()
+    stepper = Stepper(
+        grad_norm_clipping=40.0,
+        max_nonfinite_updates=10,
+        lr_schedule="constant",
+        total_steps=10**9,
+        progress=progress,
+    )
+    context = LearnerContext(torch.device("cpu"), False, model, stepper, progress)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer.param_groups[0]["initial_lr"] = 1e-3
+    loss_fn = functools.partial(laser.laser_loss, trust_region_threshold=None, **LOSS_KWARGS)
+    learner = Learner(
+        update=ActorCriticUpdate(model, context, optimizer, loss_fn),
+        source=source,
+        stepper=stepper,
+        progress=progress,
+        total_steps=10**9,
+        num_learner_threads=1,
+        publish=lambda: None,
+        on_update=lambda stats: None,
+    )
+    return learner, source
 
 
 # Actions must be valid (< 2 actions); every other non-bool field holds the rollout's id.
@@ -290,14 +311,18 @@ def put_rollouts(buffers, ids):
         buffers.full_queue.put(index)
 
 
-def collect_batches(learner, count):
-    thread = threading.Thread(target=learner._batch_loop, daemon=True)
-    thread.start()
+def collect_batches(source, count):
+    """`count` batches, as the learner's preparation threads make them."""
+    source.start()
     try:
-        return [learner._batches.get(timeout=10) for _ in range(count)]
+        batches = []
+        while len(batches) < count:
+            batch = source.next(timeout=10)
+            assert batch is not None, "no batch within 10 s"
+            batches.append(batch)
+        return batches
     finally:
-        learner._stop.set()
-        thread.join(5)
+        source.stop(5)
 
 
 def batch_ids(batch):
@@ -313,27 +338,28 @@ def batch_ids(batch):
 @pytest.mark.parametrize("use_lstm", [False, True])
 def test_batches_mix_fresh_and_replayed_rollouts(use_lstm, watchdog):
     # batch 4 at replay ratio 1: 2 fresh + 2 replayed, once the replay holds 2.
-    learner = make_learner(4, replay_size=16, num_replayed=2, use_lstm=use_lstm)
-    put_rollouts(learner.buffers, range(8))
-    (first, n1), (second, n2), (third, n3) = collect_batches(learner, 3)
+    learner, source = make_learner(4, replay_size=16, num_replayed=2, use_lstm=use_lstm)
+    put_rollouts(source.buffers, range(8))
+    first, second, third = collect_batches(source, 3)
     # The replay is empty at first: an all-fresh batch.
-    assert (n1, batch_ids(first)) == (4, [0, 1, 2, 3])
+    assert (first.new_steps, batch_ids(first.data)) == (4 * UNROLL, [0, 1, 2, 3])
     # Then the fresh rollouts come first and the replayed ones are earlier rollouts
     # (never the batch's own fresh ones). batch_ids checks that every field of a
     # replayed column, the behaviour logits and the stored initial recurrent state
     # (core_state_i) included, belongs to the same rollout.
-    ids = batch_ids(second)
-    assert n2 == 2 and ids[:2] == [4, 5] and set(ids[2:]) <= {0, 1, 2, 3}
+    ids = batch_ids(second.data)
+    assert second.new_steps == 2 * UNROLL and ids[:2] == [4, 5] and set(ids[2:]) <= {0, 1, 2, 3}
     assert len(set(ids)) == 4
-    ids = batch_ids(third)
-    assert n3 == 2 and ids[:2] == [6, 7] and set(ids[2:]) <= {0, 1, 2, 3, 4, 5}
-    assert len(learner.replay) == 8  # every fresh rollout went in once
+    ids = batch_ids(third.data)
+    assert third.new_steps == 2 * UNROLL and ids[:2] == [6, 7]
+    assert set(ids[2:]) <= {0, 1, 2, 3, 4, 5}
+    assert len(source.replay) == 8  # every fresh rollout went in once
     if use_lstm:
-        state = learner.buffers.core_state(second)
+        state = core_state(second.data)
         assert len(state) == 2 and state[0].shape[1] == 4
 
     # Only fresh rollouts count as agent steps and report episodes.
-    stats = learner._update(second, n2)
+    stats = learner.step(second)
     assert stats.step == UNROLL * 2
     assert sorted(stats.episode_returns) == [4.0, 5.0]
     assert stats.losses["replayed_rollouts"] == 2
@@ -342,17 +368,17 @@ def test_batches_mix_fresh_and_replayed_rollouts(use_lstm, watchdog):
 
 
 def test_without_a_replay_batches_are_as_before(watchdog):
-    learner = make_learner(4)
-    put_rollouts(learner.buffers, range(8))
-    (first, n1), (second, n2) = collect_batches(learner, 2)
-    assert (n1, batch_ids(first)) == (4, [0, 1, 2, 3])
-    assert (n2, batch_ids(second)) == (4, [4, 5, 6, 7])
-    stats = learner._update(first)
+    learner, source = make_learner(4)
+    put_rollouts(source.buffers, range(8))
+    first, second = collect_batches(source, 2)
+    assert (first.new_steps, batch_ids(first.data)) == (4 * UNROLL, [0, 1, 2, 3])
+    assert (second.new_steps, batch_ids(second.data)) == (4 * UNROLL, [4, 5, 6, 7])
+    stats = learner.step(first)
     assert stats.step == UNROLL * 4 and sorted(stats.episode_returns) == [0, 1, 2, 3]
     assert "replay_fill" not in stats.losses
 
 
-def test_learner_rejects_a_replay_without_room_for_fresh_rollouts():
+def test_source_rejects_a_replay_without_room_for_fresh_rollouts():
     with pytest.raises(ValueError, match="num_replayed"):
         make_learner(4, replay_size=16, num_replayed=4)
     with pytest.raises(ValueError, match="num_replayed"):
@@ -366,7 +392,8 @@ def test_algo_laser_sets_the_replay_and_the_trust_region():
     config = parse_args(["--algo", "laser", "--env", "CartPole-v1"])
     assert config.config.endswith(os.path.join("configs", "laser", "classic.yaml"))
     assert (config.replay_ratio, config.trust_region_threshold) == (1.0, 0.5)
-    assert config.num_replayed == 4 and config.optimizer == "adam"
+    spec = envs.EnvSpec((4,), torch.float32, 2)
+    assert Laser(config, spec).experience().num_replayed == 4 and config.optimizer == "adam"
     # Envs with no tuned file and other config files still get LASER's defaults.
     custom = parse_args(["--algo", "laser", "--env", "tests.test_envs:OldStyleEnv"])
     assert custom.config is None and (custom.replay_ratio, custom.trust_region_threshold) == (
@@ -375,33 +402,36 @@ def test_algo_laser_sets_the_replay_and_the_trust_region():
     )
     # Flags win; 0 turns either part off.
     off = parse_args(["--algo", "laser", "--replay_ratio", "0", "--trust_region_threshold", "0"])
-    assert (off.replay_ratio, off.trust_region_threshold, off.num_replayed) == (0.0, 0.0, 0)
+    assert (off.replay_ratio, off.trust_region_threshold) == (0.0, 0.0)
+    assert Laser(off, spec).experience().replay_size == 0
 
 
 @pytest.mark.parametrize("family", ["classic", "atari"])
 def test_laser_family_configs_are_impalas_plus_the_laser_keys(family):
     # configs/laser/<family>.yaml repeats IMPALA's tuned file (YAML has no include);
     # this keeps the copies from drifting apart.
-    impala_values = load_config_file(os.path.join(CONFIGS_DIR, "impala", f"{family}.yaml"))
-    laser_values = load_config_file(os.path.join(CONFIGS_DIR, "laser", f"{family}.yaml"))
+    impala_values = load_config_file(
+        os.path.join(CONFIGS_DIR, "impala", f"{family}.yaml"), config_for("impala")
+    )
+    laser_values = load_config_file(
+        os.path.join(CONFIGS_DIR, "laser", f"{family}.yaml"), config_for("laser")
+    )
     laser_keys = {"algo", "replay_ratio", "replay_size", "trust_region_threshold"}
     assert set(laser_values) == set(impala_values) | laser_keys
     assert {k: laser_values[k] for k in impala_values} == impala_values
     assert laser_values["algo"] == "laser"
 
 
-def test_impala_has_no_replay_unless_asked():
+def test_impala_has_no_replay_and_laser_has_its_loss():
+    spec = envs.EnvSpec((4,), torch.float32, 2)
     config = parse_args(["--env", "CartPole-v1"])
-    assert (config.algo, config.replay_ratio, config.trust_region_threshold) == (
-        "impala",
-        0.0,
-        0.0,
-    )
-    assert build_loss(config).func is impala.impala_loss
-    replaying = parse_args(["--env", "CartPole-v1", "--replay_ratio", "3"])
-    assert replaying.num_replayed == 6  # 8 * 3/4: 2 fresh + 6 replayed
-    assert build_loss(replaying).func is laser.laser_loss
-    assert build_loss(parse_args(["--algo", "laser"])).keywords["trust_region_threshold"] == 0.5
+    assert config.algo == "impala" and not hasattr(config, "replay_ratio")
+    assert Impala(config, spec).experience().replay_size == 0
+    assert Impala(config, spec).loss_fn().func is impala.impala_loss
+    replaying = parse_args(["--algo", "laser", "--env", "CartPole-v1", "--replay_ratio", "3"])
+    assert Laser(replaying, spec).experience().num_replayed == 6  # 8 * 3/4: 2 fresh + 6
+    loss_fn = Laser(parse_args(["--algo", "laser"]), spec).loss_fn()
+    assert loss_fn.func is laser.laser_loss and loss_fn.keywords["trust_region_threshold"] == 0.5
 
 
 @pytest.mark.parametrize(
@@ -424,7 +454,7 @@ def test_bad_laser_flags_are_one_line_errors(argv, fragment, capsys):
         assert "invalid choice: 'r2d3'" in capsys.readouterr().err
         return
     with pytest.raises(ConfigError) as info:
-        parse_args(argv)
+        parse_args(["--algo", "laser", *argv])
     assert fragment in str(info.value) and "\n" not in str(info.value)
 
 
@@ -446,6 +476,8 @@ def test_monobeast_with_replay_runs_and_checkpoints(tmp_path):
             "10",
             "--batch_size",
             "4",
+            "--algo",
+            "laser",
             "--replay_ratio",
             "1",
             "--replay_size",

@@ -1,28 +1,32 @@
-"""Contract of beast.replay_learner: one update (loss, step, priorities, publishing,
-target copies, counters), env-step progress, the learning-rate schedule, the
-non-finite guard, and the threads' start/finish/stop.
+"""Contract of beast.learner with a replay: one update (loss, step, priorities,
+publishing, target copies, counters), env-step progress, the learning-rate schedule,
+the non-finite guard, and the threads' start/finish/stop.
 
-A small replay is filled by SequenceBuilders from a random stream; updates are
-called directly where the test is about one update, and through the threads
-where it is about their protocol.
+The learner runs R2D2's update (beast.algos.r2d2.SequenceQUpdate) over a sequence
+source; a small replay is filled by SequenceBuilders from a random stream. Updates are
+called directly where the test is about one update, and through the threads where it
+is about their protocol.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from beast.algos.r2d2 import r2d2_loss
-from beast.buffers import core_state_shapes
-from beast.learner import NonFiniteError, TrainingProgress, copy_weights
-from beast.models import build_q_model
+from beast.algos.base import Batch, LearnerContext
+from beast.algos.policies import EpsilonGreedyPolicy
+from beast.algos.r2d2 import SequenceQUpdate, r2d2_loss
+from beast.fields import core_state_shapes
+from beast.learner import Learner, NonFiniteError, Stepper, TrainingProgress
+from beast.models import build_q_model, copy_weights
+from beast.optim import build_optimizer
 from beast.replay import PrioritizedReplay, SequenceBuilder, sequence_spec
-from beast.replay_learner import ReplayLearner
-from beast.sequence_actor import SequenceSink
+from beast.sequence_sink import SequenceSink, SequenceSource
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -34,31 +38,33 @@ def q_model(use_lstm: bool) -> torch.nn.Module:
     return build_q_model("mlp", (3,), NUM_ACTIONS, use_lstm=use_lstm, hidden_size=8)
 
 
-def filled_sink(model: torch.nn.Module, num_steps: int = 200, seed: int = 0) -> SequenceSink:
+def filled_sink(model: torch.nn.Module, min_replay_size: int, seed: int = 0) -> SequenceSink:
     """A sink whose replay holds the sequences of a random stream with episode ends."""
     spec = sequence_spec(
         seq_len=SEQ_LEN,
         obs_shape=(3,),
         obs_dtype=np.float32,
+        record=EpsilonGreedyPolicy(NUM_ACTIONS).record_spec(),
         core_state_shapes=core_state_shapes(model.initial_state(1)),
     )
     sink = SequenceSink(
         PrioritizedReplay(spec, 100),
         num_actors=1,
-        num_envs=1,
         seq_len=SEQ_LEN,
         seq_overlap=OVERLAP,
-        eps_base=0.4,
-        eps_alpha=7.0,
+        min_replay_size=min_replay_size,
     )
     builder = SequenceBuilder(spec, SEQ_LEN, OVERLAP)
     rng = np.random.default_rng(seed)
     state = [torch.zeros(s.shape[:1] + s.shape[2:]) for s in model.initial_state(1)]
-    for t in range(num_steps):
+    for t in range(200):
+        done = t == 0 or rng.random() < 0.05
         row = {
             "obs": torch.from_numpy(rng.normal(size=3).astype(np.float32)),
             "reward": float(rng.normal()),
-            "done": t == 0 or rng.random() < 0.05,
+            "done": done,
+            "terminated": done and t > 0,
+            "truncated": False,
             "last_action": int(rng.integers(NUM_ACTIONS)),
             "action": int(rng.integers(NUM_ACTIONS)),
         }
@@ -69,37 +75,61 @@ def filled_sink(model: torch.nn.Module, num_steps: int = 200, seed: int = 0) -> 
     return sink
 
 
-def make_learner(use_lstm=True, **overrides) -> tuple[ReplayLearner, list]:
-    model = q_model(use_lstm)
-    target = q_model(use_lstm)
-    target.load_state_dict(model.state_dict())
-    actor_model = q_model(use_lstm)
-    actor_model.load_state_dict(model.state_dict())
+def make_learner(
+    use_lstm=True,
+    *,
+    loss_fn=None,
+    reward_clipping="none",
+    lr_schedule="constant",
+    total_steps=1000,
+    progress=None,
+    target_update_period=3,
+    min_replay_size=4,
+    max_nonfinite_updates=3,
+) -> tuple[Learner, list]:
+    model, target, actor_model = q_model(use_lstm), q_model(use_lstm), q_model(use_lstm)
+    progress = progress or TrainingProgress()
     records: list = []
-    settings = dict(
-        model=model,
-        target_model=target,
-        actor_model=actor_model,
-        sink=filled_sink(model),
-        optimizer=torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-3),
-        loss_fn=functools.partial(
+    stepper = Stepper(
+        grad_norm_clipping=40.0,
+        max_nonfinite_updates=max_nonfinite_updates,
+        lr_schedule=lr_schedule,
+        total_steps=total_steps,
+        progress=progress,
+    )
+    context = LearnerContext(torch.device("cpu"), False, model, stepper, progress)
+    optimizer_flags = SimpleNamespace(optimizer="adam", learning_rate=1e-3, epsilon=1e-3)
+    update = SequenceQUpdate(
+        model,
+        target,
+        context,
+        build_optimizer(optimizer_flags, model),
+        loss_fn
+        or functools.partial(
             r2d2_loss, burn_in=BURN_IN, n_step=3, discounting=0.99, truncate_at_end=True
         ),
-        device=torch.device("cpu"),
-        batch_size=8,
         burn_in=BURN_IN,
-        total_steps=1000,
-        learning_rate=1e-3,
-        lr_schedule="constant",
-        grad_norm_clipping=40.0,
-        target_update_period=3,
-        min_replay_size=4,
+        target_update_period=target_update_period,
+        reward_clipping=reward_clipping,
+    )
+    sink = filled_sink(model, min_replay_size)
+    learner = Learner(
+        update=update,
+        source=SequenceSource(sink, batch_size=8, device=torch.device("cpu")),
+        stepper=stepper,
+        progress=progress,
+        total_steps=total_steps,
         num_learner_threads=1,
-        max_nonfinite_updates=3,
+        publish=functools.partial(copy_weights, actor_model, model),
         on_update=records.append,
     )
-    settings.update(overrides)
-    return ReplayLearner(**settings), records
+    learner.actor_model = actor_model  # for the assertions below
+    return learner, records
+
+
+def sample(learner: Learner, generator: torch.Generator | None = None) -> Batch:
+    drawn = learner.source.replay.sample(8, generator)
+    return Batch(drawn.batch, drawn.weights, drawn.indices, drawn.generations)
 
 
 def parameters(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -113,25 +143,25 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 @pytest.mark.parametrize("use_lstm", [False, True])
 def test_one_update_steps_publishes_and_reprioritises(use_lstm):
     learner, _ = make_learner(use_lstm)
-    sink = learner.sink
+    sink, update = learner.source.sink, learner.update
     sink.env_steps[0] = 123
     sink.record_episode(0, 9.0, 9)
-    before = parameters(learner.model)
-    target_before = parameters(learner.target_model)
-    sample = learner.replay.sample(8, torch.Generator().manual_seed(0))
-    priorities_before = learner.replay.tree.get(sample.indices).clone()
+    before = parameters(update.model)
+    target_before = parameters(update.target_model)
+    batch = sample(learner, torch.Generator().manual_seed(0))
+    priorities_before = sink.replay.tree.get(batch.indices).clone()
     with learner.lock:
-        stats = learner._update(sample)
-    after = parameters(learner.model)
+        stats = learner.step(batch)
+    after = parameters(update.model)
     assert not same(before, after)
     assert same(after, parameters(learner.actor_model))  # published
-    assert same(target_before, parameters(learner.target_model))  # not yet: period 3
-    assert not torch.equal(learner.replay.tree.get(sample.indices), priorities_before)
+    assert same(target_before, parameters(update.target_model))  # not yet: period 3
+    assert not torch.equal(sink.replay.tree.get(batch.indices), priorities_before)
     assert stats.step == learner.progress.step == 123  # env steps, from the actors
     assert stats.num_updates == 1
     assert stats.episode_returns == [9.0] and stats.episode_steps == [9]
     assert int(sink.sampled[0]) == 8 == stats.losses["sampled_sequences"]
-    assert stats.losses["inserted_sequences"] == len(learner.replay)
+    assert stats.losses["inserted_sequences"] == len(sink.replay)
     assert {"total_loss", "mean_q", "grad_norm", "learning_rate", "replay_fill"} <= set(
         stats.losses
     )
@@ -139,15 +169,16 @@ def test_one_update_steps_publishes_and_reprioritises(use_lstm):
 
 def test_target_network_is_copied_every_period():
     learner, _ = make_learner(target_update_period=3)
+    update = learner.update
     generator = torch.Generator().manual_seed(1)
-    for update in range(1, 7):
-        target_before = parameters(learner.target_model)
+    for step in range(1, 7):
+        target_before = parameters(update.target_model)
         with learner.lock:
-            learner._update(learner.replay.sample(8, generator))
-        copied = update % 3 == 0
-        assert same(parameters(learner.target_model), parameters(learner.model)) == copied
+            learner.step(sample(learner, generator))
+        copied = step % 3 == 0
+        assert same(parameters(update.target_model), parameters(update.model)) == copied
         if not copied:
-            assert same(parameters(learner.target_model), target_before)
+            assert same(parameters(update.target_model), target_before)
 
 
 def test_the_loss_sees_clipped_rewards_only_when_asked():
@@ -159,11 +190,11 @@ def test_the_loss_sees_clipped_rewards_only_when_asked():
             online_q, target_q, batch, weights, burn_in=BURN_IN, n_step=3, discounting=0.9
         )
 
-    for clip in (False, True):
-        learner, _ = make_learner(loss_fn=loss_fn, clip_rewards=clip)
-        learner.sink.replay.tensors["reward"].mul_(10.0)
+    for clipping in ("none", "abs_one"):
+        learner, _ = make_learner(loss_fn=loss_fn, reward_clipping=clipping)
+        learner.source.replay.tensors["reward"].mul_(10.0)
         with learner.lock:
-            learner._update(learner.replay.sample(8, torch.Generator().manual_seed(0)))
+            learner.step(sample(learner, torch.Generator().manual_seed(0)))
     assert seen[0] > 1.0 and seen[1] <= 1.0
 
 
@@ -171,13 +202,13 @@ def test_linear_schedule_decays_over_env_steps_and_resume_counts_on():
     learner, _ = make_learner(
         lr_schedule="linear", total_steps=1000, progress=TrainingProgress(step=200)
     )
-    learner.sink.env_steps[0] = 300  # this run's actors: 200 + 300 = 500 of 1000
+    learner.source.sink.env_steps[0] = 300  # this run's actors: 200 + 300 = 500 of 1000
     with learner.lock:
-        stats = learner._update(learner.replay.sample(8))
+        stats = learner.step(sample(learner))
     assert stats.step == 500
     assert stats.losses["learning_rate"] == pytest.approx(1e-3 * (1 - 200 / 1000))
     with learner.lock:
-        stats = learner._update(learner.replay.sample(8))
+        stats = learner.step(sample(learner))
     # Set before the step from the step count of the previous update: 500 of 1000.
     assert stats.losses["learning_rate"] == pytest.approx(1e-3 * 0.5)
 
@@ -190,14 +221,17 @@ def test_nonfinite_updates_are_skipped_then_stop_the_run():
         return out._replace(total_loss=out.total_loss * float("nan"))
 
     learner, _ = make_learner(loss_fn=nan_loss, max_nonfinite_updates=3)
-    before = parameters(learner.model)
+    before = parameters(learner.update.model)
+    sampled = int(learner.source.sink.sampled[0])
     for _ in range(2):
         with learner.lock:
-            stats = learner._update(learner.replay.sample(8))
+            stats = learner.step(sample(learner))
     assert stats.losses["skipped_updates"] == 2 and learner.progress.num_updates == 0
-    assert same(before, parameters(learner.model))
+    assert same(before, parameters(learner.update.model))
+    # Skipped batches were consumed all the same, for the actors' rate limit.
+    assert int(learner.source.sink.sampled[0]) == sampled + 16
     with pytest.raises(NonFiniteError, match="3 consecutive updates"), learner.lock:
-        learner._update(learner.replay.sample(8))
+        learner.step(sample(learner))
 
 
 def test_threads_learn_until_the_actors_reach_total_steps():
@@ -208,39 +242,28 @@ def test_threads_learn_until_the_actors_reach_total_steps():
         while len(records) < 3 and not deadline.wait(0.05):
             assert learner.error is None
         assert not learner.finished.is_set()
-        learner.sink.env_steps[0] = 1000
+        learner.source.sink.env_steps[0] = 1000
         assert learner.finished.wait(10)
         assert learner.error is None
     finally:
         learner.stop(5)
     assert all(not t.is_alive() for t in learner._threads)
     assert records[-1].num_updates == len(records)
-    assert learner.filling_line() is None  # learning has started
+    assert learner.source.status_line() is None  # learning has started
 
 
 def test_threads_wait_for_min_replay_size_and_still_count_steps():
     learner, records = make_learner(min_replay_size=1000, total_steps=50)
-    learner.sink.env_steps[0] = 7
-    filled = len(learner.replay)
-    assert learner.filling_line() == (
+    learner.source.sink.env_steps[0] = 7
+    filled = len(learner.source.replay)
+    assert learner.source.status_line() == (
         f"filling the replay: {filled} of 1,000 sequences before learning starts, 7 env steps"
     )
     learner.start()
     try:
         assert not learner.finished.wait(0.5)
-        learner.sink.env_steps[0] = 50  # the actors alone reach total_steps
+        learner.source.sink.env_steps[0] = 50  # the actors alone reach total_steps
         assert learner.finished.wait(10)
     finally:
         learner.stop(5)
     assert records == [] and learner.progress.step == 50 and learner.error is None
-
-
-def test_publish_weights_copies_into_the_shared_model():
-    learner, _ = make_learner()
-    with torch.no_grad():
-        for p in learner.model.parameters():
-            p.add_(1.0)
-    learner.publish_weights()
-    assert same(parameters(learner.model), parameters(learner.actor_model))
-    copy_weights(learner.actor_model, q_model(True))  # and nothing else is shared
-    assert not same(parameters(learner.model), parameters(learner.actor_model))

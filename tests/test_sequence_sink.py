@@ -1,56 +1,51 @@
-"""Contract of beast.sequence_actor: the sink's counters, episode rings, rate limit,
-the actors' epsilons, and the acting loop's output (sequences, steps, episodes).
+"""Contract of beast.sequence_sink: the sink's counters, episode rings, rate limit, and
+what the actor loop (beast.actor) writes through it: sequences, steps, episodes.
 
-The loop runs in-process against a scripted env batch whose observations name
+The actor runs in-process against a scripted env batch whose observations name
 their (env, step), so every stored row can be checked against what the env saw
-and the action it was sent.
+and the action it was sent; its episodes end by termination and by truncation
+in turn.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
 import torch
 
-from beast.algos.r2d2 import actor_epsilons
-from beast.buffers import core_state_shapes
+from beast import actor as actor_module
+from beast.actor import Actor, ActorSettings
+from beast.algos.policies import EpsilonGreedyPolicy
+from beast.fields import core_state_shapes
+from beast.inference import LocalPolicy
 from beast.models import build_q_model
 from beast.profile import ACTOR_PHASES, PhaseClock
 from beast.replay import PrioritizedReplay, sequence_spec
-from beast.sequence_actor import (
-    EPISODE_RING_SIZE,
-    EpsilonGreedyPolicy,
-    SequenceSink,
-    run_sequence_actor,
-)
+from beast.sequence_sink import EPISODE_RING_SIZE, SequenceSink
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
 EPISODE_LENGTH = 7
 
 
-def make_sink(*, num_actors=1, num_envs=2, seq_len=5, seq_overlap=2, model=None, **kwargs):
+def make_sink(*, num_actors=1, seq_len=5, seq_overlap=2, model=None, **kwargs):
     shapes = core_state_shapes(model.initial_state(1)) if model is not None else ()
     spec = sequence_spec(
-        seq_len=seq_len, obs_shape=(3,), obs_dtype=np.float32, core_state_shapes=shapes
+        seq_len=seq_len,
+        obs_shape=(3,),
+        obs_dtype=np.float32,
+        record=EpsilonGreedyPolicy(3).record_spec(),
+        core_state_shapes=shapes,
     )
     return SequenceSink(
         PrioritizedReplay(spec, 1000),
         num_actors=num_actors,
-        num_envs=num_envs,
         seq_len=seq_len,
         seq_overlap=seq_overlap,
-        eps_base=0.4,
-        eps_alpha=7.0,
         **kwargs,
     )
-
-
-def test_epsilons_spread_over_every_env_of_every_actor():
-    sink = make_sink(num_actors=3, num_envs=2)
-    expected = torch.tensor(actor_epsilons(6, 0.4, 7.0), dtype=torch.float32)
-    # Env k of actor i is env i*K + k of all N = 6.
-    assert torch.equal(sink.epsilons.flatten(), expected)
 
 
 def test_episode_rings_deliver_each_episode_once_in_order():
@@ -98,36 +93,57 @@ def test_close_and_reclaim_follow_the_buffers_protocol():
 
 
 class ScriptedEnvBatch:
-    """K envs whose episodes last EPISODE_LENGTH steps with reward 1 per step.
+    """K envs whose episodes last EPISODE_LENGTH steps with reward 1 per step; even
+    episodes terminate (same-step reset), odd ones are truncated (the final observation,
+    then a reset at the next step that ignores the action, reward 0; beast/envs/batch.py).
 
     obs = (env, global step, step within the episode); the actions each env was
     sent are kept by global step. Closes the sink after `num_steps` steps."""
 
     def __init__(self, num_envs: int, sink: SequenceSink, num_steps: int) -> None:
-        self.k, self.sink, self.num_steps = num_envs, sink, num_steps
+        self.num_envs = self.k = num_envs
+        self.sink, self.num_steps = sink, num_steps
         self.t = 0
+        self.episode = self.in_episode = 0
         self.obs = np.zeros((num_envs, 3), dtype=np.float32)
         self.obs[:, 0] = np.arange(num_envs)
         self.reward = np.zeros(num_envs, dtype=np.float32)
         self.done = np.ones(num_envs, dtype=bool)
+        self.terminated = np.zeros(num_envs, dtype=bool)
+        self.truncated = np.zeros(num_envs, dtype=bool)
         self.episode_end = np.zeros(num_envs, dtype=bool)
         self.episode_return = np.zeros(num_envs, dtype=np.float32)
         self.episode_step = np.zeros(num_envs, dtype=np.int32)
-        self.actions: dict[tuple[int, int], int] = {}
+        self.actions: dict[tuple[int, int], int] = {}  # taken, by the step taken from
+        self.sent: dict[tuple[int, int], int] = {}  # all sent (a reset ignores its)
+        self.episodes_ended = 0
         self.closed = False
 
     def step(self, actions: np.ndarray) -> None:
         for i in range(self.k):
-            self.actions[(i, self.t)] = int(actions[i])
+            self.sent[(i, self.t)] = int(actions[i])
         self.t += 1
-        ended = self.t % EPISODE_LENGTH == 0
-        self.reward[:] = 1.0
-        self.done[:] = ended
-        self.episode_end[:] = ended
-        self.episode_return[:] = EPISODE_LENGTH
-        self.episode_step[:] = EPISODE_LENGTH
+        self.episode_end[:] = False
+        if self.truncated[0]:  # the reset after a truncation: no action taken
+            self.episode, self.in_episode = self.episode + 1, 0
+            self.reward[:], self.done[:], self.truncated[:] = 0.0, True, False
+        else:
+            for i in range(self.k):
+                self.actions[(i, self.t - 1)] = int(actions[i])
+            self.in_episode += 1
+            ended = self.in_episode == EPISODE_LENGTH
+            terminated = ended and self.episode % 2 == 0
+            self.reward[:] = 1.0
+            self.episode_end[:] = ended
+            self.episode_return[:] = EPISODE_LENGTH
+            self.episode_step[:] = EPISODE_LENGTH
+            self.episodes_ended += ended
+            self.done[:] = self.terminated[:] = terminated
+            self.truncated[:] = ended and not terminated
+            if terminated:
+                self.episode, self.in_episode = self.episode + 1, 0
         self.obs[:, 1] = self.t
-        self.obs[:, 2] = 0 if ended else self.t % EPISODE_LENGTH
+        self.obs[:, 2] = self.in_episode
         if self.t >= self.num_steps:
             self.sink.close()
 
@@ -136,17 +152,29 @@ class ScriptedEnvBatch:
 
 
 @pytest.mark.parametrize("use_lstm", [False, True])
-def test_actor_loop_stores_what_the_envs_saw_and_did(use_lstm):
+def test_actor_loop_stores_what_the_envs_saw_and_did(use_lstm, monkeypatch):
     model = build_q_model("mlp", (3,), 3, use_lstm=use_lstm, hidden_size=8)
-    sink = make_sink(num_envs=2, seq_len=5, seq_overlap=2, model=model)
+    sink = make_sink(seq_len=5, seq_overlap=2, model=model)
     envs = ScriptedEnvBatch(2, sink, num_steps=60)
+    monkeypatch.setattr(actor_module, "_env_batch", lambda *args: envs)
     clock = PhaseClock(torch.zeros(len(ACTOR_PHASES), dtype=torch.float64), ACTOR_PHASES)
-    run_sequence_actor(0, sink, model, lambda: envs, lambda: True, clock)
+    settings = ActorSettings(
+        env="scripted",
+        seed=0,
+        num_actors=1,
+        num_envs=2,
+        episodic_life=False,
+        policy=EpsilonGreedyPolicy(3, eps_base=0.4),
+    )
+    actor = Actor(0, 0, settings, sink, model, os.getpid(), clock)
+    while actor.step():
+        pass
+    actor.close()
     assert envs.closed
     assert int(sink.env_steps[0]) == 60 * 2
-    # 60 steps of 7-step episodes: 8 whole episodes per env, every one reported.
+    # Every episode each env finished is reported, once.
     returns, lengths, _ = sink.new_episodes(np.zeros(1, dtype=np.int64))
-    assert returns == [7.0] * 16 and lengths == [7] * 16
+    assert returns == [7.0] * 2 * envs.episodes_ended and lengths == [7] * 2 * envs.episodes_ended
     assert int(sink.inserted[0]) == len(sink.replay) > 0
     batch = sink.replay.sample(len(sink.replay)).batch
     mask = batch["mask"]
@@ -154,10 +182,13 @@ def test_actor_loop_stores_what_the_envs_saw_and_did(use_lstm):
     for t, b in mask.nonzero().tolist():
         env, step = int(obs[t, b, 0]), int(obs[t, b, 1])
         assert int(batch["action"][t, b]) == envs.actions[(env, step)]
-        assert bool(batch["done"][t, b]) == (step % EPISODE_LENGTH == 0)
+        # A real row is never a truncated episode's final observation (no action).
+        assert not batch["truncated"][t, b]
         if step > 0:
-            assert int(batch["last_action"][t, b]) == envs.actions[(env, step - 1)]
-            assert float(batch["reward"][t, b]) == 1.0
+            assert int(batch["last_action"][t, b]) == envs.sent[(env, step - 1)]
+    # Every truncated episode's final row is stored, unmasked, as its sequence's end.
+    final = batch["truncated"] & ~mask
+    assert final.any() and torch.all(obs[..., 2][final] == EPISODE_LENGTH)
     # No sequence crosses an episode: its real rows share one episode.
     episodes = torch.where(mask, obs[..., 1] - obs[..., 2], torch.nan)
     for b in range(episodes.shape[1]):
@@ -170,7 +201,7 @@ def test_actor_loop_stores_what_the_envs_saw_and_did(use_lstm):
 
 def test_policy_reports_the_state_each_action_started_from():
     model = build_q_model("mlp", (3,), 2, use_lstm=True, hidden_size=4)
-    policy = EpsilonGreedyPolicy(model, torch.zeros(2))
+    policy = LocalPolicy(model, EpsilonGreedyPolicy(2, epsilon=0.0), 2)
     inputs = {
         "obs": torch.randn(2, 3),
         "reward": torch.zeros(2),
@@ -181,9 +212,9 @@ def test_policy_reports_the_state_each_action_started_from():
     assert all(torch.equal(s, torch.zeros_like(s)) for s in policy.state)
     _, state_after = model({k: v.unsqueeze(0) for k, v in inputs.items()}, model.initial_state(2))
     inputs["done"][:] = False
-    actions = policy.act(inputs)
+    actions = policy.act(inputs)["action"]
     for reported, expected in zip(policy.state, state_after, strict=True):
         assert torch.allclose(reported, expected.transpose(0, 1))  # [K, d0, ...]
     # epsilon 0: greedy.
     q, _ = model({k: v.unsqueeze(0) for k, v in inputs.items()}, state_after)
-    assert torch.equal(actions, q.q_values[0].argmax(-1))
+    assert np.array_equal(actions, q.q_values[0].argmax(-1).numpy())
