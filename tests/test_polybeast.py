@@ -28,15 +28,24 @@ import torch
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray = pytest.importorskip("ray")
 
-from beast.algos.impala import impala_loss  # noqa: E402
-from beast.buffers import RolloutBuffers, rollout_spec  # noqa: E402
-from beast.config import ConfigError  # noqa: E402
-from beast.learner import Learner  # noqa: E402
+from beast.algos.base import LearnerContext  # noqa: E402
+from beast.algos.impala import ActorCriticUpdate, impala_loss  # noqa: E402
+from beast.algos.policies import CategoricalPolicy, EpsilonGreedyPolicy  # noqa: E402
+from beast.buffers import (  # noqa: E402
+    RolloutBuffers,
+    RolloutSource,
+    check_rollout,
+    commit,
+    rollout_spec,
+)
+from beast.config import ConfigError, config_for  # noqa: E402
+from beast.learner import Learner, Stepper, TrainingProgress  # noqa: E402
 from beast.models import build_model  # noqa: E402
+from beast.optim import build_optimizer  # noqa: E402
 from beast.poly.config import PolyConfig, parse_poly_args  # noqa: E402
 from beast.poly.env_server import EnvServer  # noqa: E402
-from beast.poly.rollouts import check_rollout, commit  # noqa: E402
-from beast.runner import build_optimizer, build_scheduler  # noqa: E402
+from beast.replay import PrioritizedReplay, sequence_spec  # noqa: E402
+from beast.sequence_sink import SequenceSink  # noqa: E402
 from tests.test_learning import best_mean_of_100  # noqa: E402
 from tests.test_monobeast import (  # noqa: E402
     ROOT,
@@ -163,15 +172,27 @@ def test_bad_flags_exit_2_with_one_line():
 # --- Env servers and whole-rollout commits (no Ray) ------------------------------------
 
 
-def small_config(**overrides) -> PolyConfig:
+def small_config(algo="impala", **overrides) -> PolyConfig:
     values = dict(env="CartPole-v1", unroll_length=5, num_envs_per_server=3, num_env_servers=1)
     values.update(overrides)
-    return PolyConfig(**values).finalize()
+    return config_for(algo, PolyConfig)(**values).finalize()
+
+
+def impala_buffers(num_buffers: int, unroll_length: int = 5) -> RolloutBuffers:
+    """Rollout slots laid out as an IMPALA learner's for CartPole (no LSTM)."""
+    spec = rollout_spec(
+        unroll_length=unroll_length,
+        obs_shape=(4,),
+        obs_dtype=np.float32,
+        record=CategoricalPolicy(2).record_spec(),
+    )
+    return RolloutBuffers(spec, num_buffers)
 
 
 def test_env_server_rollouts_are_contiguous_and_commit_whole():
     config = small_config()
-    server = EnvServer(config, server_index=0)
+    buffers = impala_buffers(8)
+    server = EnvServer(config, 0, buffers.staging_recipe())
     server.load_weights(0, {k: v.numpy() for k, v in server.model.state_dict().items()})
     _, first, _ = server.rollout(0, [])
     first = {k: v.copy() for k, v in first.items()}
@@ -179,32 +200,61 @@ def test_env_server_rollouts_are_contiguous_and_commit_whole():
     k, steps = 3, config.unroll_length + 1
     assert first["obs"].shape == (k, steps, 4) and first["policy_logits"].shape == (k, steps, 2)
     # Step 0 of a rollout repeats step T of the previous one (the bootstrap step).
-    for key in ("obs", "reward", "done", "action", "policy_logits", "baseline"):
+    for key in ("obs", "reward", "done", "terminated", "truncated", "action", "policy_logits"):
         np.testing.assert_array_equal(second[key][:, 0], first[key][:, -1])
     # One id per rollout and env, on every step; a new id for the next rollout.
     assert (first["rollout_id"] == first["rollout_id"][:, :1]).all()
     assert not np.intersect1d(first["rollout_id"], second["rollout_id"]).size
     assert 0 < times.env < times.total and 0 < times.policy < times.total
 
-    buffers = RolloutBuffers(server.staging_spec(), 8)
     assert check_rollout(buffers, second) is None
     stop = threading.Event()
-    assert commit(buffers, second, stop)
+    assert buffers.commit(second, stop, row=0)
     slots = [buffers.full_queue.get(timeout=1) for _ in range(k)]
     for env, slot in enumerate(slots):
         assert not buffers.is_torn(slot)
         np.testing.assert_array_equal(buffers.tensors["obs"][slot].numpy(), second["obs"][env])
     wrong = dict(second, obs=second["obs"][..., :3])
     assert "obs" in check_rollout(buffers, wrong)
+    with pytest.raises(ValueError, match="does not fit"):
+        buffers.commit(wrong, stop, row=0)
+    server.close()
+
+
+def test_env_server_cuts_sequences_for_a_replay_in_the_learner():
+    """R2D2 on Ray: the server cuts its T steps into sequences, the learner adds them (and
+    the env steps and episodes) to its replay."""
+    config = small_config(
+        "r2d2", seq_len=4, seq_overlap=2, burn_in=1, replay_size=100, min_replay_size=10
+    )
+    spec = sequence_spec(
+        seq_len=4,
+        obs_shape=(4,),
+        obs_dtype=np.float32,
+        record=EpsilonGreedyPolicy(2).record_spec(),
+        core_state_shapes=[(1, 64), (1, 64)],
+    )
+    sink = SequenceSink(PrioritizedReplay(spec, 100), num_actors=1, seq_len=4, seq_overlap=2)
+    server = EnvServer(config, 0, sink.staging_recipe())
+    server.load_weights(0, {k: v.numpy() for k, v in server.model.state_dict().items()})
+    stop = threading.Event()
+    for _ in range(8):
+        _, payload, _ = server.rollout(0, [])
+        assert sink.commit(payload, stop, row=0)
+    # 8 calls of T=5 steps of 3 envs; the first call's first write is the reset.
+    assert sink.total_env_steps() == 8 * 5 * 3 - 3
+    assert sink.total_inserted() == len(sink.replay) > 0
+    batch = sink.replay.sample(8).batch
+    assert batch["obs"].shape == (5, 8, 4) and batch["core_state_0"].shape == (1, 8, 64)
     server.close()
 
 
 def test_commit_takes_nothing_when_stopped_without_free_slots():
     config = small_config()
-    server = EnvServer(config, server_index=0)
+    buffers = impala_buffers(4)  # 4 free slots, a rollout needs 3
+    server = EnvServer(config, 0, buffers.staging_recipe())
     server.load_weights(0, {k: v.numpy() for k, v in server.model.state_dict().items()})
     _, rollout, _ = server.rollout(0, [])
-    buffers = RolloutBuffers(server.staging_spec(), 4)  # 4 free slots, a rollout needs 3
     stop = threading.Event()
     assert commit(buffers, rollout, stop)
     stop.set()
@@ -214,7 +264,8 @@ def test_commit_takes_nothing_when_stopped_without_free_slots():
 
 
 def test_central_step_ignores_actions_meant_for_another_process():
-    server = EnvServer(small_config(), server_index=0)
+    config = small_config(policy="central")
+    server = EnvServer(config, 0, impala_buffers(4).staging_recipe())
     info, out = server.step(None, None)
     obs = out["obs"].copy()
     assert out["done"].all()  # the first observation starts an episode
@@ -240,7 +291,9 @@ def make_batches(seed: int, count: int) -> list[dict[str, torch.Tensor]]:
             {
                 "obs": torch.randn(steps, OBS, generator=g),
                 "reward": torch.randn(steps, generator=g),
-                "done": torch.rand(steps, generator=g) < 0.2,
+                "done": (ends := torch.rand(steps, generator=g) < 0.2),
+                "terminated": ends,
+                "truncated": torch.zeros(steps, dtype=torch.bool),
                 "last_action": torch.randint(ACTIONS, (steps,), generator=g),
                 "action": torch.randint(ACTIONS, (steps,), generator=g),
                 "policy_logits": torch.randn(steps, ACTIONS, generator=g),
@@ -255,42 +308,46 @@ def make_batches(seed: int, count: int) -> list[dict[str, torch.Tensor]]:
 
 
 def run_learner(rollouts, batch_size, reducer=None) -> Learner:
-    """The unchanged beast Learner on `rollouts`, in order, until they are used up."""
+    """The unchanged beast Learner (IMPALA's update) on `rollouts`, in order, until they
+    are used up."""
 
     torch.manual_seed(0)
     model = build_model("mlp", (OBS,), ACTIONS)
-    actor_model = build_model("mlp", (OBS,), ACTIONS)
     config = PolyConfig(env="CartPole-v1", optimizer="rmsprop", learning_rate=0.01)
-    optimizer = build_optimizer(config, model)
-    spec = rollout_spec(unroll_length=UNROLL, obs_shape=(OBS,), obs_dtype=np.float32, num_actions=2)
-    buffers = RolloutBuffers(spec, len(rollouts))
+    buffers = impala_buffers(len(rollouts), UNROLL)
     for rollout in rollouts:
         slot = buffers.free_queue.get(timeout=1)
         for key, value in rollout.items():
             buffers.tensors[key][slot] = value
         buffers.full_queue.put(slot)
-    learner = Learner(
-        model=model,
-        actor_model=actor_model,
-        buffers=buffers,
-        optimizer=optimizer,
-        scheduler=build_scheduler(config, optimizer),
-        loss_fn=functools.partial(
-            impala_loss,
-            discounting=0.99,
-            reward_clipping="abs_one",
-            baseline_cost=0.5,
-            entropy_cost=0.01,
-        ),
-        device=torch.device("cpu"),
-        batch_size=batch_size,
-        total_steps=len(rollouts) * UNROLL,
+    total_steps = len(rollouts) * UNROLL
+    progress = TrainingProgress()
+    stepper = Stepper(
         # Small enough that clipping is active: the combined gradient must be clipped.
         grad_norm_clipping=0.0 if reducer is not None else 1.0,
-        num_learner_threads=1,
         max_nonfinite_updates=10,
-        on_update=lambda stats: None,
+        lr_schedule=config.lr_schedule,
+        total_steps=total_steps,
+        progress=progress,
         reduce_gradients=reducer,
+    )
+    loss_fn = functools.partial(
+        impala_loss,
+        discounting=0.99,
+        reward_clipping="abs_one",
+        baseline_cost=0.5,
+        entropy_cost=0.01,
+    )
+    context = LearnerContext(torch.device("cpu"), False, model, stepper, progress)
+    learner = Learner(
+        update=ActorCriticUpdate(model, context, build_optimizer(config, model), loss_fn),
+        source=RolloutSource(buffers, batch_size=batch_size, device=torch.device("cpu")),
+        stepper=stepper,
+        progress=progress,
+        total_steps=total_steps,
+        num_learner_threads=1,
+        publish=lambda: None,
+        on_update=lambda stats: None,
     )
     learner.start()
     assert learner.finished.wait(60), "the learner did not finish"
@@ -313,7 +370,7 @@ def learner_rank(rank: int, world: int, store: str, result: str) -> None:
     learner = run_learner(make_batches(rank, UPDATES * BATCH), BATCH, reducer)
     torch.save(
         {
-            "params": learner.model.state_dict(),
+            "params": learner.update.model.state_dict(),
             "probe": probe.state_dict(),
             "updates": learner.progress.num_updates,
         },
@@ -350,7 +407,7 @@ def test_two_learners_stay_identical_and_match_one_learner_on_both_batches(tmp_p
     for j in range(UPDATES):
         combined += mine[j * BATCH : (j + 1) * BATCH] + theirs[j * BATCH : (j + 1) * BATCH]
     single = run_learner(combined, 2 * BATCH)
-    for key, value in single.model.state_dict().items():
+    for key, value in single.update.model.state_dict().items():
         # Float tolerance: the sum of two half-batch gradients vs one full-batch
         # backward differ in summation order (about 1e-7 relative), and RMSProp's
         # first steps move each weight by about lr, so errors stay far below 1e-5.

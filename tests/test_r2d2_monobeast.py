@@ -1,8 +1,9 @@
 """monobeast.py with --algo r2d2 / apex end to end: subprocess runs on real envs.
 
 Smoke runs (tiny replays, a few thousand steps) check that a run trains,
-logs, checkpoints the target network, resumes, and that --mode test loads
-the checkpoint and acts with the Q-network; nothing may outlive a run. The
+logs, checkpoints the target network and the replay, resumes, and that --mode
+test loads the checkpoint and acts with the Q-network; nothing may outlive a
+run. The
 `slow` learning checks are the issue's bars: R2D2 on MaskedCartPole-v1 (no
 velocities: only a recurrent agent balances it) and Ape-X on CartPole-v1,
 with the shipped configs/<algo>/classic.yaml.
@@ -18,12 +19,12 @@ import torch
 
 from beast import envs
 from beast.config import parse_args
-from beast.runner import (
-    build_run_model,
-    build_sequence_sink,
+from beast.engine import (
+    build_algorithm,
+    build_checked_model,
+    build_experience,
     select_policy,
     select_precision,
-    sequence_layout,
 )
 from tests.test_learning import best_mean_of_100
 from tests.test_monobeast import read_csv, run, shm_entries, wait_until_gone
@@ -84,7 +85,9 @@ def train_and_test(tmp_path, argv, xpid, total_steps=3000):
     assert int(rows[-1]["inserted_sequences"]) > 0 and int(rows[-1]["num_updates"]) > 0
     assert len(read_csv(run_dir / "episodes.csv")) > 0
     assert checkpoint["config"]["algo"] == argv[1]
-    assert checkpoint["target_model_state_dict"].keys() == checkpoint["model_state_dict"].keys()
+    target = checkpoint["algorithm_state"]["target_model"]
+    assert target.keys() == checkpoint["model_state_dict"].keys()
+    assert checkpoint["replay"]["size"] > 0 and (run_dir / "replay.tar").is_file()
     assert wait_until_gone(marker) == []
     assert shm_segments() - before == set()
 
@@ -104,6 +107,7 @@ def test_r2d2_trains_checkpoints_resumes_and_tests(tmp_path):
     )
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming r2d2 from" in resumed.stdout
+    assert "restored prioritized replay of " in resumed.stdout
     assert torch.load(tmp_path / "r2d2" / "model.tar", weights_only=True)["step"] >= 5000
     # A Q-network checkpoint does not fit another algorithm.
     other = run(
@@ -120,7 +124,7 @@ def test_apex_trains_checkpoints_and_tests(tmp_path):
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["--algo", "r2d2", "--policy", "central"], "--policy central is not supported"),
+        (["--algo", "r2d2", "--num_actors", "auto"], "give numbers with --algo r2d2"),
         (["--algo", "apex", "--use_lstm"], "--algo apex has a feed-forward Q-network"),
         (
             ["--algo", "r2d2", "--seq_len", "30", "--burn_in", "30"],
@@ -141,20 +145,26 @@ def test_bad_r2d2_flags_are_one_line_and_exit_2(tmp_path, argv, fragment):
 
 
 def test_run_pieces_follow_the_algo():
-    # In-process: the runner's builders for r2d2 and apex, no subprocess.
+    # In-process: the engine's builders for r2d2 and apex, no subprocess.
     atari = envs.EnvSpec(obs_shape=(4, 84, 84), obs_dtype=np.uint8, num_actions=6)
-    r2d2 = parse_args(["--algo", "r2d2", "--env", "PongNoFrameskip-v4"])
-    apex = parse_args(["--algo", "apex", "--env", "PongNoFrameskip-v4", "--n_step", "3"])
-    assert sequence_layout(r2d2) == (80, 40, 40)
-    assert sequence_layout(apex) == (3, 2, 0)  # an n-step transition from every step
-    assert build_run_model(r2d2, atari).core is not None  # R2D2 is recurrent
-    assert build_run_model(apex, atari).core is None
-    for config in (r2d2, apex):
-        # No central Q-inference; a Q-network learns in fp32 unless told otherwise.
-        assert select_policy(config, torch.device("cuda")) == "local"
-        assert select_precision(config, torch.device("cpu"), atari) == "fp32"
-    small = dataclasses.replace(apex, replay_size=10, min_replay_size=5)
-    sink = build_sequence_sink(small, atari, build_run_model(small, atari))
+    r2d2 = build_algorithm(parse_args(["--algo", "r2d2", "--env", "PongNoFrameskip-v4"]), atari)
+    apex_config = parse_args(["--algo", "apex", "--env", "PongNoFrameskip-v4", "--n_step", "3"])
+    apex = build_algorithm(apex_config, atari)
+    assert r2d2.sequence_layout() == (80, 40, 40)
+    assert apex.sequence_layout() == (3, 2, 0)  # an n-step transition from every step
+    assert build_checked_model(r2d2).core is not None  # R2D2 is recurrent
+    assert build_checked_model(apex).core is None
+    for algorithm in (r2d2, apex):
+        # Central inference on a GPU, as for every algorithm; a Q-network learns in fp32
+        # unless told otherwise.
+        assert select_policy(algorithm.config, torch.device("cuda")) == "central"
+        cpu = torch.device("cpu")
+        assert select_precision(algorithm.config, cpu, atari, type(algorithm)) == "fp32"
+    small = build_algorithm(
+        dataclasses.replace(apex_config, replay_size=10, min_replay_size=5), atari
+    )
+    model = build_checked_model(small)
+    sink, _ = build_experience(small.config, small, small.policy(), model, torch.device("cpu"), 1)
     assert sink.replay.spec["obs"].shape == (4, 4, 84, 84)  # n_step + 1 rows
     assert "frames" in sink.replay.tensors  # frame dedup, from configs/apex/atari.yaml
 

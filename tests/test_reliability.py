@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from beast.algos.policies import CategoricalPolicy
 from beast.buffers import RolloutBuffers, rollout_spec
 from beast.checkpoint import (
     CHECKPOINT_NAME,
@@ -121,7 +122,8 @@ def wait_for_rows(log, count, proc, timeout=90):
 
 
 def test_torn_slot_is_detected_and_reclaim_returns_owned_slots():
-    spec = rollout_spec(unroll_length=4, obs_shape=(2,), obs_dtype=np.float32, num_actions=2)
+    record = CategoricalPolicy(2).record_spec()
+    spec = rollout_spec(unroll_length=4, obs_shape=(2,), obs_dtype=np.float32, record=record)
     buffers = RolloutBuffers(spec, 4)
     indices = [buffers.free_queue.get(timeout=1) for _ in range(3)]
     buffers.tensors["rollout_id"][indices[0]] = 7  # one rollout wrote every step
@@ -264,7 +266,7 @@ def test_sigterm_then_resume_continues_counters_and_optimizer(tmp_path):
     assert final["progress"]["step"] >= 60000
     # Adam's per-parameter step count went on from where it stopped: the
     # optimizer state was restored, not rebuilt.
-    adam_steps = final["optimizer_state_dict"]["state"][0]["step"]
+    adam_steps = final["algorithm_state"]["optimizer"]["state"][0]["step"]
     assert int(adam_steps) == final["progress"]["num_updates"] > first["progress"]["num_updates"]
     steps = [int(row["step"]) for row in read_csv(tmp_path / "resume" / "logs.csv")]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)  # counters never restart
