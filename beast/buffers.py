@@ -599,7 +599,7 @@ class RolloutSource:
         line = self.buffers.describe()
         if self.replay is not None:
             line += (
-                f", LASER replay of {self.replay.capacity:,} rollouts"
+                f", a replay of {self.replay.capacity:,} rollouts"
                 f" ({self.replay.nbytes() / 2**20:,.0f} MiB, {self.num_replayed} of each"
                 f" batch's {self.batch_size} rollouts)"
             )
@@ -624,7 +624,7 @@ class RolloutSource:
         if self.replay is None:
             raise ValueError("this run has no replay")
         self.replay.restore(tensors, state)
-        return f"LASER replay of {len(self.replay):,} rollouts"
+        return f"replay of {len(self.replay):,} rollouts"
 
     # Preparation.
 

@@ -91,7 +91,7 @@ class Config:
     savedir: str = flag("~/logs/beast", "Root directory for runs (logs, metadata, checkpoints).")
     seed: int = flag(0, "Seed for environments and for torch.")
     algo: str = flag(
-        "impala",
+        next(iter(ALGORITHMS)),  # the registry's first
         "Algorithm (beast/algos); each adds its own flags, listed under its name by"
         " `--algo NAME --help`, and picks its tuned configs/<algo>/<family>.yaml for --env.",
         choices=tuple(ALGORITHMS),
@@ -493,7 +493,7 @@ def build_parser(
     return parser
 
 
-def family_config_path(env: str, algo: str = "impala") -> str | None:
+def family_config_path(env: str, algo: str) -> str | None:
     """`algo`'s tuned config file for `env`'s family, or None (custom envs, unknown ids).
 
     This is what makes `python monobeast.py --env PongNoFrameskip-v4` start from

@@ -247,7 +247,8 @@ def test_a_flag_of_another_algorithm_is_refused(tmp_path, capsys):
     assert info.value.code == 2 and "--replay_ratio" in capsys.readouterr().err
     path = tmp_path / "c.yaml"
     path.write_text("replay_ratio: 1.0\n")
-    with pytest.raises(ConfigError, match="'replay_ratio' is a flag of --algo laser, not of impala"):
+    expected = "'replay_ratio' is a flag of --algo laser, not of impala"
+    with pytest.raises(ConfigError, match=expected):
         parse_args(["--config", str(path)])
 
 

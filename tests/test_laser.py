@@ -500,7 +500,7 @@ def test_monobeast_with_replay_runs_and_checkpoints(tmp_path):
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
-    assert "LASER replay of 50 rollouts" in result.stdout
+    assert "a replay of 50 rollouts" in result.stdout
     with open(tmp_path / "laser" / "logs.csv") as f:
         rows = list(csv.DictReader(f))
     assert {"mean_kl", "masked_fraction", "mean_rho", "replay_fill"} <= set(rows[0])

@@ -1,4 +1,4 @@
-"""polybeast: IMPALA across machines on Ray, with one or more learners.
+"""polybeast: any algorithm across machines on Ray, with one or more learners.
 
     config.py       PolyConfig: monobeast's flags plus the cluster's
     cluster.py      start a private Ray instance on loopback, or join a cluster

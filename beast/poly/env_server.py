@@ -92,7 +92,6 @@ class EnvServer:
         self, config: PolyConfig, server_index: int, recipe: Any, restarted: bool = False
     ) -> None:
         torch.set_num_threads(1)
-        torch.set_grad_enabled(False)  # a server never backpropagates
         k = config.servers_envs
         self.num_envs = k
         self.unroll_length = config.unroll_length

@@ -1,0 +1,75 @@
+"""Every algorithm in every mode: {impala, laser, r2d2, apex} x {monobeast local, monobeast
+central, polybeast local, polybeast central}. Each runs a short CartPole training
+through its entry point, as a user runs it, writes a checkpoint, and `--mode test`
+loads that checkpoint and plays an episode with the algorithm's evaluation policy.
+
+The runs are small (a few thousand steps, tiny replays) but real: the algorithm's own
+actors, sink, learner and checkpoint; learning itself is checked elsewhere
+(tests/test_learning.py, slow runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from beast.algos import ALGORITHMS
+from tests.test_monobeast import ROOT
+
+TOTAL_STEPS = 2000
+# Small enough for smoke runs: replays learn from their 20th sequence.
+ALGO_FLAGS = {
+    "impala": [],
+    "laser": ["--replay_size", "20"],
+    "r2d2": ["--replay_size", "200", "--min_replay_size", "20"]
+    + ["--seq_len", "10", "--seq_overlap", "5", "--burn_in", "5"],
+    "apex": ["--replay_size", "200", "--min_replay_size", "20", "--n_step", "3"],
+}
+LAYOUT = {
+    "monobeast.py": ["--num_actors", "2", "--num_envs_per_actor", "2"],
+    "polybeast.py": ["--num_env_servers", "2", "--num_envs_per_server", "2"],
+}
+COMMON = ["--env", "CartPole-v1", "--unroll_length", "10", "--batch_size", "4"]
+COMMON += ["--num_threads", "1", "--log_interval", "1", "--total_steps", str(TOTAL_STEPS)]
+
+
+def entry(script: str, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, script), *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+
+
+def test_the_matrix_covers_every_registered_algorithm():
+    assert set(ALGO_FLAGS) == set(ALGORITHMS)
+
+
+@pytest.mark.parametrize("policy", ["local", "central"])
+@pytest.mark.parametrize("script", ["monobeast.py", "polybeast.py"])
+@pytest.mark.parametrize("algo", list(ALGO_FLAGS))
+def test_every_algorithm_trains_checkpoints_and_tests_in_every_mode(tmp_path, algo, script, policy):
+    xpid = f"{algo}-{script[:4]}-{policy}"
+    argv = ["--algo", algo, *COMMON, *LAYOUT[script], *ALGO_FLAGS[algo], "--policy", policy]
+    trained = entry(script, [*argv, "--savedir", str(tmp_path), "--xpid", xpid], timeout=240)
+    output = trained.stdout + trained.stderr
+    assert trained.returncode == 0, output[-3000:]
+    assert f"reached total_steps {TOTAL_STEPS:,}" in output
+    checkpoint = torch.load(tmp_path / xpid / "model.tar", weights_only=True)
+    assert checkpoint["config"]["algo"] == algo and checkpoint["step"] >= TOTAL_STEPS
+    assert checkpoint["progress"]["num_updates"] > 0  # the learner did learn
+    tested = entry(
+        "monobeast.py",
+        ["--mode", "test", "--savedir", str(tmp_path), "--xpid", xpid, "--num_test_episodes", "1"],
+        timeout=120,
+    )
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    summary = json.loads((tmp_path / xpid / "test.json").read_text())
+    assert summary["episodes"] == 1 and summary["mean_return"] > 0
