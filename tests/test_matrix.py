@@ -9,6 +9,7 @@ actors, sink, learner and checkpoint; learning itself is checked elsewhere
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -25,9 +26,10 @@ TOTAL_STEPS = 2000
 ALGO_FLAGS = {
     "impala": [],
     "laser": ["--replay_size", "20"],
-    "r2d2": ["--replay_size", "200", "--min_replay_size", "20"]
+    "r2d2": ["--replay_size", "200", "--min_replay_size", "20", "--samples_per_insert", "0.5"]
     + ["--seq_len", "10", "--seq_overlap", "5", "--burn_in", "5"],
-    "apex": ["--replay_size", "200", "--min_replay_size", "20", "--n_step", "3"],
+    "apex": ["--replay_size", "200", "--min_replay_size", "20", "--samples_per_insert", "0.5"]
+    + ["--n_step", "3"],
 }
 LAYOUT = {
     "monobeast.py": ["--num_actors", "2", "--num_envs_per_actor", "2"],
@@ -65,6 +67,9 @@ def test_every_algorithm_trains_checkpoints_and_tests_in_every_mode(tmp_path, al
     checkpoint = torch.load(tmp_path / xpid / "model.tar", weights_only=True)
     assert checkpoint["config"]["algo"] == algo and checkpoint["step"] >= TOTAL_STEPS
     assert checkpoint["progress"]["num_updates"] > 0  # the learner did learn
+    with open(tmp_path / xpid / "logs.csv") as f:
+        last = list(csv.DictReader(f))[-1]
+    assert last.get("torn_rollouts", "0") == "0"  # rollouts arrive whole, however made
     tested = entry(
         "monobeast.py",
         ["--mode", "test", "--savedir", str(tmp_path), "--xpid", xpid, "--num_test_episodes", "1"],

@@ -473,15 +473,9 @@ def test_ctrl_c_or_sigterm_stop_the_run_with_a_checkpoint_and_no_ray_processes(t
         assert int(read_csv(tmp_path / "c" / "logs.csv")[-1]["step"]) >= step + 400
 
 
-@pytest.mark.parametrize(
-    "extra, expected",
-    [
-        (["--policy", "central"], "policy central"),
-        (["--num_learners", "2"], "the learners agreed to stop|reached total_steps"),
-    ],
-    ids=["central", "two-learners"],
-)
-def test_central_policy_and_two_learners_train(tmp_path, extra, expected):
+def test_two_learners_train(tmp_path):
+    # Central policies, and every algorithm, are in tests/test_matrix.py.
+    extra, expected = ["--num_learners", "2"], "the learners agreed to stop|reached total_steps"
     marker = uuid.uuid4().hex
     proc = start(
         [

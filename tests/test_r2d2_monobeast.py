@@ -117,10 +117,6 @@ def test_r2d2_trains_checkpoints_resumes_and_tests(tmp_path):
     assert "--algo 'r2d2' in the checkpoint, 'apex' now" in other.stderr
 
 
-def test_apex_trains_checkpoints_and_tests(tmp_path):
-    train_and_test(tmp_path, APEX_SMALL, "apex")
-
-
 @pytest.mark.parametrize(
     "argv, fragment",
     [

@@ -1,0 +1,93 @@
+"""Replays survive a resume: a run stopped with SIGTERM saves its replay with its final
+checkpoint (RUN_DIR/replay.tar, and the rest in model.tar), and the resumed run starts
+from exactly that replay: its fill, its contents and (prioritized replay) its priorities
+and generations; the rate limiter's counters too. With --no-checkpoint_replay the
+resumed run starts cold and says so."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import pytest
+import torch
+
+from beast.config import parse_args
+from beast.runner import start_run
+from tests.test_monobeast import CARTPOLE_SMALL, read_csv, start, wait_until_gone
+from tests.test_r2d2_monobeast import R2D2_SMALL, run
+
+LASER_SMALL = ["--algo", "laser", *CARTPOLE_SMALL, "--replay_size", "50", "--batch_size", "4"]
+RUNS = {"r2d2": R2D2_SMALL, "laser": LASER_SMALL}
+
+
+def train_then_sigterm(tmp_path, argv, xpid):
+    marker = uuid.uuid4().hex
+    proc = start(
+        [*argv, "--total_steps", "10000000", "--savedir", str(tmp_path), "--xpid", xpid], marker
+    )
+    log = tmp_path / xpid / "logs.csv"
+    try:
+        while proc.poll() is None and not (log.exists() and len(read_csv(log)) >= 10):
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    assert "interrupted" in out and wait_until_gone(marker) == []
+    return out
+
+
+@pytest.mark.parametrize("algo", list(RUNS))
+def test_sigterm_then_resume_restores_the_replay_as_saved(tmp_path, algo):
+    argv = RUNS[algo]
+    train_then_sigterm(tmp_path, argv, algo)
+    checkpoint = torch.load(tmp_path / algo / "model.tar", weights_only=True)
+    saved_meta = checkpoint["replay"]
+    saved = torch.load(tmp_path / algo / "replay.tar", weights_only=True)
+    assert saved["token"] == saved_meta["token"] and saved_meta["size"] > 0
+
+    # What a resumed run holds before it starts its actors and learner.
+    config = parse_args([*argv, "--savedir", str(tmp_path), "--xpid", algo])
+    run_, log = start_run(config)
+    try:
+        replay = run_.source.replay
+        assert len(replay) == saved_meta["size"]
+        for key, tensor in saved["tensors"].items():
+            assert torch.equal(replay.tensors[key][: saved_meta["size"]], tensor), key
+        if algo == "r2d2":
+            tree = replay.tree.state_dict()
+            assert torch.equal(tree["priorities"], saved_meta["tree"]["priorities"])
+            assert torch.equal(tree["generations"], saved_meta["tree"]["generations"])
+            assert tree["claims"] == saved_meta["tree"]["claims"]
+            assert replay.tree.total() > 0  # sampleable at once
+            assert run_.source.sink.total_inserted() == saved_meta["inserted"]
+            assert int(run_.source.sink.sampled[0]) == saved_meta["sampled"]
+        else:
+            assert replay._next == saved_meta["next"]
+    finally:
+        log.close()
+        run_.source.close()
+
+    # And the resumed run goes on from it.
+    resumed = run(
+        [*argv, "--total_steps", str(checkpoint["step"] + 2000)]
+        + ["--savedir", str(tmp_path), "--xpid", algo]
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"restored {'prioritized replay' if algo == 'r2d2' else 'replay'} of" in resumed.stdout
+
+
+def test_no_checkpoint_replay_starts_cold(tmp_path):
+    train_then_sigterm(tmp_path, LASER_SMALL, "cold")
+    checkpoint = torch.load(tmp_path / "cold" / "model.tar", weights_only=True)
+    resumed = run(
+        [*LASER_SMALL, "--no-checkpoint_replay", "--total_steps", str(checkpoint["step"] + 500)]
+        + ["--savedir", str(tmp_path), "--xpid", "cold"]
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert "replay not restored (--no-checkpoint_replay)" in resumed.stdout
