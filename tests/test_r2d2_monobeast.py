@@ -3,10 +3,7 @@
 Smoke runs (tiny replays, a few thousand steps) check that a run trains,
 logs, checkpoints the target network and the replay, resumes, and that --mode
 test loads the checkpoint and acts with the Q-network; nothing may outlive a
-run. The
-`slow` learning checks are the issue's bars: R2D2 on MaskedCartPole-v1 (no
-velocities: only a recurrent agent balances it) and Ape-X on CartPole-v1,
-with the shipped configs/<algo>/classic.yaml.
+run. The learning checks are tests/test_learning.py's (-m slow).
 """
 
 import dataclasses
@@ -26,7 +23,6 @@ from beast.engine import (
     select_policy,
     select_precision,
 )
-from tests.test_learning import best_mean_of_100
 from tests.test_monobeast import read_csv, run, shm_entries, wait_until_gone
 
 # Small enough for a smoke run: learning starts after 20 sequences, updates are
@@ -100,15 +96,9 @@ def train_and_test(tmp_path, argv, xpid, total_steps=3000):
     return result
 
 
-def test_r2d2_trains_checkpoints_resumes_and_tests(tmp_path):
+def test_r2d2_trains_checkpoints_and_tests(tmp_path):
+    # Resuming, replay included: tests/test_replay_resume.py.
     train_and_test(tmp_path, R2D2_SMALL, "r2d2")
-    resumed = run(
-        [*R2D2_SMALL, "--total_steps", "5000", "--savedir", str(tmp_path), "--xpid", "r2d2"]
-    )
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resuming r2d2 from" in resumed.stdout
-    assert "restored prioritized replay of " in resumed.stdout
-    assert torch.load(tmp_path / "r2d2" / "model.tar", weights_only=True)["step"] >= 5000
     # A Q-network checkpoint does not fit another algorithm.
     other = run(
         [*APEX_SMALL, "--total_steps", "5000", "--savedir", str(tmp_path), "--xpid", "r2d2"]
@@ -163,42 +153,3 @@ def test_run_pieces_follow_the_algo():
     sink, _ = build_experience(small.config, small, small.policy(), model, torch.device("cpu"), 1)
     assert sink.replay.spec["obs"].shape == (4, 4, 84, 84)  # n_step + 1 rows
     assert "frames" in sink.replay.tensors  # frame dedup, from configs/apex/atari.yaml
-
-
-def learn(tmp_path, algo: str, env: str, total_steps: int, seed: int = 1) -> float:
-    """A run with the shipped configs/<algo>/classic.yaml; best mean return of 100
-    consecutive episodes (every actor's, exploring ones included)."""
-    result = run(
-        [
-            "--algo",
-            algo,
-            "--env",
-            env,
-            "--total_steps",
-            str(total_steps),
-            "--seed",
-            str(seed),
-            "--num_threads",
-            "1",
-            "--log_interval",
-            "10",
-            "--savedir",
-            str(tmp_path),
-            "--xpid",
-            algo,
-        ],
-        timeout=3600,
-    )
-    assert result.returncode == 0, result.stderr
-    return best_mean_of_100(tmp_path / algo)
-
-
-@pytest.mark.slow
-def test_r2d2_learns_masked_cartpole(tmp_path):
-    # The LSTM must infer the velocities MaskedCartPole hides.
-    assert learn(tmp_path, "r2d2", "MaskedCartPole-v1", 1_000_000) >= 400
-
-
-@pytest.mark.slow
-def test_apex_learns_cartpole(tmp_path):
-    assert learn(tmp_path, "apex", "CartPole-v1", 1_000_000) >= 450

@@ -1,0 +1,173 @@
+"""The learning checks, as a report: each algorithm's bar in each mode, one run after the other.
+
+    python -m benchmarks.learning_checks                       # every check, seed 1
+    python -m benchmarks.learning_checks --only r2d2 --seeds 1 2 3
+    python -m benchmarks.learning_checks --only impala-monobeast-local --savedir /tmp/checks
+
+Each check is a real run of monobeast.py or polybeast.py with the shipped
+configs/<algo>/classic.yaml for its env, from start to --total_steps. The report gives,
+per run: the agent step at which the mean return of the last 100 finished episodes
+first reached the bar, the best such mean, the mean of the last 100 episodes at the
+end, and the wall-clock of the whole run (start-up included). The means count every
+env's episodes, exploring ones included (Ape-X's spread of epsilons).
+
+tests/test_learning.py asserts the same bars (`-m slow`) from the same table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass(frozen=True)
+class Check:
+    """One algorithm's bar in one mode: the best mean of 100 episodes within `total_steps`."""
+
+    algo: str
+    script: str  # monobeast.py or polybeast.py
+    policy: str  # local or central
+    env: str
+    total_steps: int
+    bar: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.algo}-{self.script.removesuffix('beast.py')}beast-{self.policy}"
+
+
+# The issue's bars: IMPALA CartPole >= 450 within 500k; LASER 450 within 300k; R2D2
+# MaskedCartPole (no velocities: only a recurrent agent balances it) >= 400 within 1M;
+# Ape-X CartPole >= 450 within 1M. Each in monobeast with a local and a central policy,
+# LASER and R2D2 in polybeast too.
+CHECKS = [
+    Check(algo, script, policy, env, steps, bar)
+    for algo, env, steps, bar, scripts in (
+        ("impala", "CartPole-v1", 500_000, 450.0, ("monobeast.py",)),
+        ("laser", "CartPole-v1", 300_000, 450.0, ("monobeast.py", "polybeast.py")),
+        ("r2d2", "MaskedCartPole-v1", 1_000_000, 400.0, ("monobeast.py", "polybeast.py")),
+        ("apex", "CartPole-v1", 1_000_000, 450.0, ("monobeast.py",)),
+    )
+    for script in scripts
+    for policy in ("local", "central")
+    if script == "monobeast.py" or policy == "local"
+]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    check: Check
+    seed: int
+    reached_at: int | None  # agent step where the 100-episode mean first reached the bar
+    best: float  # best mean of 100 consecutive episodes
+    last: float  # mean of the last 100 episodes
+    wall_clock: float  # seconds, the whole run
+    episodes: int
+
+    @property
+    def passed(self) -> bool:
+        return self.best >= self.check.bar
+
+
+def read_episodes(run_dir: str) -> list[tuple[int, float]]:
+    with open(os.path.join(run_dir, "episodes.csv")) as f:
+        return [(int(row["step"]), float(row["return"])) for row in csv.DictReader(f)]
+
+
+def summarize(check: Check, seed: int, run_dir: str, wall_clock: float) -> Outcome:
+    """The outcome of a finished run from its episodes.csv."""
+    episodes = read_episodes(run_dir)
+    returns = [r for _, r in episodes]
+    if len(returns) < 100:
+        return Outcome(check, seed, None, float("nan"), float("nan"), wall_clock, len(returns))
+    window = sum(returns[:100])
+    best, reached = window / 100, episodes[99][0] if window / 100 >= check.bar else None
+    for i in range(100, len(returns)):
+        window += returns[i] - returns[i - 100]
+        mean = window / 100
+        best = max(best, mean)
+        if reached is None and mean >= check.bar:
+            reached = episodes[i][0]
+    return Outcome(check, seed, reached, best, sum(returns[-100:]) / 100, wall_clock, len(returns))
+
+
+def run_check(check: Check, seed: int, savedir: str, timeout: float = 3600) -> Outcome:
+    """Run `check` with `seed` to its total_steps; raises RuntimeError on a failed run."""
+    xpid = f"{check.name}-seed{seed}"
+    argv = [
+        sys.executable,
+        os.path.join(ROOT, check.script),
+        "--algo",
+        check.algo,
+        "--env",
+        check.env,
+        "--policy",
+        check.policy,
+        "--total_steps",
+        str(check.total_steps),
+        "--seed",
+        str(seed),
+        "--num_threads",
+        "1",
+        "--log_interval",
+        "30",
+        "--savedir",
+        savedir,
+        "--xpid",
+        xpid,
+    ]
+    start = time.monotonic()
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    wall_clock = time.monotonic() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"{xpid} failed ({result.returncode}): {result.stderr[-2000:]}")
+    return summarize(check, seed, os.path.join(savedir, xpid), wall_clock)
+
+
+def row(outcome: Outcome) -> str:
+    check = outcome.check
+    reached = f"{outcome.reached_at:,}" if outcome.reached_at is not None else "not reached"
+    return (
+        f"| {check.name} | {check.env} | {check.bar:.0f} in {check.total_steps:,} |"
+        f" {outcome.seed} | {reached} | {outcome.best:.1f} | {outcome.last:.1f} |"
+        f" {outcome.wall_clock:,.0f} s | {'yes' if outcome.passed else 'NO'} |"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.learning_checks")
+    parser.add_argument("--only", nargs="*", default=[], help="check names or algorithms")
+    parser.add_argument("--seeds", nargs="*", type=int, default=[1])
+    parser.add_argument("--savedir", default=None, help="default: a temporary directory")
+    args = parser.parse_args(argv)
+    checks = [c for c in CHECKS if not args.only or c.name in args.only or c.algo in args.only]
+    if not checks:
+        parser.error(f"no check matches {args.only}; checks: {', '.join(c.name for c in CHECKS)}")
+    savedir = args.savedir or tempfile.mkdtemp(prefix="beast-learning-")
+    print(
+        f"# learning checks, {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()},"
+        f" nproc {os.cpu_count()}, runs in {savedir}",
+        flush=True,
+    )
+    print(
+        "| check | env | bar | seed | reached at step | best mean of 100 | last 100 |"
+        " wall-clock | passed |",
+        flush=True,
+    )
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    for check in checks:
+        for seed in args.seeds:
+            print(row(run_check(check, seed, savedir)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
