@@ -400,15 +400,18 @@ class Impala(Algorithm):
     def experience(self) -> Experience:
         return Rollouts(unroll_length=self.config.unroll_length)
 
-    def loss_fn(self) -> Callable[..., LossOutput]:
+    def loss_costs(self) -> dict[str, Any]:
+        """The loss's constants from the flags: what IMPALA's and LASER's losses share."""
         config = self.config
-        return functools.partial(
-            impala_loss,
-            discounting=config.discounting,
-            reward_clipping=config.reward_clipping,
-            baseline_cost=config.baseline_cost,
-            entropy_cost=config.entropy_cost,
-        )
+        return {
+            "discounting": config.discounting,
+            "reward_clipping": config.reward_clipping,
+            "baseline_cost": config.baseline_cost,
+            "entropy_cost": config.entropy_cost,
+        }
+
+    def loss_fn(self) -> Callable[..., LossOutput]:
+        return functools.partial(impala_loss, **self.loss_costs())
 
     def learner(self, model: nn.Module, context: LearnerContext) -> Update:
         return ActorCriticUpdate(

@@ -262,15 +262,8 @@ class Laser(Impala):
         )
 
     def loss_fn(self) -> Callable[..., LossOutput]:
-        config = self.config
-        return functools.partial(
-            laser_loss,
-            discounting=config.discounting,
-            reward_clipping=config.reward_clipping,
-            baseline_cost=config.baseline_cost,
-            entropy_cost=config.entropy_cost,
-            trust_region_threshold=config.trust_region_threshold,
-        )
+        threshold = self.config.trust_region_threshold
+        return functools.partial(laser_loss, **self.loss_costs(), trust_region_threshold=threshold)
 
     def describe(self) -> str:
         threshold = self.config.trust_region_threshold
