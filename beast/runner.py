@@ -133,26 +133,24 @@ def start_run(config: Config) -> tuple[Run, RunLog]:
     """Build the run's components, resume it if its directory holds a checkpoint, open its
     log and print the start-up line (shared by `train` and --serial)."""
     config, spec, device, precision = prepare(config)
-    log_box: list[RunLog] = []
-    run = build_run(
-        config,
-        spec,
-        device,
-        precision,
-        num_writers=config.num_actors,
-        on_update=lambda stats: log_box[0].record(stats),
-        log=lambda line: log_box[0].print(line),
-    )
-    resumed = load_resume_payload(config)
-    replay_line = ""
-    if resumed is not None:
-        payload, path, _, _ = resumed
-        replay_line = restore(run, payload, path)
+    resumed = load_resume_payload(config)  # a checkpoint that does not fit stops us here
     log = open_run_log(config)
-    log_box.append(log)
-    log.start_from(run.progress.step)
+    try:
+        run = build_run(
+            config,
+            spec,
+            device,
+            precision,
+            num_writers=config.num_actors,
+            on_update=log.record,
+            log=log.print,
+        )
+    except BaseException:
+        log.close()
+        raise
     if resumed is not None:
-        _, path, skipped, changed = resumed
+        payload, path, skipped, changed = resumed
+        replay_line = restore(run, payload, path)
         if skipped:
             log.print(f"the newest checkpoint is unusable ({skipped}); using the previous one")
         log.print(
@@ -161,6 +159,7 @@ def start_run(config: Config) -> tuple[Run, RunLog]:
             + (f"; changed flags: {', '.join(changed)}" if changed else "")
             + (f"; {replay_line}" if replay_line else "")
         )
+    log.start_from(run.progress.step)
     log.print(
         f"run {config.xpid} in {config.run_dir}: env {config.env} (obs {spec.obs_shape}"
         f" {spec.obs_dtype}, {spec.num_actions} actions), {run.describe()},"

@@ -68,7 +68,8 @@ def test_a_model_that_does_not_fit_exits_2_with_one_line(tmp_path):
 
 def test_a_user_model_learns_cartpole(tmp_path):
     """IMPALA with configs/impala/classic.yaml and the user's TinyActorCritic; about
-    18 s on 2 cores. Best means of 100 episodes at 300k steps: 419, 358, 377 (seeds 1-3)."""
+    18 s on 2 cores. Best means of 100 episodes at 300k steps, seeds 1-3: 367, 251, 350
+    (asynchronous runs: a seed does not repeat a run exactly)."""
     result = run(
         [
             "--env",
@@ -89,7 +90,7 @@ def test_a_user_model_learns_cartpole(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert best_mean_of_100(tmp_path / "user") >= 250
+    assert best_mean_of_100(tmp_path / "user") >= 200
 
 
 def children(pid: int) -> set[str]:
@@ -111,7 +112,7 @@ def test_serial_learns_cartpole_in_one_process(tmp_path):
     worker process is ever started (checked every 50 ms while it runs: the only children
     are the run log's `git` calls for the run's metadata). One process and one
     torch thread make the run repeatable: best means of 100 episodes at 200k steps were
-    272 and 302 (seeds 1, 2), in 12 s each."""
+    302, 305 and 337 (seeds 1-3), in 12 s each."""
     marker = uuid.uuid4().hex
     proc = start(
         [
@@ -139,7 +140,7 @@ def test_serial_learns_cartpole_in_one_process(tmp_path):
     assert proc.returncode == 0, err
     assert seen <= {"git"}, seen
     assert "2 actors" not in out and "1 actors x 4 envs" in out
-    assert best_mean_of_100(tmp_path / "serial") >= 200
+    assert best_mean_of_100(tmp_path / "serial") >= 250
     assert wait_until_gone(marker) == []
 
 

@@ -60,17 +60,17 @@ def train_cartpole(tmp_path, total_steps: int, seed: int = 1, policy: str = "loc
     return best_mean_of_100(tmp_path / "cartpole")
 
 
-def test_cartpole_reaches_450_within_500k_steps(tmp_path):
-    # IMPALA's bar from the MonoBeast issue, the one learning check of the default run:
-    # about 20 s on 2 cores; seeds 1-11 reached best means of 486-500
-    # (configs/impala/classic.yaml). Every other algorithm and mode: the slow checks.
-    assert train_cartpole(tmp_path, 500_000) >= 450
+def test_cartpole_learns_within_500k_steps(tmp_path):
+    # IMPALA with configs/impala/classic.yaml, about 20 s on 2 cores: the learning check
+    # of the default run, with a floor that leaves room for the spread of asynchronous
+    # runs. Best means of 100 episodes, seeds 1-7: 471 (383 in a second run), 463, 463,
+    # 487, 493, 475, 493. The issue's bar (450) is the slow check's,
+    # test_every_algorithm_reaches_its_bar_in_every_mode[impala-monobeast-local].
+    assert train_cartpole(tmp_path, 500_000) >= 300
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "check", [c for c in CHECKS if c.name != "impala-monobeast-local"], ids=lambda c: c.name
-)
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
 def test_every_algorithm_reaches_its_bar_in_every_mode(tmp_path, check):
     """The issue's bars (benchmarks/learning_checks.py prints the same runs as a table:
     steps to the bar, best and last means, wall-clock), seed 1."""
