@@ -10,7 +10,7 @@ from setuptools import find_packages, setup
 setup(
     name="beast",
     version="0.1.0",
-    description="A PyTorch engine for scalable deep reinforcement learning (IMPALA, R2D2, LASER).",
+    description="A PyTorch engine for scalable deep RL: IMPALA, LASER, R2D2, Ape-X as plug-ins.",
     python_requires=">=3.10",
     packages=find_packages(include=["beast", "beast.*"]),
     setup_requires=["cffi>=1.15"],
