@@ -71,6 +71,7 @@ class ActorSettings:
     num_envs: int
     episodic_life: bool
     policy: Policy  # the algorithm's acting rule
+    return_discount: float | None = None  # envs keep G_t (--normalize_reward)
     bf16: bool = False  # local policy: the forward pass under bf16 autocast
     num_env_splits: int = 1  # lanes of num_envs / num_env_splits envs (see _Lane)
 
@@ -88,6 +89,7 @@ def env_sources(env_batch: EnvBatch, last_action: np.ndarray) -> dict[str, np.nd
         "episode_end": env_batch.episode_end,
         "episode_return": env_batch.episode_return,
         "episode_step": env_batch.episode_step,
+        "discounted_return": env_batch.discounted_return,  # --normalize_reward's
     }
 
 
@@ -97,7 +99,13 @@ def _env_batch(
     """This actor's envs [first, first + count); a replacement actor gets fresh seeds."""
     k = settings.num_envs
     first_seed = settings.seed + actor_index * k + incarnation * _INCARNATION_SEED_STRIDE
-    return make_env_batch(settings.env, count, first_seed + first, settings.episodic_life)
+    return make_env_batch(
+        settings.env,
+        count,
+        first_seed + first,
+        settings.episodic_life,
+        return_discount=settings.return_discount,
+    )
 
 
 def run_actor(
@@ -163,9 +171,8 @@ class _Lane:
         make_writer: Any,
         clock: PhaseClock,
     ) -> None:
-        k = env_batch.num_envs
         self.env_batch, self.policy, self.clock = env_batch, policy, clock
-        self.last_action = np.zeros(k, dtype=np.int64)
+        self.last_action = np.zeros_like(policy.record["action"])
         # Tensor views of the env batch's numpy arrays: no copies when building inputs.
         self.inputs = {
             "obs": torch.from_numpy(env_batch.obs),

@@ -55,7 +55,7 @@ def acting_cost(
     batch = make_env_batch(config.env, num_envs, config.seed, config.episodic_life)
     try:
         policy = LocalPolicy(model, algorithm.policy(), num_envs)
-        last_action = np.zeros(num_envs, dtype=np.int64)
+        last_action = np.zeros_like(policy.record["action"])
         inputs = {
             "obs": torch.from_numpy(batch.obs),
             "reward": torch.from_numpy(batch.reward),

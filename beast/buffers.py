@@ -93,15 +93,18 @@ ENV_STEP_KEYS = (
 _PARENT_CHECK_SECONDS = 1.0
 
 
-def env_step_spec(obs_shape: Sequence[int], obs_dtype: np.dtype | torch.dtype) -> dict[str, Field]:
-    """Per-env fields of one step as an env batch reports it (`ENV_STEP_KEYS`)."""
+def env_step_spec(
+    obs_shape: Sequence[int], obs_dtype: np.dtype | torch.dtype, action: Field
+) -> dict[str, Field]:
+    """Per-env fields of one step as an env batch reports it (`ENV_STEP_KEYS`); `action` is
+    one action's field (the policy's record["action"]: int64 `()`, or float32 `(d,)`)."""
     return {
         "obs": Field(tuple(obs_shape), torch_dtype(obs_dtype)),
         "reward": Field((), torch.float32),
         "done": Field((), torch.bool),
         "terminated": Field((), torch.bool),
         "truncated": Field((), torch.bool),
-        "last_action": Field((), torch.int64),
+        "last_action": action,
         # Set on the step that ends a real episode (not a life loss), with the
         # episode's undiscounted return and length: the learner's statistics.
         "episode_end": Field((), torch.bool),
@@ -125,7 +128,7 @@ def rollout_spec(
     state at the start of a rollout is stored with it.
     """
     steps = unroll_length + 1
-    per_step = {**env_step_spec(obs_shape, obs_dtype), **record}
+    per_step = {**env_step_spec(obs_shape, obs_dtype, record["action"]), **record}
     spec = {key: Field((steps, *f.shape), f.dtype) for key, f in per_step.items()}
     # Unique per rollout, written with every step: see is_torn().
     spec["rollout_id"] = Field((steps,), torch.int64)

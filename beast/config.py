@@ -207,9 +207,12 @@ class Config:
     # Model.
     model: str = flag(
         "auto",
-        "Network: atari (IMPALA shallow), resnet (IMPALA deep), mlp; auto picks by obs shape;"
-        " or package.module:Name, your own nn.Module class or factory, called as"
-        " Name(obs_shape=..., num_actions=...) (docs/models.md).",
+        "Network: atari (IMPALA shallow), resnet (IMPALA deep), mlp (shared layers, fed the"
+        " last action and reward too), separate_mlp (actor-critics: separate policy and value"
+        " MLPs on the observation alone, as Stable-Baselines3's and CleanRL's); auto picks by"
+        " obs shape; or package.module:Name, your own nn.Module class or factory, called as"
+        " Name(obs_shape=..., num_actions=...), or Name(obs_shape=..., action_dim=...) for"
+        " continuous actions (docs/models.md).",
     )
     use_lstm: bool = flag(
         False,
@@ -219,6 +222,26 @@ class Config:
     hidden_size: int | None = flag(
         None,
         "Width of the MLP layers (default 64) and of the LSTM (default 64 for mlp, else 256).",
+    )
+    activation: str | None = flag(
+        None,
+        "Hidden activation of the MLP models. Default: relu for mlp, tanh for separate_mlp.",
+        choices=("relu", "tanh"),
+    )
+    log_std_init: float = flag(
+        0.0,
+        "Continuous actions: initial log standard deviation of the Gaussian policy (a learned"
+        " vector, not a function of the state).",
+    )
+    normalize_obs: bool = flag(
+        False,
+        "Normalise vector observations by running mean and std, clipped to +-10 (SB3's"
+        " VecNormalize); the statistics are part of the model (checkpoints, --mode test).",
+    )
+    normalize_reward: bool = flag(
+        False,
+        "Divide the rewards the loss sees by the running std of each env's discounted return"
+        " (with --discounting), clipped to +-10 (SB3's VecNormalize); saved in checkpoints.",
     )
 
     # Optimizer. Defaults are the IMPALA paper's Atari settings (RMSProp, lr 6e-4,
@@ -348,6 +371,11 @@ class Config:
                 raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.alpha < 1.0:
             raise ConfigError(f"--alpha must be in [0, 1), got {self.alpha}")
+        if self.normalize_reward and not hasattr(self, "discounting"):
+            raise ConfigError(
+                f"--normalize_reward needs a discount, and --algo {self.algo} has no"
+                " --discounting"
+            )
         if self.num_buffers is not None and not self.actor_layout_is_auto:
             needed = self.slots_in_use_by_actors + self.batch_size
             if self.num_buffers < needed:
@@ -358,6 +386,10 @@ class Config:
                     f" {self.slots_in_use_by_actors} slots while the learner gathers a batch, so"
                     f" use --num_buffers >= {needed} or a smaller --batch_size"
                 )
+
+    def return_discount(self) -> float | None:
+        """Gamma of the discounted return env batches keep for --normalize_reward, or None."""
+        return getattr(self, "discounting", None) if self.normalize_reward else None
 
     def default_num_buffers(self, slots_in_use_by_actors: int) -> int:
         """Rollout slots when --num_buffers is not given: the actors' own, plus

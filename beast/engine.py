@@ -26,11 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from beast import envs
-from beast.algos import algorithm_class
+from beast.algos import ALGORITHMS, algorithm_class
 from beast.algos.base import Algorithm, LearnerContext, Policy, Rollouts, SequenceReplay, Update
 from beast.buffers import RolloutBuffers, RolloutSource, rollout_spec
 from beast.checkpoint import (
@@ -43,9 +44,10 @@ from beast.checkpoint import (
 )
 from beast.compile import CompiledForward
 from beast.config import Config, ConfigError
-from beast.fields import core_state_shapes
+from beast.fields import Field, core_state_shapes
 from beast.learner import Learner, Stepper, TrainingProgress, UpdateStats
 from beast.models import ModelError, check_model, copy_weights
+from beast.normalize import DISCOUNTED_RETURN_KEY, RewardScaler, find_observation_normalizer
 from beast.replay import PrioritizedReplay, sequence_spec
 from beast.rollout_replay import RolloutReplay
 from beast.sequence_sink import SequenceSink, SequenceSource
@@ -66,7 +68,16 @@ __all__ = [
 
 # Flags a resumed run must share with its checkpoint: they define the model,
 # its inputs, the optimizer state's layout or the algorithm's state.
-RESUME_MUST_MATCH = ("env", "algo", "model", "use_lstm", "hidden_size", "optimizer")
+RESUME_MUST_MATCH = (
+    "env",
+    "algo",
+    "model",
+    "use_lstm",
+    "hidden_size",
+    "activation",
+    "normalize_obs",
+    "optimizer",
+)
 # Flags that may differ on resume without comment.
 _RESUME_IGNORED = ("xpid", "savedir", "resume", "mode", "config")
 
@@ -140,7 +151,23 @@ def learner_threads(config: Config, device: torch.device, precision: str) -> int
 
 
 def build_algorithm(config: Config, spec: envs.EnvSpec) -> Algorithm:
-    return algorithm_class(config.algo)(config, spec)
+    """The run's algorithm for the env; a one-line ConfigError when it cannot act in the
+    env's action space or normalise its observations."""
+    algorithm = algorithm_class(config.algo)
+    if spec.continuous and not algorithm.continuous_actions:
+        able = [name for name in ALGORITHMS if algorithm_class(name).continuous_actions]
+        raise ConfigError(
+            f"--algo {config.algo} needs a Discrete action space, and {config.env} has"
+            f" {spec.describe_actions()}; for continuous actions use --algo"
+            f" {', '.join(able)}"
+        )
+    if config.normalize_obs and np.dtype(spec.obs_dtype).kind != "f":
+        raise ConfigError(
+            f"--normalize_obs is for float vector observations, and {config.env}'s are"
+            f" {np.dtype(spec.obs_dtype)} {spec.obs_shape} (image models scale pixels"
+            " themselves); drop --normalize_obs"
+        )
+    return algorithm(config, spec)
 
 
 def build_checked_model(algorithm: Algorithm) -> nn.Module:
@@ -202,7 +229,9 @@ def build_experience(
     spec = algorithm.spec
     experience = algorithm.experience()
     states = core_state_shapes(actor_model.initial_state(1))
-    record = policy.record_spec()
+    record = dict(policy.record_spec())
+    if config.normalize_reward:  # each env's running discounted return, stored per step
+        record[DISCOUNTED_RETURN_KEY] = Field((), torch.float32)
     if isinstance(experience, Rollouts):
         buffers = RolloutBuffers(
             rollout_spec(
@@ -276,6 +305,7 @@ class Run:
     sink: RolloutBuffers | SequenceSink
     source: RolloutSource | SequenceSource
     learner: Learner
+    reward_scaler: RewardScaler | None = None  # --normalize_reward
 
     def describe(self) -> str:
         """The start-up line's account of the algorithm and the experience."""
@@ -301,6 +331,9 @@ class Run:
             payload = {
                 "model_state_dict": self.model.state_dict(),
                 "algorithm_state": self.update.state_dict(),
+                "reward_scaler": (
+                    self.reward_scaler.state_dict() if self.reward_scaler is not None else None
+                ),
                 "config": config.to_dict(),
                 "progress": progress,
                 "torch_rng_state": torch.get_rng_state(),
@@ -360,6 +393,7 @@ def build_run(
         progress=progress,
         reduce_gradients=reduce_gradients,
     )
+    reward_scaler = RewardScaler() if config.normalize_reward else None
     context = LearnerContext(
         device=device,
         bf16=precision == "bf16",
@@ -367,6 +401,13 @@ def build_run(
         step=stepper,
         progress=progress,
     )
+    observers = []
+    if reward_scaler is not None:
+        context.scale_rewards = reward_scaler
+        observers.append(reward_scaler.observe)
+    normalizer = find_observation_normalizer(model)
+    if normalizer is not None:
+        observers.append(normalizer.observe)
     update = algorithm.learner(model, context)
     learner = Learner(
         update=update,
@@ -377,6 +418,7 @@ def build_run(
         num_learner_threads=config.num_learner_threads,
         publish=functools.partial(copy_weights, actor_model, model),
         on_update=on_update,
+        observers=observers,
     )
     return Run(
         config=config,
@@ -393,15 +435,18 @@ def build_run(
         sink=sink,
         source=source,
         learner=learner,
+        reward_scaler=reward_scaler,
     )
 
 
 def check_resumable(saved: dict[str, Any], config: Config, path: str) -> list[str]:
     """Raise ConfigError on an incompatible checkpoint; return the other changed flags."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
     mismatched = [
-        f"--{key} {saved.get(key)!r} in the checkpoint, {getattr(config, key)!r} now"
+        f"--{key} {saved.get(key, defaults[key])!r} in the checkpoint,"
+        f" {getattr(config, key)!r} now"
         for key in RESUME_MUST_MATCH
-        if saved.get(key) != getattr(config, key)
+        if saved.get(key, defaults[key]) != getattr(config, key)
     ]
     if mismatched:
         raise ConfigError(
@@ -449,6 +494,8 @@ def restore(
         run.model.load_state_dict(payload["model_state_dict"])
         copy_weights(run.actor_model, run.model)
         run.update.load_state_dict(payload["algorithm_state"])
+        if run.reward_scaler is not None and payload.get("reward_scaler") is not None:
+            run.reward_scaler.load_state_dict(payload["reward_scaler"])
     except (RuntimeError, ValueError, KeyError) as error:
         reason = str(error).strip().splitlines()[0]
         raise ConfigError(f"cannot resume from {path}: it does not fit: {reason}") from error

@@ -18,6 +18,7 @@ import json
 import os
 import statistics
 
+import numpy as np
 import torch
 
 from beast import envs
@@ -109,14 +110,15 @@ def test(config: Config) -> list[float]:
         "obs": torch.zeros((1, *spec.obs_shape), dtype=torch.from_numpy(obs).dtype),
         "reward": torch.zeros(1),
         "done": torch.ones(1, dtype=torch.bool),
-        "last_action": torch.zeros(1, dtype=torch.int64),
+        "last_action": torch.from_numpy(np.zeros_like(policy.record["action"])),
     }
     with torch.no_grad():
         while len(returns) < config.num_test_episodes:
             inputs["obs"][0] = torch.from_numpy(obs)
-            action = int(policy.act(inputs)["action"][0])
+            drawn = policy.act(inputs)["action"][0]
+            action = spec.clip_actions(drawn) if spec.continuous else int(drawn)
             obs, reward, terminated, truncated, info = env.step(action)
-            inputs["last_action"][0] = action
+            inputs["last_action"][0] = torch.from_numpy(np.asarray(drawn))
             inputs["reward"][0] = reward
             inputs["done"][0] = terminated or truncated
             if video is not None:

@@ -225,6 +225,7 @@ class InferenceTable:
         if num_env_splits < 1 or num_envs % num_env_splits:
             raise ValueError(f"num_env_splits ({num_env_splits}) must divide num_envs ({num_envs})")
         rows = num_actors * num_envs
+        action = policy.record_spec()["action"]  # last_action has the action's layout
         self.num_envs = num_envs
         self.num_env_splits = num_env_splits
         self.lane_envs = num_envs // num_env_splits
@@ -238,7 +239,7 @@ class InferenceTable:
             "obs": shared(obs_shape, torch_dtype(obs_dtype)),
             "reward": shared((), torch.float32),
             "done": shared((), torch.bool),
-            "last_action": shared((), torch.int64),
+            "last_action": shared(action.shape, action.dtype),
         }
         # The policy's record, written by servers.
         self.record = {key: shared(f.shape, f.dtype) for key, f in policy.record_spec().items()}

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,6 +181,8 @@ class Learner(ThreadGroup):
         publish: copies the learned weights to the actors (called after each update
             that stepped an optimizer).
         on_update: receives each update's `UpdateStats` (the run log), outside the lock.
+        observers: called with each batch's data after its update, before the weights
+            are published (running statistics: beast/normalize.py).
     """
 
     def __init__(
@@ -194,6 +196,7 @@ class Learner(ThreadGroup):
         num_learner_threads: int,
         publish: Callable[[], None],
         on_update: Callable[[UpdateStats], None],
+        observers: Sequence[Callable[[Mapping[str, torch.Tensor]], None]] = (),
     ) -> None:
         self.finished = threading.Event()  # total_steps reached, or a thread failed
         super().__init__(on_error=self.finished)
@@ -204,6 +207,7 @@ class Learner(ThreadGroup):
         self.total_steps = total_steps
         self.publish = publish
         self.on_update = on_update
+        self.observers = tuple(observers)
         # Guards the model, the algorithm's state, progress and the published weights:
         # everything an update or a checkpoint touches.
         self.lock = threading.Lock()
@@ -257,6 +261,8 @@ class Learner(ThreadGroup):
         stepper.clock = clock
         applied = stepper.steps_applied
         info = self.update(batch)
+        for observe in self.observers:
+            observe(batch.data)
         source.feedback(batch, info.priorities)
         if stepper.steps_applied > applied:
             self.publish()

@@ -7,13 +7,19 @@ Every model is ``torso -> core -> heads`` and runs on time-major batches:
                                                float32 vectors (used as they are)
     inputs["reward"]       [T, B] float32      raw reward that arrived with obs_t; the model
                                                clips it to [-1, 1] for the core input
-    inputs["last_action"]  [T, B] int64        action taken before obs_t (one-hot encoded)
+    inputs["last_action"]  [T, B] int64        action taken before obs_t (one-hot encoded);
+                           [T, B, d] float32   for continuous actions, used as it is
     inputs["done"]         [T, B] bool         obs_t starts a new episode; read only by
                                                recurrent models, which zero their state for
                                                that sample *before* processing step t
 
     AgentOutput.policy_logits  [T, B, num_actions] float32 (unnormalised; the caller samples)
     AgentOutput.baseline       [T, B] float32
+
+Continuous (Box) actions of dimension d replace the logits by a diagonal Gaussian
+(`GaussianAgentOutput`): ``action_mean`` [T, B, d] from a linear head, and
+``action_log_std`` [T, B, d], a learned vector that does not depend on the state
+(``--log_std_init``), as in PPO's MuJoCo setup (Schulman et al. 2017, section 6.1).
 
 The core input is ``[torso features, clipped reward, one-hot last action]`` as in TorchBeast's
 AtariNet. Without an LSTM the heads read that vector directly; with one, they read the LSTM
@@ -29,6 +35,10 @@ Initialisation: orthogonal weights and zero biases for every conv and linear lay
 sqrt(2), for the ReLUs that follow them), the policy head with gain 0.01 so the initial policy is
 close to uniform (Andrychowicz et al. 2021, "What Matters in On-Policy RL?") and
 the baseline head with gain 1. The LSTM keeps PyTorch's default uniform initialisation.
+
+`SeparateMLPNet` ("separate_mlp") is Stable-Baselines3's and CleanRL's on-policy network:
+two MLPs on the observation alone, one for the policy and one for the value, with no
+shared layers and no reward or last-action input.
 
 Q-networks (`DuelingQNet`, `build_q_model`) take the same inputs and torsos and return
 ``QOutput.q_values`` [T, B, num_actions] float32 through a dueling head (Wang et al. 2016). With
@@ -58,7 +68,9 @@ __all__ = [
     "AtariNet",
     "CoreState",
     "DuelingQNet",
+    "GaussianAgentOutput",
     "MLPNet",
+    "SeparateMLPNet",
     "QOutput",
     "ModelError",
     "ResNet",
@@ -70,7 +82,9 @@ __all__ = [
     "is_user_model",
 ]
 
-MODEL_NAMES = ("auto", "atari", "resnet", "mlp")
+MODEL_NAMES = ("auto", "atari", "resnet", "mlp", "separate_mlp")
+# Hidden-layer activations of the MLP torsos (--activation).
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
 # What every model reads per step (module docstring), in the order buffers hold them.
 MODEL_INPUT_KEYS = ("obs", "reward", "done", "last_action")
 
@@ -93,6 +107,20 @@ class AgentOutput(NamedTuple):
     """
 
     policy_logits: Tensor
+    baseline: Tensor
+
+
+class GaussianAgentOutput(NamedTuple):
+    """What a model returns for each step with continuous actions of dimension d.
+
+    action_mean: float32 [T, B, d], the Gaussian's mean (unbounded: env batches clip
+        the drawn action to the action space's bounds).
+    action_log_std: float32 [T, B, d], log standard deviations.
+    baseline: float32 [T, B], the value estimate V(x_t).
+    """
+
+    action_mean: Tensor
+    action_log_std: Tensor
     baseline: Tensor
 
 
@@ -134,16 +162,55 @@ def _check_image_shape(obs_shape: tuple[int, ...], model_name: str) -> None:
         )
 
 
-class ActorCriticNet(nn.Module):
+class _PolicyHeads(nn.Module):
+    """The policy and baseline heads on a feature vector, for discrete or continuous actions.
+
+    Discrete: ``policy`` is a linear layer to the logits. Continuous: ``policy`` gives the
+    Gaussian's mean and ``log_std`` is a state-independent vector of d parameters.
+    """
+
+    def _build_heads(
+        self, in_size: int, num_actions: int, action_dim: int, log_std_init: float
+    ) -> None:
+        if (num_actions > 0) == (action_dim > 0):
+            raise ValueError(
+                f"give num_actions (discrete) or action_dim (continuous), got {num_actions}"
+                f" and {action_dim}"
+            )
+        self.num_actions, self.action_dim = num_actions, action_dim
+        self.policy = nn.Linear(in_size, action_dim or num_actions)
+        if action_dim:
+            self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
+        _orthogonal_init(self.policy, _POLICY_GAIN)
+
+    def _action_features(self, last_action: Tensor) -> Tensor:
+        """[N] indices -> one-hot [N, num_actions]; continuous [N, d] -> float [N, d]."""
+        if self.action_dim:
+            return last_action.float()
+        return F.one_hot(last_action, self.num_actions).float()
+
+    def _agent_output(
+        self, policy_features: Tensor, baseline: Tensor, T: int, B: int
+    ) -> AgentOutput | GaussianAgentOutput:
+        if not self.action_dim:
+            return AgentOutput(self.policy(policy_features).view(T, B, self.num_actions), baseline)
+        mean = self.policy(policy_features).view(T, B, self.action_dim)
+        return GaussianAgentOutput(mean, self.log_std.expand_as(mean), baseline)
+
+
+class ActorCriticNet(_PolicyHeads):
     """Shared core and heads; subclasses provide the torso.
 
     Args:
         torso: maps float32 [N, *obs_shape] to float32 [N, torso_size].
         torso_size: features per sample out of ``torso``.
         obs_shape: shape of one observation.
-        num_actions: size of the discrete action space.
+        num_actions: size of a discrete action space (0 for continuous actions).
         use_lstm: put a one-layer LSTM between the torso and the heads.
         lstm_size: LSTM hidden size (ignored without ``use_lstm``).
+        action_dim: d of a continuous action space (0 for discrete actions): a Gaussian
+            head (`GaussianAgentOutput`) instead of logits.
+        log_std_init: the Gaussian's initial log standard deviation.
     """
 
     def __init__(
@@ -155,13 +222,14 @@ class ActorCriticNet(nn.Module):
         *,
         use_lstm: bool,
         lstm_size: int,
+        action_dim: int = 0,
+        log_std_init: float = 0.0,
     ) -> None:
         super().__init__()
         self.obs_shape = tuple(obs_shape)
-        self.num_actions = num_actions
         self.use_lstm = use_lstm
         self.torso = torso
-        core_input_size = torso_size + 1 + num_actions
+        core_input_size = torso_size + 1 + (action_dim or num_actions)
         self.core: nn.LSTM | None
         if use_lstm:
             self.core = nn.LSTM(core_input_size, lstm_size, num_layers=1)
@@ -169,9 +237,8 @@ class ActorCriticNet(nn.Module):
         else:
             self.core = None
             core_output_size = core_input_size
-        self.policy = nn.Linear(core_output_size, num_actions)
+        self._build_heads(core_output_size, num_actions, action_dim, log_std_init)
         self.baseline = nn.Linear(core_output_size, 1)
-        _orthogonal_init(self.policy, _POLICY_GAIN)
         _orthogonal_init(self.baseline, _BASELINE_GAIN)
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> CoreState:
@@ -188,7 +255,7 @@ class ActorCriticNet(nn.Module):
 
     def forward(
         self, inputs: Mapping[str, Tensor], core_state: CoreState = ()
-    ) -> tuple[AgentOutput, CoreState]:
+    ) -> tuple[AgentOutput | GaussianAgentOutput, CoreState]:
         """Run T steps for B samples. See the module docstring for the ``inputs`` contract.
 
         For recurrent models an empty ``core_state`` means ``initial_state(B)``. The returned
@@ -197,12 +264,9 @@ class ActorCriticNet(nn.Module):
         """
         obs = inputs["obs"]
         T, B = obs.shape[:2]
-        x = obs.flatten(0, 1)
-        # uint8 pixels are scaled here rather than by the caller, so rollouts store bytes.
-        x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
-        x = self.torso(x)
+        x = self.torso(_float_obs(obs))
         reward = inputs["reward"].flatten(0, 1).float().clamp(-1.0, 1.0).unsqueeze(1)
-        last_action = F.one_hot(inputs["last_action"].flatten(0, 1), self.num_actions).float()
+        last_action = self._action_features(inputs["last_action"].flatten(0, 1))
         core_input = torch.cat([x, reward, last_action], dim=1)
 
         if self.core is None:
@@ -214,15 +278,21 @@ class ActorCriticNet(nn.Module):
             )
             core_output = core_output.flatten(0, 1)
 
-        policy_logits = self.policy(core_output).view(T, B, self.num_actions)
         baseline = self.baseline(core_output).view(T, B)
-        return AgentOutput(policy_logits, baseline), core_state
+        return self._agent_output(core_output, baseline, T, B), core_state
 
     def _unroll(
         self, core_input: Tensor, done: Tensor, core_state: CoreState
     ) -> tuple[Tensor, CoreState]:
         assert self.core is not None
         return _unroll_lstm(self.core, core_input, done, core_state)
+
+
+def _float_obs(obs: Tensor) -> Tensor:
+    """[T, B, ...] observations as float32 [T*B, ...]: uint8 pixels scaled by 1/255 here
+    rather than by the caller, so rollouts store bytes."""
+    x = obs.flatten(0, 1)
+    return x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
 
 
 def _zero_state(core: nn.LSTM, batch_size: int, device: torch.device | str) -> CoreState:
@@ -274,11 +344,20 @@ class AtariNet(ActorCriticNet):
         *,
         use_lstm: bool = False,
         lstm_size: int = DEFAULT_LSTM_SIZE,
+        action_dim: int = 0,
+        log_std_init: float = 0.0,
     ) -> None:
         obs_shape = tuple(obs_shape)
         torso, torso_size = _atari_torso(obs_shape)
         super().__init__(
-            torso, torso_size, obs_shape, num_actions, use_lstm=use_lstm, lstm_size=lstm_size
+            torso,
+            torso_size,
+            obs_shape,
+            num_actions,
+            use_lstm=use_lstm,
+            lstm_size=lstm_size,
+            action_dim=action_dim,
+            log_std_init=log_std_init,
         )
 
 
@@ -326,11 +405,20 @@ class ResNet(ActorCriticNet):
         *,
         use_lstm: bool = False,
         lstm_size: int = DEFAULT_LSTM_SIZE,
+        action_dim: int = 0,
+        log_std_init: float = 0.0,
     ) -> None:
         obs_shape = tuple(obs_shape)
         torso, torso_size = _resnet_torso(obs_shape)
         super().__init__(
-            torso, torso_size, obs_shape, num_actions, use_lstm=use_lstm, lstm_size=lstm_size
+            torso,
+            torso_size,
+            obs_shape,
+            num_actions,
+            use_lstm=use_lstm,
+            lstm_size=lstm_size,
+            action_dim=action_dim,
+            log_std_init=log_std_init,
         )
 
 
@@ -354,7 +442,8 @@ def _resnet_torso(obs_shape: tuple[int, ...]) -> tuple[nn.Module, int]:
 
 
 class MLPNet(ActorCriticNet):
-    """Two ReLU hidden layers of ``hidden_size`` units on the flattened observation.
+    """Two hidden layers of ``hidden_size`` units (ReLU by default) on the flattened
+    observation.
 
     ReLU rather than the tanh of CleanRL's and Stable-Baselines3's classic-control defaults:
     in a quick A2C check on CartPole-v1 with this net (8 envs, 20-step rollouts, Adam 2e-3,
@@ -370,29 +459,86 @@ class MLPNet(ActorCriticNet):
         *,
         use_lstm: bool = False,
         hidden_size: int = DEFAULT_MLP_HIDDEN_SIZE,
+        activation: str = "relu",
+        action_dim: int = 0,
+        log_std_init: float = 0.0,
     ) -> None:
         obs_shape = tuple(obs_shape)
-        torso, torso_size = _mlp_torso(obs_shape, hidden_size)
+        torso, torso_size = _mlp_torso(obs_shape, hidden_size, activation)
         super().__init__(
-            torso, torso_size, obs_shape, num_actions, use_lstm=use_lstm, lstm_size=hidden_size
+            torso,
+            torso_size,
+            obs_shape,
+            num_actions,
+            use_lstm=use_lstm,
+            lstm_size=hidden_size,
+            action_dim=action_dim,
+            log_std_init=log_std_init,
         )
 
 
-def _mlp_torso(obs_shape: tuple[int, ...], hidden_size: int) -> tuple[nn.Module, int]:
-    """Two ReLU layers of hidden_size on the flattened obs (see MLPNet), initialised."""
+def _mlp_torso(
+    obs_shape: tuple[int, ...], hidden_size: int, activation: str = "relu"
+) -> tuple[nn.Module, int]:
+    """Two layers of hidden_size on the flattened obs (see MLPNet), initialised with gain
+    sqrt(2) whatever the activation (as Stable-Baselines3 and CleanRL do)."""
+    act = ACTIVATIONS[activation]
     torso = nn.Sequential(
         nn.Flatten(),
         nn.Linear(math.prod(obs_shape), hidden_size),
-        nn.ReLU(),
+        act(),
         nn.Linear(hidden_size, hidden_size),
-        nn.ReLU(),
+        act(),
     )
     _orthogonal_init(torso, _RELU_GAIN)
     return torso, hidden_size
 
 
+class SeparateMLPNet(_PolicyHeads):
+    """Two MLPs on the observation alone: one to the policy head, one to the value.
+
+    Stable-Baselines3's ``net_arch=dict(pi=[h, h], vf=[h, h])`` and CleanRL's PPO networks:
+    no shared layers, so the value loss does not shape the policy's features, and no
+    reward or last-action input. Feed-forward only (``initial_state`` is ``()``).
+    """
+
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        num_actions: int,
+        *,
+        hidden_size: int = DEFAULT_MLP_HIDDEN_SIZE,
+        activation: str = "tanh",
+        action_dim: int = 0,
+        log_std_init: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.obs_shape = tuple(obs_shape)
+        self.policy_torso, size = _mlp_torso(self.obs_shape, hidden_size, activation)
+        self.value_torso, _ = _mlp_torso(self.obs_shape, hidden_size, activation)
+        self._build_heads(size, num_actions, action_dim, log_std_init)
+        self.baseline = nn.Linear(size, 1)
+        _orthogonal_init(self.baseline, _BASELINE_GAIN)
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> CoreState:
+        return ()
+
+    def forward(
+        self, inputs: Mapping[str, Tensor], core_state: CoreState = ()
+    ) -> tuple[AgentOutput | GaussianAgentOutput, CoreState]:
+        obs = inputs["obs"]
+        T, B = obs.shape[:2]
+        x = _float_obs(obs)
+        baseline = self.baseline(self.value_torso(x)).view(T, B)
+        return self._agent_output(self.policy_torso(x), baseline, T, B), ()
+
+
 def _resolve_model_name(
-    name: str, obs_shape: Sequence[int], num_actions: int, hidden_size: int | None
+    name: str,
+    obs_shape: Sequence[int],
+    num_actions: int,
+    hidden_size: int | None,
+    action_dim: int = 0,
 ) -> tuple[str, tuple[int, ...]]:
     """The checks both builders share; "auto" resolved by the observation's rank."""
     obs_shape = tuple(int(d) for d in obs_shape)
@@ -400,7 +546,7 @@ def _resolve_model_name(
         raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES}")
     if not obs_shape or min(obs_shape) < 1:
         raise ValueError(f"obs_shape must be non-empty with positive sizes, got {obs_shape}")
-    if num_actions < 1:
+    if max(num_actions, action_dim) < 1:
         raise ValueError(f"num_actions must be >= 1, got {num_actions}")
     if hidden_size is not None and hidden_size < 1:
         raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
@@ -424,36 +570,60 @@ def build_model(
     *,
     use_lstm: bool = False,
     hidden_size: int | None = None,
-) -> ActorCriticNet:
-    """Build a model by name (one of MODEL_NAMES).
+    activation: str | None = None,
+    action_dim: int = 0,
+    log_std_init: float = 0.0,
+) -> ActorCriticNet | SeparateMLPNet:
+    """Build an actor-critic model by name (one of MODEL_NAMES).
 
     "auto" picks "atari" for 3-D [C, H, W] observations and "mlp" for 1-D vectors. "mlp"
-    accepts any shape (it flattens), so small grids can use it too; "atari" and "resnet" need
-    3-D images, and "atari" needs H, W >= 36.
+    and "separate_mlp" accept any shape (they flatten), so small grids can use them too;
+    "atari" and "resnet" need 3-D images, and "atari" needs H, W >= 36.
 
-    ``hidden_size`` sets MLPNet's layer and LSTM width (default 64) and the image models'
-    LSTM width (default 256). Image models have no other width to set, so passing it for one
-    without ``use_lstm`` is an error rather than silently ignored.
+    ``hidden_size`` sets the MLP models' layer and LSTM width (default 64) and the image
+    models' LSTM width (default 256). Image models have no other width to set, so passing
+    it for one without ``use_lstm`` is an error rather than silently ignored; so is an
+    ``activation`` (the MLPs': relu for "mlp", tanh for "separate_mlp" by default) for an
+    image model. ``action_dim`` > 0 (with ``num_actions`` 0) gives a Gaussian head for
+    continuous actions, starting at ``log_std_init``.
 
     Raises:
         ValueError: unknown name, impossible shape, or a non-positive size.
     """
-    name, obs_shape = _resolve_model_name(name, obs_shape, num_actions, hidden_size)
+    name, obs_shape = _resolve_model_name(name, obs_shape, num_actions, hidden_size, action_dim)
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; expected one of {list(ACTIVATIONS)}")
+    heads = {"action_dim": action_dim, "log_std_init": log_std_init}
+    width = hidden_size or DEFAULT_MLP_HIDDEN_SIZE
     if name == "mlp":
         return MLPNet(
             obs_shape,
             num_actions,
             use_lstm=use_lstm,
-            hidden_size=hidden_size or DEFAULT_MLP_HIDDEN_SIZE,
+            hidden_size=width,
+            activation=activation or "relu",
+            **heads,
+        )
+    if name == "separate_mlp":
+        if use_lstm:
+            raise ValueError("the separate_mlp model is feed-forward; use mlp for an LSTM")
+        return SeparateMLPNet(
+            obs_shape, num_actions, hidden_size=width, activation=activation or "tanh", **heads
         )
     if hidden_size is not None and not use_lstm:
         raise ValueError(
             f"hidden_size sets the LSTM width of the {name} model; it has no effect without "
             "use_lstm"
         )
+    if activation is not None:
+        raise ValueError(f"activation sets the MLP models' activation, not the {name} model's")
     image_cls = AtariNet if name == "atari" else ResNet
     return image_cls(
-        obs_shape, num_actions, use_lstm=use_lstm, lstm_size=hidden_size or DEFAULT_LSTM_SIZE
+        obs_shape,
+        num_actions,
+        use_lstm=use_lstm,
+        lstm_size=hidden_size or DEFAULT_LSTM_SIZE,
+        **heads,
     )
 
 
@@ -581,6 +751,10 @@ def build_q_model(
         ValueError: unknown name, impossible shape, or a non-positive size.
     """
     name, obs_shape = _resolve_model_name(name, obs_shape, num_actions, hidden_size)
+    if name == "separate_mlp":
+        raise ValueError(
+            "separate_mlp is an actor-critic network; Q-networks use mlp, atari or resnet"
+        )
     if name == "mlp":
         width = hidden_size or DEFAULT_MLP_HIDDEN_SIZE
         torso, torso_size = _mlp_torso(obs_shape, width)
@@ -648,18 +822,24 @@ def _import_model(path: str) -> Any:
 
 
 def build_user_model(config: Any, spec: Any) -> nn.Module:
-    """`Name(obs_shape=..., num_actions=...)` for `--model package.module:Name`: an
-    nn.Module with `initial_state(batch_size)` and `forward(inputs, core_state)` (the
-    contract of this module's docstring; docs/models.md). ModelError, one line, when the
-    path does not import or the call does not fit."""
+    """`Name(obs_shape=..., num_actions=...)` for `--model package.module:Name` (for a
+    continuous action space: `Name(obs_shape=..., action_dim=...)`): an nn.Module with
+    `initial_state(batch_size)` and `forward(inputs, core_state)` (the contract of this
+    module's docstring; docs/models.md). ModelError, one line, when the path does not
+    import or the call does not fit."""
     path = config.model
     factory = _import_model(path)
-    kwargs = {"obs_shape": tuple(spec.obs_shape), "num_actions": spec.num_actions}
+    kwargs = {"obs_shape": tuple(spec.obs_shape)}
+    if spec.continuous:
+        kwargs["action_dim"] = spec.action_dim
+    else:
+        kwargs["num_actions"] = spec.num_actions
     try:
         inspect.signature(factory).bind(**kwargs)
     except TypeError as error:
         raise ModelError(
-            f"--model {path} must accept (obs_shape, num_actions) as keyword arguments: {error}"
+            f"--model {path} must accept ({', '.join(kwargs)}) as keyword arguments for"
+            f" {spec.describe_actions()}: {error}"
         ) from None
     except ValueError:  # a callable without a signature (a C function): just call it
         pass
@@ -686,7 +866,7 @@ def check_model(
         "obs": torch.zeros((T, B, *spec.obs_shape), dtype=torch_dtype(spec.obs_dtype)),
         "reward": torch.zeros((T, B)),
         "done": torch.zeros((T, B), dtype=torch.bool),
-        "last_action": torch.zeros((T, B), dtype=torch.int64),
+        "last_action": torch.zeros((T, B, *spec.action_shape), dtype=spec.action_field().dtype),
     }
     try:
         with torch.no_grad():

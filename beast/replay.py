@@ -18,8 +18,9 @@ of `beast.buffers` rollouts). Row t (the rollout alignment of `beast.buffers`):
                                   in a terminal state (no bootstrap)
     truncated    bool [L]         x_t is a time-limited episode's final
                                   observation (bootstrap from it)
-    last_action  int64 [L]        the action taken before x_t
-    action       int64 [L]        a_t, taken at x_t
+    last_action  int64 [L]        the action taken before x_t (as "action")
+    action       int64 [L]        a_t, taken at x_t (the policy's record: Q-learning's
+                                  actions are discrete)
     mask         bool [L]         row t is a real step of this sequence's
                                   episode (False: terminal row, padding)
     core_state_i float32 [...]    recurrent state at the sequence's start
@@ -97,7 +98,8 @@ def sequence_spec(
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     rows = seq_len + 1
-    per_row = {key: f for key, f in env_step_spec(obs_shape, obs_dtype).items() if key in ENV_KEYS}
+    env_fields = env_step_spec(obs_shape, obs_dtype, record["action"])
+    per_row = {key: f for key, f in env_fields.items() if key in ENV_KEYS}
     per_row.update(record)
     spec = {key: Field((rows, *f.shape), f.dtype) for key, f in per_row.items()}
     spec["mask"] = Field((rows,), torch.bool)

@@ -124,6 +124,7 @@ def actor_settings(run: Run, policy: str) -> ActorSettings:
         num_envs=config.num_envs_per_actor,
         episodic_life=config.episodic_life,
         policy=run.policy,
+        return_discount=config.return_discount(),
         bf16=acting_bf16(run.precision, torch.device("cpu")),
         num_env_splits=config.env_splits(policy),
     )
@@ -162,7 +163,7 @@ def start_run(config: Config) -> tuple[Run, RunLog]:
     log.start_from(run.progress.step)
     log.print(
         f"run {config.xpid} in {config.run_dir}: env {config.env} (obs {spec.obs_shape}"
-        f" {spec.obs_dtype}, {spec.num_actions} actions), {run.describe()},"
+        f" {spec.obs_dtype}, {spec.describe_actions()}), {run.describe()},"
         f" {config.num_actors} actors x {config.num_envs_per_actor} envs,"
         f" learner on {device} in {precision} with {torch.get_num_threads()} thread(s)"
     )

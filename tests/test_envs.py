@@ -10,10 +10,12 @@ import cv2
 import gymnasium
 import numpy as np
 import pytest
+import torch
 from ale_py.env import AtariEnv
 from gymnasium import spaces
 
 from beast.envs import EnvError, EnvSpec, OldGymAdapter, env_spec, make
+from beast.fields import Field
 
 # --- Hand-written environments -------------------------------------------------------
 
@@ -100,6 +102,32 @@ class DictObsEnv(CountdownEnv):
     def __init__(self) -> None:
         super().__init__()
         self.observation_space = spaces.Dict({"x": spaces.Box(0, 1, shape=(1,))})
+
+
+class BoxActionEnv(CountdownEnv):
+    """CountdownEnv with a Box action space (set by the subclasses below)."""
+
+    action_bounds: tuple = (-1.0, 1.0)
+    action_shape: tuple = (2,)
+    action_dtype = np.float32
+
+    def __init__(self) -> None:
+        super().__init__()
+        low, high = self.action_bounds
+        self.action_space = spaces.Box(low, high, shape=self.action_shape, dtype=self.action_dtype)
+
+
+class InfiniteBoxActionEnv(BoxActionEnv):
+    action_bounds = (-np.inf, np.inf)
+
+
+class MatrixBoxActionEnv(BoxActionEnv):
+    action_shape = (2, 3)
+
+
+class IntegerBoxActionEnv(BoxActionEnv):
+    action_bounds = (0, 3)
+    action_dtype = np.int64
 
 
 def needs_arguments(length: int) -> CountdownEnv:
@@ -455,10 +483,30 @@ def test_bad_module_paths(name, expected):
     assert expected in assert_one_line(err)
 
 
-def test_box_action_space_is_refused():
+def test_box_action_space_gives_a_continuous_spec():
+    spec = env_spec(make("Pendulum-v1"))
+    assert spec.continuous and spec.num_actions == 0
+    assert (spec.action_shape, spec.action_low, spec.action_high) == ((1,), (-2.0,), (2.0,))
+    assert spec.action_field() == Field((1,), torch.float32)
+    assert spec.describe_actions() == "Box(1) actions in [-2, 2]"
+    assert not env_spec(make("CartPole-v1")).continuous
+    # What an env is given: clipped to the bounds, as float32.
+    clipped = spec.clip_actions(np.array([[-5.0], [0.5], [3.0]]))
+    assert clipped.dtype == np.float32 and clipped[:, 0].tolist() == [-2.0, 0.5, 2.0]
+
+
+@pytest.mark.parametrize(
+    ("env_class", "expected"),
+    [
+        ("InfiniteBoxActionEnv", "has infinite bounds"),
+        ("MatrixBoxActionEnv", "needs a 1-D vector of actions"),
+        ("IntegerBoxActionEnv", "continuous actions are floats"),
+    ],
+)
+def test_box_action_spaces_beast_cannot_use_are_refused(env_class, expected):
     with pytest.raises(EnvError) as err:
-        env_spec(make("Pendulum-v1"))
-    assert "continuous (Box) action spaces are not supported" in assert_one_line(err)
+        env_spec(make(path(env_class)))
+    assert expected in assert_one_line(err)
 
 
 def test_dict_observations_are_refused():
@@ -481,6 +529,8 @@ def test_episodic_life_needs_atari():
         ("CartPole-v1", "classic"),
         ("Acrobot-v1", "classic"),
         ("MaskedCartPole-v1", "classic"),  # beast's CartPole without velocities
+        ("HalfCheetah-v5", "mujoco"),
+        ("Hopper-v5", "mujoco"),
         ("LunarLander-v3", None),  # not tuned: no family config
         ("tests.test_envs:OldStyleEnv", None),
         ("NoSuchEnv-v0", None),

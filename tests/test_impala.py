@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from beast.algos import impala, vtrace
+from beast.algos.distributions import Categorical
 
 LOSS_KWARGS = {
     "discounting": 0.9,
@@ -269,10 +270,14 @@ def entropy(logits):
     return -(np.exp(log_probs) * log_probs).sum(-1)
 
 
+def softmax_entropy(logits):
+    return Categorical(logits.shape[-1]).entropy({"policy_logits": logits})
+
+
 def test_entropy_loss_is_negative_entropy_and_minimising_it_flattens_the_policy():
     g = torch.Generator().manual_seed(0)
     logits = (3 * torch.randn(5, 3, 6, generator=g)).requires_grad_(True)
-    loss = impala.entropy_loss(logits)
+    loss = impala.entropy_loss(softmax_entropy(logits))
     # Tolerance: float32 log-softmax and a sum of 15 O(1) entropies.
     assert loss.item() == pytest.approx(-entropy(logits.detach().numpy()).sum(), rel=1e-5)
     loss.backward()
@@ -281,7 +286,7 @@ def test_entropy_loss_is_negative_entropy_and_minimising_it_flattens_the_policy(
     assert np.all(entropy(stepped) > entropy(logits.detach().numpy()))
 
     uniform = torch.zeros(2, 2, 6, requires_grad=True)
-    impala.entropy_loss(uniform).backward()
+    impala.entropy_loss(softmax_entropy(uniform)).backward()
     # Tolerance: at the maximum the gradient is 0 up to float32 rounding of log(1/6).
     assert uniform.grad.abs().max() < 1e-6
 
@@ -290,7 +295,7 @@ def test_impala_entropy_term_uses_the_cost_and_learner_logits():
     learner_outputs, batch = make_batch(3, 2, seed=3)
     out = impala.impala_loss(learner_outputs, batch, **LOSS_KWARGS)
     expected = LOSS_KWARGS["entropy_cost"] * impala.entropy_loss(
-        learner_outputs["policy_logits"][:-1]
+        softmax_entropy(learner_outputs["policy_logits"][:-1])
     )
     # Tolerance: identical float32 computation.
     torch.testing.assert_close(out.stats["entropy_loss"], expected.detach())
@@ -314,8 +319,9 @@ def test_masks_drop_steps():
         # Tolerance: float32 sums of the same terms in a different order.
         torch.testing.assert_close(fn(*args, mask=mask), dropped, rtol=1e-5, atol=1e-5)
 
-    masked_vs_dropped(impala.policy_gradient_loss, logits, actions, advantages)
+    log_probs = vtrace.action_log_probs(logits, actions)
+    masked_vs_dropped(impala.policy_gradient_loss, log_probs, advantages)
     masked_vs_dropped(impala.baseline_loss, values, targets)
-    masked_vs_dropped(impala.entropy_loss, logits)
+    masked_vs_dropped(impala.entropy_loss, softmax_entropy(logits))
     with pytest.raises(ValueError, match="mask"):
         impala.baseline_loss(values, targets, mask=mask[:2])

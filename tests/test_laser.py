@@ -17,6 +17,7 @@ import torch
 from beast import envs
 from beast.algos import impala, laser
 from beast.algos.base import LearnerContext
+from beast.algos.distributions import Categorical
 from beast.algos.impala import ActorCriticUpdate, Impala
 from beast.algos.laser import Laser
 from beast.algos.policies import CategoricalPolicy
@@ -116,13 +117,23 @@ def test_a_threshold_no_step_exceeds_is_impala():
 # Step 2 is far from its behaviour in the naive direction, KL(mu || pi) = .5 ln(5/9) +
 # .5 ln 5 = 0.51, but V-trace's implied policy stays close to pi there: the paper's KL
 # is small. Step 0 is the reverse.
+def logits(policy_logits):
+    """A softmax policy's parameters, as the losses take them."""
+    return {"policy_logits": policy_logits}
+
+
+def entropy(policy_logits):
+    num_actions = policy_logits.shape[-1]
+    return Categorical(num_actions).entropy(logits(policy_logits))
+
+
 TARGET = probs_to_logits((0.5, 0.5), (0.3, 0.7), (0.9, 0.1))
 BEHAVIOUR = probs_to_logits((0.9, 0.1), (0.3, 0.7), (0.5, 0.5))
 KL_BY_HAND = [0.5 * math.log(1.8), 0.0, 0.9 * math.log(1.08) + 0.1 * math.log(0.6)]
 
 
 def test_kl_matches_the_hand_worked_example():
-    kl = laser.trust_region_kl(BEHAVIOUR, TARGET, clip_rho_threshold=1.0)
+    kl = laser.trust_region_kl(logits(BEHAVIOUR), logits(TARGET), clip_rho_threshold=1.0)
     assert kl.shape == (3, 1)
     # Tolerance: float32 log-softmax and logsumexp of O(1) numbers.
     torch.testing.assert_close(kl[:, 0], torch.tensor(KL_BY_HAND), rtol=1e-5, atol=1e-6)
@@ -131,11 +142,11 @@ def test_kl_matches_the_hand_worked_example():
 def test_kl_with_a_larger_rho_bar_by_hand():
     # rho_bar 2, step 0: min(2 mu, pi) = min((1.8, .2), (.5, .5)) = (.5, .2), Z .7,
     # pi~ (5/7, 2/7), KL = .5 ln(.5 * 7/5) + .5 ln(.5 * 7/2) = .5 ln 1.225.
-    kl = laser.trust_region_kl(BEHAVIOUR[:1], TARGET[:1], clip_rho_threshold=2.0)
+    kl = laser.trust_region_kl(logits(BEHAVIOUR[:1]), logits(TARGET[:1]), clip_rho_threshold=2.0)
     # Tolerance: as above.
     assert kl.item() == pytest.approx(0.5 * math.log(1.225), rel=1e-5)
     # Without clipping V-trace is plain importance sampling: pi~ = pi, nothing rejected.
-    assert torch.all(laser.trust_region_kl(BEHAVIOUR, TARGET, clip_rho_threshold=None) == 0)
+    assert torch.all(laser.trust_region_kl(logits(BEHAVIOUR), logits(TARGET), clip_rho_threshold=None) == 0)
 
 
 @pytest.mark.parametrize(
@@ -201,7 +212,9 @@ def test_masked_steps_get_no_policy_gradient():
     # the logits' gradient is the policy-gradient term's alone: exactly 0 at rejected
     # steps, and not at kept ones. The baseline term drops them as well.
     outputs, batch = make_batch(8, 6, seed=3, spread=2.0)
-    kl = laser.trust_region_kl(batch["policy_logits"][:-1], outputs["policy_logits"][:-1])
+    kl = laser.trust_region_kl(
+        logits(batch["policy_logits"][:-1]), logits(outputs["policy_logits"][:-1])
+    )
     threshold = kl.median().item()
     keep = laser.trust_region_mask(kl, threshold)
     assert 0 < int(keep.sum()) < keep.numel()
@@ -226,7 +239,7 @@ def test_entropy_still_reaches_masked_steps():
     out.total_loss.backward()
     logits = outputs["policy_logits"]
     expected = torch.autograd.grad(
-        LOSS_KWARGS["entropy_cost"] * impala.entropy_loss(logits[:-1]), logits
+        LOSS_KWARGS["entropy_cost"] * impala.entropy_loss(entropy(logits[:-1])), logits
     )[0]
     # Tolerance: the same float32 computation.
     torch.testing.assert_close(logits.grad, expected)

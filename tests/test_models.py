@@ -169,7 +169,7 @@ def test_auto_picks_by_obs_rank():
     assert isinstance(build_model("auto", *PONG), AtariNet)
     assert isinstance(build_model("auto", *CARTPOLE), MLPNet)
     assert isinstance(build_model("resnet", *PONG), ResNet)
-    assert set(MODEL_NAMES) == {"auto", "atari", "resnet", "mlp"}
+    assert set(MODEL_NAMES) == {"auto", "atari", "resnet", "mlp", "separate_mlp"}
 
 
 def test_mlp_flattens_images():

@@ -27,6 +27,7 @@ How a new algorithm plugs in, and what its model must return: docs/algorithms.md
 from __future__ import annotations
 
 import abc
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -176,6 +177,9 @@ class LearnerContext:
     step: the one optimizer step (beast/learner.py `Stepper`): zero_grad, backward,
         clipping, the non-finite guard, the learning-rate schedule, the step.
     progress: the run's counters (agent steps, updates), read-only for the algorithm.
+    scale_rewards: a batch's data -> its rewards `[L, B]` as the loss must see them
+        (--normalize_reward scales them, beast/normalize.py; else `data["reward"]`).
+        Models read the raw `data["reward"]`, as they did when acting.
     """
 
     device: torch.device
@@ -183,6 +187,7 @@ class LearnerContext:
     forward: Callable[..., Any]
     step: Stepper
     progress: TrainingProgress
+    scale_rewards: Callable[[Mapping[str, Tensor]], Tensor] = operator.itemgetter("reward")
 
     def autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
@@ -213,12 +218,15 @@ class Algorithm(abc.ABC):
         summary: one line for --help.
         Args: the dataclass of its flags.
         bf16_auto: whether --precision auto may pick bf16 for it (image models only).
+        continuous_actions: whether it acts in continuous (Box) action spaces; the engine
+            refuses such an env for an algorithm that does not, in one line.
     """
 
     name: ClassVar[str]
     summary: ClassVar[str]
     Args: ClassVar[type]
     bf16_auto: ClassVar[bool] = True
+    continuous_actions: ClassVar[bool] = False
 
     def __init__(self, config: Config, spec: EnvSpec) -> None:
         self.config = config
@@ -234,12 +242,18 @@ class Algorithm(abc.ABC):
         """Per-step outputs its network must return: name -> shape per env."""
 
     def build_model(self) -> nn.Module:
-        """The network: the user's `--model package.module:Name`, or a built-in one."""
+        """The network: the user's `--model package.module:Name`, or a built-in one; with
+        --normalize_obs, behind the running normaliser (beast/normalize.py)."""
         from beast.models import build_user_model, is_user_model
+        from beast.normalize import ObservationNormalizer
 
         if is_user_model(self.config.model):
-            return build_user_model(self.config, self.spec)
-        return self.builtin_model()
+            model = build_user_model(self.config, self.spec)
+        else:
+            model = self.builtin_model()
+        if self.config.normalize_obs:
+            model = ObservationNormalizer(model, self.spec.obs_shape)
+        return model
 
     @abc.abstractmethod
     def builtin_model(self) -> nn.Module:

@@ -15,12 +15,20 @@ last step of the previous rollout). Index t of the batch holds:
                                          (the env resets), so step t trains
                                          nothing (beast/envs/batch.py)
     action          int64   [T+1, B]     taken by the behaviour policy at obs_t
-    policy_logits   float32 [T+1, B, A]  behaviour policy logits at obs_t
+                                         (float32 [T+1, B, d] for continuous actions)
+    policy_logits   float32 [T+1, B, A]  behaviour policy logits at obs_t (continuous
+                                         actions: action_mean and action_log_std
+                                         [T+1, B, d], beast/algos/distributions.py)
 
 and the learner's forward pass over the same steps gives
 
-    policy_logits   float32 [T+1, B, A]  target policy logits at obs_t
+    policy_logits   float32 [T+1, B, A]  target policy logits at obs_t (or the Gaussian's
+                                         parameters)
     baseline        float32 [T+1, B]     V(obs_t)
+
+The loss takes log pi and the entropy from the action distribution
+(`beast.algos.distributions`), so V-trace runs on Gaussian log-probabilities for
+continuous actions as on softmax ones.
 
 Agent outputs are stored aligned with the observation they were computed
 from (TorchBeast stores them shifted by one), so the transition out of
@@ -53,25 +61,22 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from beast.algos import vtrace
+from beast.algos.actor_critic import ActorCriticAlgorithm
 from beast.algos.base import (
-    Algorithm,
     Batch,
     Experience,
     LearnerContext,
-    Policy,
     Rollouts,
     Update,
     UpdateInfo,
     as_outputs,
 )
-from beast.algos.policies import CategoricalPolicy
+from beast.algos.distributions import ActionDistribution, Categorical
 from beast.config import ConfigError, flag
 from beast.fields import core_state
-from beast.models import build_model
 from beast.optim import build_optimizer
 
 __all__ = [
@@ -112,20 +117,19 @@ def _apply_mask(per_step: Tensor, mask: Tensor | None) -> Tensor:
 
 
 def policy_gradient_loss(
-    logits: Tensor, actions: Tensor, advantages: Tensor, mask: Tensor | None = None
+    log_probs: Tensor, advantages: Tensor, mask: Tensor | None = None
 ) -> Tensor:
-    """``-sum_{t,b} mask * log pi(a_t|x_t) * A_t``, gradient through ``logits`` only.
+    """``-sum_{t,b} mask * log pi(a_t|x_t) * A_t``, gradient through ``log_probs`` only.
 
     Args:
-        logits: float ``[T, B, A]`` target policy logits (differentiable).
-        actions: int64 ``[T, B]``.
+        log_probs: float ``[T, B]``, ``log pi(a_t|x_t)`` of the target policy
+            (differentiable).
         advantages: float ``[T, B]``; detached here, they are targets.
         mask: optional bool or float ``[T, B]``; 0 drops a step.
 
     Returns:
         Scalar.
     """
-    log_probs = vtrace.action_log_probs(logits, actions)
     return _apply_mask(-log_probs * advantages.detach(), mask).sum()
 
 
@@ -143,21 +147,21 @@ def baseline_loss(values: Tensor, targets: Tensor, mask: Tensor | None = None) -
     return 0.5 * _apply_mask((targets.detach() - values) ** 2, mask).sum()
 
 
-def entropy_loss(logits: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Negative entropy ``sum_{t,b} mask * sum_a pi(a|x_t) log pi(a|x_t)``.
+def entropy_loss(entropy: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Negative entropy ``-sum_{t,b} mask * H(pi(.|x_t))``.
 
-    Minimising it raises the policy's entropy (pushes towards uniform).
+    Minimising it raises the policy's entropy (pushes a softmax towards uniform, a
+    Gaussian towards a wider one).
 
     Args:
-        logits: float ``[T, B, A]`` (differentiable).
+        entropy: float ``[T, B]``, per-step entropies (differentiable), e.g.
+            ``ActionDistribution.entropy``.
         mask: optional bool or float ``[T, B]``.
 
     Returns:
-        Scalar, ``<= 0``.
+        Scalar (``<= 0`` for a softmax, whose entropy is never negative).
     """
-    log_policy = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
-    negative_entropy = (log_policy.exp() * log_policy).sum(-1)
-    return _apply_mask(negative_entropy, mask).sum()
+    return -_apply_mask(entropy, mask).sum()
 
 
 def clip_rewards(rewards: Tensor, reward_clipping: str) -> Tensor:
@@ -171,31 +175,40 @@ def clip_rewards(rewards: Tensor, reward_clipping: str) -> Tensor:
     )
 
 
-def check_loss_inputs(learner_outputs: Mapping[str, Tensor], batch: Mapping[str, Tensor]) -> None:
+def check_loss_inputs(
+    learner_outputs: Mapping[str, Tensor],
+    batch: Mapping[str, Tensor],
+    distribution: ActionDistribution,
+) -> None:
     """Raise ValueError unless the learner outputs and the batch have the layout of
     the module docstring, ``[T+1, B, ...]`` with ``T >= 1``. Shared with LASER."""
-    target_logits = learner_outputs["policy_logits"]
     baseline = learner_outputs["baseline"]
-    if target_logits.dim() < 2 or target_logits.shape[0] < 2:
-        raise ValueError(
-            f"need T+1 >= 2 steps, got policy_logits of shape {tuple(target_logits.shape)}"
-        )
-    if baseline.shape != target_logits.shape[:-1]:
-        raise ValueError(
-            f"baseline has shape {tuple(baseline.shape)}, expected "
-            f"{tuple(target_logits.shape[:-1])}"
-        )
-    for key in ("reward", "terminated", "truncated", "action"):
+    if baseline.dim() != 2 or baseline.shape[0] < 2:
+        raise ValueError(f"need baseline [T+1 >= 2, B], got shape {tuple(baseline.shape)}")
+    for key in ("reward", "terminated", "truncated"):
         if batch[key].shape != baseline.shape:
             raise ValueError(
                 f"batch[{key!r}] has shape {tuple(batch[key].shape)}, "
                 f"expected {tuple(baseline.shape)}"
             )
-    if batch["policy_logits"].shape != target_logits.shape:
+    if batch["action"].shape[:2] != baseline.shape:
         raise ValueError(
-            f"batch['policy_logits'] has shape {tuple(batch['policy_logits'].shape)}, "
-            f"expected {tuple(target_logits.shape)}"
+            f"batch['action'] has shape {tuple(batch['action'].shape)}, expected"
+            f" {tuple(baseline.shape)} first"
         )
+    for key, shape in distribution.param_shapes().items():
+        expected = (*baseline.shape, *shape)
+        for name, source in (("learner_outputs", learner_outputs), ("batch", batch)):
+            if tuple(source[key].shape) != expected:
+                raise ValueError(
+                    f"{name}[{key!r}] has shape {tuple(source[key].shape)}, expected {expected}"
+                )
+
+
+def policy_params(source: Mapping[str, Tensor], distribution: ActionDistribution) -> dict:
+    """The distribution's parameters at steps 0..T-1 of `source` (learner outputs or a
+    batch, ``[T+1, B, ...]``): the steps whose action the losses score."""
+    return {key: source[key][:-1] for key in distribution.param_shapes()}
 
 
 def step_discounts_and_valid(
@@ -230,16 +243,18 @@ def impala_loss(
     clip_rho_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
     keep: Tensor | None = None,
+    distribution: ActionDistribution | None = None,
 ) -> LossOutput:
     """IMPALA's V-trace actor-critic loss over one learner batch.
 
     Args:
-        learner_outputs: ``policy_logits`` float ``[T+1, B, A]`` and
-            ``baseline`` float ``[T+1, B]``, from the learner's model over
-            the batch (differentiable).
-        batch: ``reward``, ``terminated``, ``truncated``, ``action``,
-            ``policy_logits`` laid out as in the module docstring, ``[T+1, ...]``;
-            other keys ignored.
+        learner_outputs: ``policy_logits`` float ``[T+1, B, A]`` (or the
+            distribution's other parameters) and ``baseline`` float
+            ``[T+1, B]``, from the learner's model over the batch
+            (differentiable).
+        batch: ``reward``, ``terminated``, ``truncated``, ``action``, and the
+            behaviour policy's parameters (``policy_logits``...) laid out as in
+            the module docstring, ``[T+1, ...]``; other keys ignored.
         discounting: ``gamma``.
         reward_clipping: ``"abs_one"`` or ``"none"``.
         baseline_cost: weight of the baseline loss.
@@ -250,6 +265,8 @@ def impala_loss(
             trust region); a step not kept gets importance weight 0 in V-trace
             (its TD error dropped, every trace through it cut) and is left out
             of the policy-gradient and baseline terms, not of the entropy term.
+        distribution: the policy's action distribution; default a softmax over
+            ``policy_logits``.
 
     Returns:
         ``LossOutput(total_loss, stats)``; ``total_loss = pg_loss +
@@ -266,21 +283,22 @@ def impala_loss(
           clip_rho_threshold`` (0 when the threshold is None).
         - ``mean_entropy``: mean per-step policy entropy in nats, unscaled.
     """
-    check_loss_inputs(learner_outputs, batch)
+    if distribution is None:
+        distribution = Categorical(learner_outputs["policy_logits"].shape[-1])
+    check_loss_inputs(learner_outputs, batch, distribution)
     rewards = clip_rewards(batch["reward"][1:], reward_clipping)
-    target_logits = learner_outputs["policy_logits"]
     baseline = learner_outputs["baseline"]
     discounts, valid = step_discounts_and_valid(batch, discounting)
     discounts = discounts.to(rewards.dtype)
-    logits = target_logits[:-1]
+    target = policy_params(learner_outputs, distribution)
     actions = batch["action"][:-1]
     values = baseline[:-1]
     trained = valid if keep is None else valid & keep
+    log_probs = distribution.log_prob(target, actions)
 
     with torch.no_grad():
-        log_rhos = vtrace.action_log_probs(logits, actions) - vtrace.action_log_probs(
-            batch["policy_logits"][:-1], actions
-        )
+        behaviour_log_probs = distribution.log_prob(policy_params(batch, distribution), actions)
+        log_rhos = log_probs.detach() - behaviour_log_probs
         # A step that does not train has importance weight 0 (exp(-inf)): v_t = V(x_t).
         vtrace_log_rhos = log_rhos.masked_fill(trained.logical_not(), -torch.inf)
     vtrace_returns = vtrace.from_importance_weights(
@@ -293,9 +311,10 @@ def impala_loss(
         clip_pg_rho_threshold=clip_pg_rho_threshold,
     )
 
-    pg_loss = policy_gradient_loss(logits, actions, vtrace_returns.pg_advantages, trained)
+    pg_loss = policy_gradient_loss(log_probs, vtrace_returns.pg_advantages, trained)
     value_loss = baseline_cost * baseline_loss(values, vtrace_returns.vs, trained)
-    negentropy_loss = entropy_cost * entropy_loss(logits, valid)
+    entropy = distribution.entropy(target)
+    negentropy_loss = entropy_cost * entropy_loss(entropy, valid)
     total_loss = pg_loss + value_loss + negentropy_loss
 
     with torch.no_grad():
@@ -312,7 +331,7 @@ def impala_loss(
             "entropy_loss": negentropy_loss.detach(),
             "mean_rho": rhos.sum() / num_valid,
             "rho_clipped_fraction": rho_clipped_fraction,
-            "mean_entropy": -entropy_loss(logits.detach(), valid) / num_valid,
+            "mean_entropy": -entropy_loss(entropy.detach(), valid) / num_valid,
         }
     return LossOutput(total_loss=total_loss, stats=stats)
 
@@ -359,7 +378,7 @@ class ActorCriticUpdate(Update):
         with context.autocast():
             outputs, _ = context.forward(data, core_state(data))
         outputs = {key: value.float() for key, value in as_outputs(outputs).items()}
-        loss = self.loss_fn(outputs, data)
+        loss = self.loss_fn(outputs, {**data, "reward": context.scale_rewards(data)})
         context.step(loss.total_loss, self.optimizer, self.model.parameters())
         return UpdateInfo(stats=loss.stats)
 
@@ -370,7 +389,7 @@ class ActorCriticUpdate(Update):
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-class Impala(Algorithm):
+class Impala(ActorCriticAlgorithm):
     """IMPALA: V-trace actor-critic on rollouts from asynchronous actors."""
 
     name = "impala"
@@ -380,22 +399,6 @@ class Impala(Algorithm):
     @classmethod
     def validate(cls, config: Any) -> None:
         ImpalaArgs.check(config)
-
-    def model_outputs(self) -> dict[str, tuple[int, ...]]:
-        return {"policy_logits": (self.spec.num_actions,), "baseline": ()}
-
-    def builtin_model(self) -> nn.Module:
-        config = self.config
-        return build_model(
-            config.model,
-            self.spec.obs_shape,
-            self.spec.num_actions,
-            use_lstm=config.use_lstm,
-            hidden_size=config.hidden_size,
-        )
-
-    def policy(self, explore: bool = True) -> Policy:
-        return CategoricalPolicy(self.spec.num_actions)
 
     def experience(self) -> Experience:
         return Rollouts(unroll_length=self.config.unroll_length)
@@ -408,6 +411,7 @@ class Impala(Algorithm):
             "reward_clipping": config.reward_clipping,
             "baseline_cost": config.baseline_cost,
             "entropy_cost": config.entropy_cost,
+            "distribution": self.distribution,
         }
 
     def loss_fn(self) -> Callable[..., LossOutput]:

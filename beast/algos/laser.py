@@ -47,17 +47,16 @@ None or 0 turns the trust region off: the loss is then exactly impala_loss's.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from beast.algos import impala
 from beast.algos.base import Experience, Rollouts
+from beast.algos.distributions import ActionDistribution, Categorical
 from beast.algos.impala import Impala, ImpalaArgs, LossOutput
 from beast.config import ConfigError, flag
 
@@ -73,41 +72,40 @@ __all__ = [
 
 @torch.no_grad()
 def trust_region_kl(
-    behavior_policy_logits: Tensor,
-    target_policy_logits: Tensor,
+    behaviour: Mapping[str, Tensor],
+    target: Mapping[str, Tensor],
     clip_rho_threshold: float | None = 1.0,
+    distribution: ActionDistribution | None = None,
 ) -> Tensor:
     """``KL(pi || pi~)`` per step, the behaviour relevance of section 4.3.
 
     Args:
-        behavior_policy_logits: float ``[T, B, A]``, ``mu``'s logits.
-        target_policy_logits: float ``[T, B, A]``, ``pi``'s logits.
+        behaviour: ``mu``'s parameters, ``[T, B, ...]`` each (``policy_logits``
+            ``[T, B, A]``; a Gaussian's mean and log-std).
+        target: ``pi``'s, likewise.
         clip_rho_threshold: V-trace's ``rho_bar``, which defines ``pi~``; None
             for no clipping (``pi~ = pi``, the KL is 0).
+        distribution: the action distribution; default a softmax over
+            ``policy_logits``.
 
     Returns:
-        float ``[T, B]``, ``>= 0``, detached, in at least float32. Computed in
-        log space: ``log min(rho_bar mu, pi) = min(log rho_bar + log mu, log
-        pi)`` stays finite where the probabilities underflow.
+        float ``[T, B]``, ``>= 0``, detached, in at least float32: exact for a
+        softmax (in log space, finite where probabilities underflow), a Monte
+        Carlo estimate for a Gaussian (`ActionDistribution.implied_kl`).
     """
-    if behavior_policy_logits.shape != target_policy_logits.shape:
-        raise ValueError(
-            f"behavior_policy_logits {tuple(behavior_policy_logits.shape)} and "
-            f"target_policy_logits {tuple(target_policy_logits.shape)} differ"
-        )
-    dtype = torch.promote_types(
-        torch.promote_types(behavior_policy_logits.dtype, target_policy_logits.dtype),
-        torch.float32,
-    )
-    log_pi = F.log_softmax(target_policy_logits.to(dtype), dim=-1)
+    if distribution is None:
+        distribution = Categorical(target["policy_logits"].shape[-1])
+    for key in distribution.param_shapes():
+        if behaviour[key].shape != target[key].shape:
+            raise ValueError(
+                f"behaviour {key} {tuple(behaviour[key].shape)} and target"
+                f" {tuple(target[key].shape)} differ"
+            )
     if clip_rho_threshold is None:
-        return torch.zeros(log_pi.shape[:-1], dtype=dtype, device=log_pi.device)
-    log_mu = F.log_softmax(behavior_policy_logits.to(dtype), dim=-1)
-    log_min = torch.minimum(log_mu + math.log(clip_rho_threshold), log_pi)
-    log_implied = log_min - torch.logsumexp(log_min, dim=-1, keepdim=True)
-    # log pi >= log min and the normaliser is <= 1, so every term is >= 0 up to
-    # rounding; the clamp removes rounding's -1e-8s.
-    return (log_pi.exp() * (log_pi - log_implied)).sum(-1).clamp(min=0.0)
+        param = next(iter(target.values()))  # [T, B, ...]
+        dtype = torch.promote_types(param.dtype, torch.float32)
+        return torch.zeros(param.shape[:2], dtype=dtype, device=param.device)
+    return distribution.implied_kl(behaviour, target, clip_rho_threshold)
 
 
 def trust_region_mask(kl: Tensor, threshold: float | None) -> Tensor | None:
@@ -129,12 +127,13 @@ def laser_loss(
     trust_region_threshold: float | None,
     clip_rho_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
+    distribution: ActionDistribution | None = None,
 ) -> LossOutput:
     """IMPALA's loss with LASER's trust region over one learner batch.
 
     Args:
         learner_outputs, batch, discounting, reward_clipping, baseline_cost,
-        entropy_cost, clip_rho_threshold, clip_pg_rho_threshold: as in
+        entropy_cost, clip_rho_threshold, clip_pg_rho_threshold, distribution: as in
             ``impala.impala_loss``; ``clip_rho_threshold`` also defines the
             implied policy of the trust region.
         trust_region_threshold: the KL bound b; steps above it are rejected as
@@ -151,10 +150,16 @@ def laser_loss(
           the trust region off too, as a gauge of how off-policy the batch is).
         - ``masked_fraction``: fraction of steps rejected (0 when off).
     """
-    impala.check_loss_inputs(learner_outputs, batch)
-    logits = learner_outputs["policy_logits"][:-1]
+    if distribution is None:
+        distribution = Categorical(learner_outputs["policy_logits"].shape[-1])
+    impala.check_loss_inputs(learner_outputs, batch, distribution)
     _, valid = impala.step_discounts_and_valid(batch, discounting)
-    kl = trust_region_kl(batch["policy_logits"][:-1], logits, clip_rho_threshold)
+    kl = trust_region_kl(
+        impala.policy_params(batch, distribution),
+        impala.policy_params(learner_outputs, distribution),
+        clip_rho_threshold,
+        distribution,
+    )
     keep = trust_region_mask(kl, trust_region_threshold)
     loss = impala.impala_loss(
         learner_outputs,
@@ -166,6 +171,7 @@ def laser_loss(
         clip_rho_threshold=clip_rho_threshold,
         clip_pg_rho_threshold=clip_pg_rho_threshold,
         keep=keep,
+        distribution=distribution,
     )
     with torch.no_grad():
         num_valid = max(int(valid.sum()), 1)

@@ -1,7 +1,11 @@
 """Acting rules the algorithms share (`beast.algos.base.Policy`).
 
     CategoricalPolicy    a ~ softmax(policy_logits); stores the logits (the behaviour
-                         policy V-trace corrects for) and the baseline. IMPALA, LASER.
+                         policy V-trace corrects for) and the baseline. IMPALA, LASER,
+                         PPO, A2C on discrete actions.
+    GaussianPolicy       a ~ N(action_mean, exp(action_log_std)^2), or the mean when not
+                         exploring; stores the mean, the log-std and the baseline. The
+                         same algorithms on continuous actions.
     EpsilonGreedyPolicy  argmax_a Q(x, a), replaced by a uniform action with each env's
                          own probability epsilon (Ape-X's spread of epsilons). R2D2, Ape-X.
 
@@ -23,7 +27,13 @@ from beast.algos.base import Policy
 from beast.fields import Field
 from beast.native.acting import SoftmaxSampler
 
-__all__ = ["CategoricalPolicy", "EpsilonGreedyPolicy", "actor_epsilons", "copy_output"]
+__all__ = [
+    "CategoricalPolicy",
+    "EpsilonGreedyPolicy",
+    "GaussianPolicy",
+    "actor_epsilons",
+    "copy_output",
+]
 
 
 def copy_output(out: np.ndarray, value: Tensor) -> None:
@@ -70,6 +80,52 @@ class CategoricalPolicy(Policy):
             copy_output(logits, outputs["policy_logits"][0])
             copy_output(baseline, outputs["baseline"][0])
             sampler.sample()
+
+        return act
+
+
+class GaussianPolicy(Policy):
+    """Draw from a diagonal Gaussian; store its parameters and the baseline.
+
+    Model outputs: action_mean [1, n, d], action_log_std [1, n, d], baseline [1, n].
+    Record: action float32 [d] (the draw itself, unclipped: env batches clip what the env
+    gets, and the learner takes log pi of the draw), action_mean and action_log_std float32
+    [d], baseline float32. With `explore=False` (--mode test) the action is the mean.
+
+    Random numbers come from a numpy generator seeded from torch's global generator at
+    `bind`, as EpsilonGreedyPolicy's.
+    """
+
+    def __init__(self, dim: int, *, explore: bool = True) -> None:
+        self.dim, self.explore = dim, explore
+
+    def record_spec(self) -> dict[str, Field]:
+        return {
+            "action": Field((self.dim,), torch.float32),
+            "action_mean": Field((self.dim,), torch.float32),
+            "action_log_std": Field((self.dim,), torch.float32),
+            "baseline": Field((), torch.float32),
+        }
+
+    def bind(
+        self, record: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray]
+    ) -> Callable[[Mapping[str, Tensor]], None]:
+        actions, mean, log_std = record["action"], record["action_mean"], record["action_log_std"]
+        baseline, explore = record["baseline"], self.explore
+        noise = np.zeros_like(actions)
+        rng = np.random.default_rng(_seed_from_torch())
+
+        def act(outputs: Mapping[str, Tensor]) -> None:
+            copy_output(mean, outputs["action_mean"][0])
+            copy_output(log_std, outputs["action_log_std"][0])
+            copy_output(baseline, outputs["baseline"][0])
+            if not explore:
+                np.copyto(actions, mean)
+                return
+            rng.standard_normal(out=noise, dtype=np.float32)
+            np.exp(log_std, out=actions)
+            np.multiply(actions, noise, out=actions)
+            np.add(actions, mean, out=actions)
 
         return act
 

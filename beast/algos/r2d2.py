@@ -578,7 +578,7 @@ class SequenceQUpdate(Update):
             online_q, _ = unroll_with_burn_in(context.forward, inputs, state, self.burn_in)
             with torch.no_grad():
                 target_outputs, _ = self.target_model(inputs, state)
-        reward = clip_rewards(data["reward"], self.reward_clipping)
+        reward = clip_rewards(context.scale_rewards(data), self.reward_clipping)
         loss = self.loss_fn(
             online_q.float(),
             as_outputs(target_outputs)["q_values"].float(),

@@ -20,6 +20,10 @@ Every backend exposes the same arrays, updated in place by `step` (actors keep
     episode_return  [K] float32      that episode's raw undiscounted return; kept until the
                                      next real episode end of the same env
     episode_step    [K] int32        that episode's length in agent steps; kept likewise
+    discounted_return [K] float32    with `return_discount` gamma: each env's running
+                                     G_t = reward_t + gamma * G_{t-1}, restarted after an
+                                     episode end (--normalize_reward's statistic,
+                                     beast/normalize.py); zeros without
 
 Auto-reset differs by how an episode ends, so that every target can do the right thing
 at each end:
@@ -166,8 +170,8 @@ class EnvBatch(abc.ABC):
         spec: observation shape and dtype and number of actions of each env.
         obs_shape: `spec.obs_shape`, one observation without the batch axis.
         obs, reward, done, terminated, truncated, episode_end, episode_return,
-            episode_step: the arrays of the module docstring, overwritten in place by
-            every `step`.
+            episode_step, discounted_return: the arrays of the module docstring,
+            overwritten in place by every `step`.
     """
 
     env_name: str
@@ -182,6 +186,8 @@ class EnvBatch(abc.ABC):
     episode_end: np.ndarray
     episode_return: np.ndarray
     episode_step: np.ndarray
+    discounted_return: np.ndarray
+    return_discount: float | None = None
 
     def _allocate(self, env_name: str, num_envs: int, spec: EnvSpec) -> None:
         """Create the output arrays; `done` starts True: the first obs starts an episode."""
@@ -197,18 +203,47 @@ class EnvBatch(abc.ABC):
         self.episode_end = np.zeros(num_envs, dtype=bool)
         self.episode_return = np.zeros(num_envs, dtype=np.float32)
         self.episode_step = np.zeros(num_envs, dtype=np.int32)
+        self.discounted_return = np.zeros(num_envs, dtype=np.float32)
+        # Whether each env's next row continues the episode of its current one.
+        self._continues = np.zeros(num_envs, dtype=bool)
+
+    def _track_discounted_return(self) -> None:
+        """After a step: G = reward + gamma * G where the row continues the previous
+        one's episode (not after a termination, a truncation's final row, or a reset)."""
+        if self.return_discount is None:
+            return
+        G = self.discounted_return
+        G *= self.return_discount * self._continues
+        G += self.reward
+        np.logical_not(self.terminated | self.truncated, out=self._continues)
 
     @abc.abstractmethod
     def step(self, actions: np.ndarray) -> None:
-        """Step all K envs with `actions` (int [K], 0..num_actions-1); update the arrays."""
+        """Step all K envs with `actions` (int [K], 0..num_actions-1; or float [K, d] for a
+        continuous action space, clipped to its bounds); update the arrays."""
 
     @abc.abstractmethod
     def close(self) -> None:
         """Release the envs (and threads); idempotent."""
 
     def _actions(self, actions: np.ndarray) -> np.ndarray:
-        """`actions` as int64 [K]; a [1, K] array (time-major, T=1) is accepted too."""
+        """`actions` as int64 [K], or for a continuous action space as float32 [K, d]
+        clipped to the space's bounds (policies store the action they drew, the env gets
+        the clipped one); a time-major [1, K, ...] array is accepted too."""
         actions = np.asarray(actions)
+        spec = self.spec
+        if spec.continuous:
+            shape = (self.num_envs, *spec.action_shape)
+            if actions.size != math.prod(shape) or actions.dtype.kind != "f":
+                raise ValueError(
+                    f"expected {self.num_envs} float action vectors of shape"
+                    f" {spec.action_shape} for {self.env_name}, got an array of shape"
+                    f" {actions.shape} and dtype {actions.dtype}"
+                )
+            actions = actions.reshape(shape)
+            if not np.isfinite(actions).all():
+                raise ValueError(f"non-finite actions for {self.env_name}: {actions.tolist()}")
+            return spec.clip_actions(actions)
         if actions.size != self.num_envs or actions.dtype.kind not in "iu":
             raise ValueError(
                 f"expected {self.num_envs} integer actions for {self.env_name}, "
@@ -259,7 +294,9 @@ class LoopEnvBatch(EnvBatch):
             raise
 
     def step(self, actions: np.ndarray) -> None:
-        actions = self._actions(actions).tolist()
+        actions = self._actions(actions)
+        # Python ints for Discrete envs (as gymnasium's own vector envs pass them).
+        actions = list(actions) if self.spec.continuous else actions.tolist()
         self.episode_end[:] = False
         for i, env in enumerate(self.envs):
             if self.truncated[i]:
@@ -284,6 +321,7 @@ class LoopEnvBatch(EnvBatch):
             self.done[i] = terminated
             self.terminated[i] = terminated
             self.truncated[i] = truncated and not terminated
+        self._track_discounted_return()
 
     def _store_obs(self, i: int, obs: np.ndarray, call: str) -> None:
         row = self._obs_rows[i]
@@ -490,6 +528,7 @@ class AleVectorEnvBatch(EnvBatch):
             self.obs[self.truncated] = info["final_obs"][self.truncated]
         self._lives[:] = lives
         self._pad_young_stacks()
+        self._track_discounted_return()
 
     def _pad_young_stacks(self) -> None:
         """Fill stack slots older than the env's (re)start with its first frame.
@@ -521,6 +560,7 @@ def make_env_batch(
     backend: Backend = "auto",
     *,
     num_threads: int = DEFAULT_ALE_THREADS,
+    return_discount: float | None = None,
 ) -> EnvBatch:
     """K envs of `env_name` as one batch (see the module docstring for the contract).
 
@@ -534,6 +574,7 @@ def make_env_batch(
             supports when `AUTO_PREFERS_ALE_VECTOR`, else "loop"; non-Atari envs always
             use "loop").
         num_threads: C++ worker threads of the "ale_vector" backend.
+        return_discount: gamma of the `discounted_return` the batch keeps; None: none.
 
     Raises:
         EnvError: the env cannot be made, or backend="ale_vector" for an env it cannot run.
@@ -542,10 +583,16 @@ def make_env_batch(
     if backend == "auto":
         use_ale = AUTO_PREFERS_ALE_VECTOR and ale_vector_supports(env_name)
         backend = "ale_vector" if use_ale else "loop"
+    batch: EnvBatch
     if backend == "loop":
-        return LoopEnvBatch(env_name, num_envs, first_seed, episodic_life)
-    if backend == "ale_vector":
-        return AleVectorEnvBatch(
+        batch = LoopEnvBatch(env_name, num_envs, first_seed, episodic_life)
+    elif backend == "ale_vector":
+        batch = AleVectorEnvBatch(
             env_name, num_envs, first_seed, episodic_life, num_threads=num_threads
         )
-    raise ValueError(f"unknown env batch backend {backend!r}; use 'auto', 'loop' or 'ale_vector'")
+    else:
+        raise ValueError(
+            f"unknown env batch backend {backend!r}; use 'auto', 'loop' or 'ale_vector'"
+        )
+    batch.return_discount = return_discount
+    return batch

@@ -28,8 +28,10 @@ Wrapper order, innermost first:
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import inspect
+import sys
 from typing import Any
 
 import ale_py
@@ -98,19 +100,23 @@ def make(name: str, *, seed: int | None = None, episodic_life: bool = False) -> 
     return SeedFirstReset(env, seed)
 
 
-# Entry points of the "classic" family's envs.
+# Entry points of the "classic" and "mujoco" families' envs.
 _CLASSIC_ENTRY_POINTS = ("gymnasium.envs.classic_control.", "beast.envs.masked_cartpole:")
+_MUJOCO_ENTRY_POINTS = ("gymnasium.envs.mujoco.",)
 
 
 def env_family(name: str) -> str | None:
-    """The config family of an env name: "atari", "classic" or None, without creating it.
+    """The config family of an env name: "atari", "classic", "mujoco" or None, without
+    creating it.
 
     `configs/<algo>/<family>.yaml` holds the hyperparameters tuned for a family, so
     this decides which defaults a run starts from. "atari" is a Gymnasium id whose entry
     point is ale_py's `AtariEnv` with pixel observations (the ids `make` preprocesses);
     "classic" is Gymnasium's classic control and beast's MaskedCartPole-v1 (CartPole with
-    hidden velocities, beast.envs.masked_cartpole). Anything else, custom `module:Class` envs
-    and unknown ids included, has no tuned family: None.
+    hidden velocities, beast.envs.masked_cartpole); "mujoco" is Gymnasium's MuJoCo
+    locomotion (HalfCheetah, Hopper, Walker2d, Ant, Humanoid...: `pip install -e
+    ".[mujoco]"`). Anything else, custom `module:Class` envs and unknown ids included,
+    has no tuned family: None.
     """
     if ":" in name:
         return None
@@ -121,6 +127,8 @@ def env_family(name: str) -> str | None:
     entry_point = spec.entry_point
     if isinstance(entry_point, str) and entry_point.startswith(_CLASSIC_ENTRY_POINTS):
         return "classic"
+    if isinstance(entry_point, str) and entry_point.startswith(_MUJOCO_ENTRY_POINTS):
+        return "mujoco"
     try:
         atari = _is_atari_entry_point(entry_point)
     except Exception:  # an entry point that fails to import is make()'s error to report
@@ -141,15 +149,38 @@ def _make_registered(name: str) -> tuple[gymnasium.Env, int | None]:
 
     try:
         atari = _is_atari_entry_point(spec.entry_point) and spec.kwargs.get("obs_type") != "ram"
+        if isinstance(spec.entry_point, str) and spec.entry_point.startswith(_MUJOCO_ENTRY_POINTS):
+            _quiet_known_mujoco_warnings()
         env = gymnasium.make(spec, **({"frameskip": 1} if atari else {}))
     except (gymnasium.error.DependencyNotInstalled, ImportError) as err:
-        raise EnvError(f"cannot create '{name}': {_first_line(err)}") from None
+        hint = ' (pip install -e ".[mujoco]")' if "mujoco" in str(err).lower() else ""
+        raise EnvError(f"cannot create '{name}': {_first_line(err)}{hint}") from None
     if atari:
         # Drop gymnasium's checker/order/time-limit wrappers: the preprocessing drives
         # the ALE directly. (The registered ALE ids set no max_episode_steps; they
         # truncate through the ALE's max_num_frames_per_episode instead.)
         return env.unwrapped, spec.max_episode_steps
     return env, None
+
+
+# MuJoCo warnings about Gymnasium's own model files, not the user's: printed once per env
+# created (16 envs, 16 lines) with nothing the user can do about them.
+_KNOWN_MUJOCO_WARNINGS = ("compiler attribute 'settotalmass' is deprecated",)
+
+
+@functools.cache
+def _quiet_known_mujoco_warnings() -> None:
+    """Drop `_KNOWN_MUJOCO_WARNINGS`; print any other MuJoCo warning as MuJoCo would."""
+    try:
+        import mujoco
+    except ImportError:
+        return  # gymnasium.make reports the missing dependency
+
+    def warn(message: str) -> None:
+        if not message.startswith(_KNOWN_MUJOCO_WARNINGS):
+            print(f"WARNING: {message}", file=sys.stderr, flush=True)
+
+    mujoco.set_mju_user_warning(warn)
 
 
 def _is_atari_entry_point(entry_point: Any) -> bool:

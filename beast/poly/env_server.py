@@ -40,7 +40,7 @@ import torch
 from beast.actor import env_sources
 from beast.engine import build_algorithm
 from beast.envs.batch import make_env_batch
-from beast.inference import LocalPolicy
+from beast.inference import LocalPolicy, record_arrays
 from beast.poly.config import PolyConfig
 
 __all__ = ["EnvServer", "Incarnation", "RolloutTimes"]
@@ -110,14 +110,20 @@ class EnvServer:
         )
         # Env i of server s gets seed + s*K + i, as actor s's envs do in monobeast.
         first_seed = config.seed + server_index * k + incarnation * _RESTART_SEED_STRIDE
-        self.env_batch = make_env_batch(config.env, k, first_seed, config.episodic_life)
-        self.last_action = np.zeros(k, dtype=np.int64)
+        self.env_batch = make_env_batch(
+            config.env,
+            k,
+            first_seed,
+            config.episodic_life,
+            return_discount=config.return_discount(),
+        )
+        algorithm = build_algorithm(config, self.env_batch.spec)
+        policy = algorithm.policy()
+        self.last_action = np.zeros_like(record_arrays(policy, k)["action"])
         self.weights_version = -1
         self.policy: LocalPolicy | None = None
         if config.resolved_policy == "local":
-            algorithm = build_algorithm(config, self.env_batch.spec)
             self.model = algorithm.build_model().eval()
-            policy = algorithm.policy()
             # Env j of server s is row s*K + j of the run's envs (Ape-X's epsilons).
             rows = slice(server_index * k, (server_index + 1) * k)
             params = {

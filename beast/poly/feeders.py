@@ -351,8 +351,8 @@ class _ServerState:
         k = feeder.num_envs
         self.token: str | None = None
         self.sources: dict[str, np.ndarray] | None = None  # made from the first reply
-        self.last_action = np.zeros(k, dtype=np.int64)
         self.record = record_arrays(feeder.policy, k)
+        self.last_action = np.zeros_like(self.record["action"])
         rows = slice(index * k, (index + 1) * k)
         self.act = feeder.policy.bind(
             self.record, {key: value[rows] for key, value in feeder.params.items()}
