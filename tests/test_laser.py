@@ -108,6 +108,7 @@ def test_a_threshold_no_step_exceeds_is_impala():
 
 # --- the KL and the mask by hand -----------------------------------------------------------
 
+
 # pi and mu per step, and KL(pi || pi~) worked out with pi~ = min(rho_bar mu, pi) / Z:
 #   step 0: pi (.5, .5), mu (.9, .1): min (.5, .1), Z .6, pi~ (5/6, 1/6),
 #           KL = .5 ln(.5 * 6/5) + .5 ln(.5 * 6) = .5 ln 1.8
@@ -146,7 +147,9 @@ def test_kl_with_a_larger_rho_bar_by_hand():
     # Tolerance: as above.
     assert kl.item() == pytest.approx(0.5 * math.log(1.225), rel=1e-5)
     # Without clipping V-trace is plain importance sampling: pi~ = pi, nothing rejected.
-    assert torch.all(laser.trust_region_kl(logits(BEHAVIOUR), logits(TARGET), clip_rho_threshold=None) == 0)
+    assert torch.all(
+        laser.trust_region_kl(logits(BEHAVIOUR), logits(TARGET), clip_rho_threshold=None) == 0
+    )
 
 
 @pytest.mark.parametrize(
