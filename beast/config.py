@@ -373,8 +373,7 @@ class Config:
             raise ConfigError(f"--alpha must be in [0, 1), got {self.alpha}")
         if self.normalize_reward and not hasattr(self, "discounting"):
             raise ConfigError(
-                f"--normalize_reward needs a discount, and --algo {self.algo} has no"
-                " --discounting"
+                f"--normalize_reward needs a discount, and --algo {self.algo} has no --discounting"
             )
         if self.num_buffers is not None and not self.actor_layout_is_auto:
             needed = self.slots_in_use_by_actors + self.batch_size

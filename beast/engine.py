@@ -443,8 +443,7 @@ def check_resumable(saved: dict[str, Any], config: Config, path: str) -> list[st
     """Raise ConfigError on an incompatible checkpoint; return the other changed flags."""
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
     mismatched = [
-        f"--{key} {saved.get(key, defaults[key])!r} in the checkpoint,"
-        f" {getattr(config, key)!r} now"
+        f"--{key} {saved.get(key, defaults[key])!r} in the checkpoint, {getattr(config, key)!r} now"
         for key in RESUME_MUST_MATCH
         if saved.get(key, defaults[key]) != getattr(config, key)
     ]
