@@ -249,6 +249,7 @@ class Actor:
                     id_stride=settings.num_envs,
                     learner_pid=learner_pid,
                     clock=clock,
+                    lane=actor_index * splits + s,
                 )
                 self.lanes.append(_Lane(env_batch, policy, make_writer, clock))
         except BaseException:

@@ -248,11 +248,18 @@ class _Destinations:
 class RolloutBuffers:
     """Shared rollout slots plus their free and full index queues.
 
+    `num_lanes` > 0 splits the slots evenly among that many writers (synchronous
+    rollouts, `RolloutSource`): lane i takes its slots from, and gets them back on, its own
+    free queue, so that a quick writer can never take a slow one's share and run a
+    rollout ahead. Lane i owns slots i*m ... (i+1)*m - 1, m = num_buffers / num_lanes.
+
     Picklable: passing it to a child process (any start method) shares the
     same memory and queues.
     """
 
-    def __init__(self, spec: Mapping[str, Field], num_buffers: int) -> None:
+    def __init__(self, spec: Mapping[str, Field], num_buffers: int, num_lanes: int = 0) -> None:
+        if num_lanes and num_buffers % num_lanes:
+            raise ValueError(f"{num_buffers} slots do not split among {num_lanes} lanes")
         self.spec = dict(spec)
         self.num_buffers = num_buffers
         self.unroll_length = self.spec["rollout_id"].shape[0] - 1
@@ -261,10 +268,31 @@ class RolloutBuffers:
         }
         # Index of the actor writing each slot, -1 when no actor holds it.
         self.slot_owner = torch.full((num_buffers,), -1, dtype=torch.int32).share_memory_()
-        self.free_queue = IndexQueue(num_buffers)
+        self._lane_slots = num_buffers // max(num_lanes, 1)
+        self.free_queues = [IndexQueue(self._lane_slots) for _ in range(max(num_lanes, 1))]
         self.full_queue = IndexQueue(num_buffers)
         for index in range(num_buffers):
-            self.free_queue.put(index)
+            self.free(index)
+
+    @property
+    def free_queue(self) -> IndexQueue:
+        """The free queue of unsplit slots (every writer's)."""
+        if len(self.free_queues) > 1:
+            raise AttributeError("these slots are split among lanes: use free_queue_of(lane)")
+        return self.free_queues[0]
+
+    def free_queue_of(self, lane: int) -> IndexQueue:
+        """Where writer lane `lane` takes free slots (the one queue of unsplit slots)."""
+        return self.free_queues[lane if len(self.free_queues) > 1 else 0]
+
+    def free(self, index: int) -> None:
+        """Put slot `index` back on its free queue."""
+        self.free_queues[index // self._lane_slots].put(index)
+
+    def lane_has_room(self, lane: int, num_envs: int) -> bool:
+        """Whether `lane` can take `num_envs` slots now (polybeast's central feeder, which
+        must not block on one server's lane while the others still step)."""
+        return self.free_queue_of(lane).qsize() >= num_envs
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
@@ -281,11 +309,13 @@ class RolloutBuffers:
         id_stride: int,
         learner_pid: int,
         clock: PhaseClock | None = None,
+        lane: int = 0,
     ) -> RolloutWriter:
-        """An actor's writer for the n envs of `sources` (see `RolloutWriter`)."""
+        """An actor's writer for the n envs of `sources` (see `RolloutWriter`); `lane`: its
+        lane, when the slots are split among lanes."""
         num_envs = len(sources["reward"])
         return RolloutWriter(
-            _Slots(self, owner, num_envs, learner_pid),
+            _Slots(self, owner, num_envs, learner_pid, self.free_queue_of(lane)),
             sources,
             first_id=first_id,
             id_stride=id_stride,
@@ -316,12 +346,13 @@ class RolloutBuffers:
         indices = torch.nonzero(self.slot_owner == owner).flatten().tolist()
         for index in indices:
             self.slot_owner[index] = -1
-            self.free_queue.put(index)
+            self.free(index)
         return len(indices)
 
     def close(self) -> None:
-        """Wake and stop everyone blocked on either queue (shutdown)."""
-        self.free_queue.close()
+        """Wake and stop everyone blocked on any queue (shutdown)."""
+        for free_queue in self.free_queues:
+            free_queue.close()
         self.full_queue.close()
 
     # polybeast: rollouts built outside shared memory, committed whole.
@@ -331,19 +362,28 @@ class RolloutBuffers:
         return RolloutStagingRecipe(self.spec)
 
     def commit(self, rollout: Mapping[str, np.ndarray], stop: threading.Event, row: int) -> bool:
-        """Copy a staged rollout into free slots (see `commit`); `row`: the env server's.
-        ValueError when the rollout does not fit the slots (a server running other code)."""
+        """Copy a staged rollout into free slots (see `commit`); `row`: the env server's,
+        its lane when the slots are split. ValueError when the rollout does not fit the
+        slots (a server running other code)."""
         why = check_rollout(self, rollout)
         if why is not None:
             raise ValueError(f"an env server's rollout does not fit: {why}")
-        return commit(self, rollout, stop)
+        return commit(self, rollout, stop, lane=row)
 
 
 class _Slots(_Destinations):
     """An actor's destinations: n free slots at a time, put on the full queue when written."""
 
-    def __init__(self, buffers: RolloutBuffers, owner: int, num_envs: int, learner_pid: int):
+    def __init__(
+        self,
+        buffers: RolloutBuffers,
+        owner: int,
+        num_envs: int,
+        learner_pid: int,
+        free_queue: IndexQueue,
+    ):
         self.buffers, self.owner, self.learner_pid = buffers, owner, learner_pid
+        self.free_queue = free_queue
         self.num_envs = num_envs
         self.unroll_length = buffers.unroll_length
         self.step_keys = _step_keys(buffers.spec)
@@ -355,7 +395,7 @@ class _Slots(_Destinations):
         buffers, slots = self.buffers, []
         while len(slots) < self.num_envs:
             try:
-                index = buffers.free_queue.get(timeout=_PARENT_CHECK_SECONDS)
+                index = self.free_queue.get(timeout=_PARENT_CHECK_SECONDS)
                 buffers.slot_owner[index] = self.owner
                 slots.append(index)
             except queue.Empty:
@@ -464,27 +504,32 @@ def check_rollout(buffers: RolloutBuffers, rollout: Mapping[str, np.ndarray]) ->
 
 
 def commit(
-    buffers: RolloutBuffers, rollout: Mapping[str, np.ndarray], stop: threading.Event
+    buffers: RolloutBuffers,
+    rollout: Mapping[str, np.ndarray],
+    stop: threading.Event,
+    lane: int = 0,
 ) -> bool:
-    """Copy a whole n-env rollout into n free slots, then put them on the full queue.
+    """Copy a whole n-env rollout into n free slots (of `lane`'s, when the slots are split
+    among lanes), then put them on the full queue.
 
     Blocks while no slot is free (back-pressure on the servers). Returns False,
     having written nothing to the full queue, when `stop` is set or the queues
     are closed (shutdown); slots it had taken go back to the free queue.
     """
     num_envs = len(rollout["rollout_id"])
+    free_queue = buffers.free_queue_of(lane)
     slots: list[int] = []
     try:
         while len(slots) < num_envs:
             try:
-                slots.append(buffers.free_queue.get(timeout=_POLL_SECONDS))
+                slots.append(free_queue.get(timeout=_POLL_SECONDS))
             except queue.Empty:
                 if stop.is_set():
                     raise QueueClosed from None
     except QueueClosed:
         for index in slots:
             try:
-                buffers.free_queue.put(index)
+                buffers.free(index)
             except QueueClosed:
                 break
         return False
@@ -522,6 +567,13 @@ class RolloutSource:
     gathering the next batch never waits on an update in flight) that keep up to two
     batches ready on the learning device; `next()` takes one. Without them (--serial),
     `poll()` prepares one when enough rollouts are full, without blocking.
+
+    `synchronous`: a batch's slots go back to the free queue only when the learner
+    `release`s the batch, after its update's weights are published. With as many slots as
+    the actors fill at once (the engine's choice for a synchronous experience), an actor
+    that finished its rollouts then waits in `take` for the update they feed, and acts
+    on with its weights: every batch is one rollout of every env, all from the weights of
+    the update before (but for step 0, whose action was chosen before the update).
     """
 
     def __init__(
@@ -533,6 +585,7 @@ class RolloutSource:
         replay: RolloutReplay | None = None,
         num_replayed: int = 0,
         num_threads: int = 1,
+        synchronous: bool = False,
     ) -> None:
         if replay is not None and not 0 < num_replayed < batch_size:
             raise ValueError(
@@ -543,6 +596,7 @@ class RolloutSource:
         self.device = device
         self.replay = replay
         self.num_replayed = num_replayed if replay is not None else 0
+        self.synchronous = synchronous
         self.torn_rollouts = 0
         # Guards torn_rollouts, which preparation threads bump concurrently.
         self._torn_lock = threading.Lock()
@@ -588,6 +642,13 @@ class RolloutSource:
 
     def feedback(self, batch: Batch, priorities: torch.Tensor | None) -> None:
         """Nothing to send back: rollouts have no priorities."""
+
+    def release(self, batch: Batch) -> None:
+        """The learner is done with `batch` and has published its update's weights: a
+        synchronous source frees its slots now (class docstring)."""
+        if self.synchronous and batch.indices is not None:
+            for index in batch.indices.tolist():
+                self.buffers.free(index)
 
     def stats(self) -> dict[str, float]:
         stats = {"torn_rollouts": self.torn_rollouts}
@@ -657,18 +718,19 @@ class RolloutSource:
             except queue.Empty:
                 if stopped():
                     for index in indices:
-                        buffers.free_queue.put(index)
+                        buffers.free(index)
                     return None
                 continue
             if buffers.is_torn(index):
                 with self._torn_lock:
                     self.torn_rollouts += 1
-                buffers.free_queue.put(index)
+                buffers.free(index)
                 continue
             indices.append(index)
         data = buffers.gather(indices)
-        for index in indices:
-            buffers.free_queue.put(index)
+        if not self.synchronous:  # else `release` frees them after the update
+            for index in indices:
+                buffers.free(index)
         # Step 0 repeats the previous rollout's last step: count episodes from t=1.
         ended = data["episode_end"][1:]
         returns = tuple(data["episode_return"][1:][ended].tolist())
@@ -690,6 +752,7 @@ class RolloutSource:
             }
         return Batch(
             data=data,
+            indices=torch.tensor(indices, dtype=torch.int64) if self.synchronous else None,
             new_steps=buffers.unroll_length * num_fresh,
             episode_returns=returns,
             episode_steps=lengths,

@@ -307,6 +307,21 @@ class Config:
     def actor_layout_is_auto(self) -> bool:
         return AUTO in (self.num_actors, self.num_envs_per_actor)
 
+    @property
+    def envs_per_learner(self) -> int | None:
+        """Envs whose rollouts feed one learner: all of them here (None: not the same for
+        every learner, polybeast)."""
+        return self.slots_in_use_by_actors
+
+    @property
+    def envs_per_writer(self) -> int:
+        """Envs of one process writing rollouts (an actor here; an env server in poly)."""
+        return self.num_envs_per_actor
+
+    def writer_lanes(self, policy: str) -> int:
+        """Lanes each writer's envs are split into (--num_env_splits with `policy`)."""
+        return self.env_splits(policy)
+
     def env_splits(self, policy: str) -> int:
         """--num_env_splits, auto resolved for the run's policy ("local" or "central")."""
         if self.num_env_splits != AUTO:
@@ -418,6 +433,15 @@ def config_for(algo: str, base: type[Config] = Config) -> type[Config]:
         (f.name, f.type, field(default=f.default, metadata=f.metadata))
         for f in dataclasses.fields(algorithm.Args)
     ]
+    # Core flags whose defaults the algorithm replaces (`Algorithm.core_defaults`).
+    core = {f.name: f for f in dataclasses.fields(base)}
+    unknown = set(algorithm.core_defaults) - set(core)
+    if unknown:
+        raise KeyError(f"{algo}'s core_defaults name no core flag: {sorted(unknown)}")
+    replaced = [
+        (name, core[name].type, field(default=value, metadata=core[name].metadata))
+        for name, value in algorithm.core_defaults.items()
+    ]
     algo_field = next(f for f in dataclasses.fields(base) if f.name == "algo")
 
     def validate(self: Config) -> None:
@@ -426,7 +450,11 @@ def config_for(algo: str, base: type[Config] = Config) -> type[Config]:
 
     return dataclasses.make_dataclass(
         f"{algorithm.__name__}{base.__name__}",
-        [*own, ("algo", algo_field.type, field(default=algo, metadata=algo_field.metadata))],
+        [
+            *own,
+            *replaced,
+            ("algo", algo_field.type, field(default=algo, metadata=algo_field.metadata)),
+        ],
         bases=(base,),
         frozen=True,
         namespace={

@@ -233,6 +233,14 @@ def build_experience(
     if config.normalize_reward:  # each env's running discounted return, stored per step
         record[DISCOUNTED_RETURN_KEY] = Field((), torch.float32)
     if isinstance(experience, Rollouts):
+        num_buffers, num_lanes = config.num_buffers, 0
+        if experience.synchronous:
+            # As many slots as the writers fill at once, split among their lanes: a lane's
+            # next rollouts wait for the update that frees its slots (RolloutSource).
+            # --serial's one process cannot wait on itself: its actor fills the next
+            # rollouts while the learner waits.
+            num_lanes = num_writers * config.writer_lanes(select_policy(config, device))
+            num_buffers = num_writers * config.envs_per_writer * (2 if config.serial else 1)
         buffers = RolloutBuffers(
             rollout_spec(
                 unroll_length=experience.unroll_length,
@@ -241,7 +249,8 @@ def build_experience(
                 record=record,
                 core_state_shapes=states,
             ),
-            config.num_buffers,
+            num_buffers,
+            num_lanes,
         )
         replay = None
         if experience.replay_size:
@@ -253,6 +262,7 @@ def build_experience(
             replay=replay,
             num_replayed=experience.num_replayed,
             num_threads=config.num_learner_threads,
+            synchronous=experience.synchronous,
         )
         return buffers, source
     if isinstance(experience, SequenceReplay):

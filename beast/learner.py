@@ -13,7 +13,8 @@ where batches come from. A source is one of:
 
 and answers `start`, `stop`, `next(timeout)`, `poll()` (--serial), `pending_steps()`,
 `pending_episodes()` (steps and episodes no batch carries: replay actors count their
-own), `feedback(batch, priorities)`, `stats()`, `status_line()`, `describe()`,
+own), `feedback(batch, priorities)`, `release(batch)` (the update is done and its
+weights are published), `stats()`, `status_line()`, `describe()`,
 `close()`, `save_replay(write)` and `restore_replay(tensors, state)`.
 
 The whole update (forward, backward, step) holds one lock: the model's parameters are
@@ -269,6 +270,7 @@ class Learner(ThreadGroup):
             progress.num_updates += 1
             if clock is not None:
                 clock.mark("publish")
+        source.release(batch)
         # The batch's steps count as consumed even when its update was skipped.
         progress.step += batch.new_steps + source.pending_steps()
         returns, lengths = source.pending_episodes()

@@ -157,9 +157,10 @@ class SequenceSink:
         id_stride: int = 0,
         learner_pid: int,
         clock: PhaseClock | None = None,
+        lane: int = 0,
     ) -> SequenceWriter:
-        """Actor `owner`'s writer for the n envs of `sources` (`first_id`, `id_stride`: the
-        rollout writer's, unused here)."""
+        """Actor `owner`'s writer for the n envs of `sources` (`first_id`, `id_stride`,
+        `lane`: the rollout writer's, unused here)."""
         return SequenceWriter(
             self.replay.spec,
             self.seq_len,
@@ -506,6 +507,9 @@ class SequenceSource:
         if priorities is not None:
             self.replay.update_priorities(batch.indices, priorities, batch.generations)
         self.sink.sampled[0] += self.batch_size
+
+    def release(self, batch: Batch) -> None:
+        """Nothing to free: sampled sequences stay in the replay."""
 
     def stats(self) -> dict[str, float]:
         return {

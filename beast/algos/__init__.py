@@ -19,6 +19,8 @@ ALGORITHMS: dict[str, str] = {
     "laser": "beast.algos.laser:Laser",
     "r2d2": "beast.algos.r2d2:R2D2",
     "apex": "beast.algos.apex:ApeX",
+    "ppo": "beast.algos.ppo:PPO",
+    "a2c": "beast.algos.ppo:A2C",
 }
 
 

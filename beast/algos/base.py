@@ -105,11 +105,14 @@ class Rollouts:
     """Actors write fixed-length rollouts of `unroll_length` + 1 steps into the rollout slots
     (beast/buffers.py) and the learner takes `--batch_size` of them per batch. With
     `replay_size` > 0, a FIFO of whole rollouts (beast/rollout_replay.py) replaces
-    `num_replayed` of each batch's rollouts with replayed ones."""
+    `num_replayed` of each batch's rollouts with replayed ones. `synchronous`: actors wait
+    for the weights of each update before their next rollouts, and a batch is one rollout
+    of every env (`--batch_size` must be the number of envs; `RolloutSource`)."""
 
     unroll_length: int
     replay_size: int = 0
     num_replayed: int = 0
+    synchronous: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,8 @@ class Batch(NamedTuple):
     weights: float32 [B] importance weights of a prioritized replay (normalised by their
         max; 0 for a sample to ignore), else None.
     The rest is the source's bookkeeping (beast/learner.py): slots and generations to
-    send priorities back to, the agent steps and finished episodes the batch accounts for.
+    send priorities back to (or a synchronous source's rollout slots, freed after the
+    update), the agent steps and finished episodes the batch accounts for.
     """
 
     data: dict[str, Tensor]
@@ -220,6 +224,10 @@ class Algorithm(abc.ABC):
         bf16_auto: whether --precision auto may pick bf16 for it (image models only).
         continuous_actions: whether it acts in continuous (Box) action spaces; the engine
             refuses such an env for an algorithm that does not, in one line.
+        core_defaults: core flags (beast/config.py `Config`) whose defaults differ for it
+            (PPO's optimizer and rollout length, say): what a run gets with no config file
+            for its env (custom envs) and no flag; a family's configs/<algo>/ file and the
+            command line still replace them.
     """
 
     name: ClassVar[str]
@@ -227,6 +235,7 @@ class Algorithm(abc.ABC):
     Args: ClassVar[type]
     bf16_auto: ClassVar[bool] = True
     continuous_actions: ClassVar[bool] = False
+    core_defaults: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, config: Config, spec: EnvSpec) -> None:
         self.config = config

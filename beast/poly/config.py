@@ -77,6 +77,19 @@ class PolyConfig(Config):
         return self.servers_envs
 
     @property
+    def envs_per_learner(self) -> int | None:
+        if self.servers % self.num_learners:
+            return None
+        return self.servers // self.num_learners * self.servers_envs
+
+    @property
+    def envs_per_writer(self) -> int:
+        return self.servers_envs
+
+    def writer_lanes(self, policy: str) -> int:
+        return 1  # an env server steps its envs as one batch
+
+    @property
     def servers(self) -> int:
         return self.num_env_servers or self.num_actors
 

@@ -23,6 +23,12 @@ lost with its server is simply never written:
                       acts with the algorithm's policy, writes the step with
                       the same writer a server would use, commits what is
                       complete, sends the actions.
+
+With synchronous rollouts (beast/buffers.py `RolloutSource`) a server's next rollout
+waits for the update its last one feeds: both feeders hold a server back once its
+rollout is committed, until the learner frees that rollout's slots (the update is out),
+and meanwhile serve the others; the receiver then asks for one rollout at a time, with
+the weights of every update.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ __all__ = ["CentralInference", "FeederStats", "RolloutReceiver", "ServerPool", "
 _POLL_SECONDS = 0.2
 # Restarts counted against --max_actor_restarts within this window.
 _RESTART_WINDOW_SECONDS = 60.0
+# How often a feeder looks at held servers (synchronous rollouts) with nothing in flight.
+_HELD_POLL_SECONDS = 0.0005
 # How long to wait for the servers' first reply (their envs are built) at start.
 _START_TIMEOUT_SECONDS = 300.0
 
@@ -240,12 +248,38 @@ class FeederStats:
         return "; ".join(parts)
 
 
+class _HeldServers:
+    """Servers whose committed rollout waits for the update it feeds (synchronous rollouts):
+    each is let go once the learner has freed its lane's slots, i.e. published that
+    update's weights."""
+
+    def __init__(self, sink: Any, rows: dict[int, int], num_envs: int, synchronous: bool):
+        self.sink, self.rows, self.num_envs = sink, rows, num_envs
+        self.synchronous = synchronous
+        self.waiting: list[int] = []
+
+    def hold(self, index: int) -> bool:
+        """Hold server `index` after its commit; False when rollouts are not synchronous."""
+        if self.synchronous:
+            self.waiting.append(index)
+        return self.synchronous
+
+    def release_ready(self, go: Callable[[int], None]) -> None:
+        """Call `go(index)` for each held server whose lane is free again."""
+        for index in list(self.waiting):
+            if self.sink.lane_has_room(self.rows[index], self.num_envs):
+                self.waiting.remove(index)
+                go(index)
+
+
 class _Feeder:
     """A named daemon thread that records its failure instead of dying silently."""
 
     name = "feeder"
 
-    def __init__(self, pool: ServerPool, sink: Any, stop: threading.Event) -> None:
+    def __init__(
+        self, pool: ServerPool, sink: Any, stop: threading.Event, synchronous: bool = False
+    ) -> None:
         self.pool = pool
         self.sink = sink
         self.stop = stop
@@ -254,6 +288,7 @@ class _Feeder:
         self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
         # The sink's row of each server (a replay's counters): its place in the pool.
         self._rows = {index: row for row, index in enumerate(pool.indices)}
+        self.held = _HeldServers(sink, self._rows, pool.config.servers_envs, synchronous)
 
     def start(self) -> None:
         self._thread.start()
@@ -299,10 +334,11 @@ class RolloutReceiver(_Feeder):
         stop: threading.Event,
         weights: WeightsBroadcast,
         in_flight: int,
+        synchronous: bool = False,
     ) -> None:
-        super().__init__(pool, sink, stop)
+        super().__init__(pool, sink, stop, synchronous)
         self.weights = weights
-        self.in_flight = in_flight
+        self.in_flight = 1 if synchronous else in_flight
 
     def _run(self) -> None:
         pending: dict[object, int] = {}
@@ -316,6 +352,10 @@ class RolloutReceiver(_Feeder):
                 submit(index)
         ray = _ray()
         while not self.stop.is_set():
+            self.held.release_ready(submit)
+            if not pending:
+                time.sleep(_HELD_POLL_SECONDS)
+                continue
             start = time.perf_counter()
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_SECONDS)
             self.stats.wait_s += time.perf_counter() - start
@@ -334,7 +374,8 @@ class RolloutReceiver(_Feeder):
                 self._count(times)
                 if not self._commit(index, payload):
                     return
-                submit(index)
+                if not self.held.hold(index):
+                    submit(index)
 
     def _count(self, times: RolloutTimes) -> None:
         self.stats.server_env_s += times.env
@@ -391,8 +432,9 @@ class CentralInference(_Feeder):
         model: nn.Module,
         policy: Policy,
         num_envs: int,
+        synchronous: bool = False,
     ) -> None:
-        super().__init__(pool, sink, stop)
+        super().__init__(pool, sink, stop, synchronous)
         self.model = model
         self.policy = policy
         self.device = next(model.parameters()).device
@@ -414,7 +456,17 @@ class CentralInference(_Feeder):
         for index in self.pool.indices:
             pending[self.pool.handles[index].step.remote(None, None)] = index
         ray = _ray()
+
+        def send(index: int) -> None:
+            server = servers[index]
+            ref = self.pool.handles[index].step.remote(server.record["action"].copy(), server.token)
+            pending[ref] = index
+
         while not self.stop.is_set():
+            self.held.release_ready(send)
+            if not pending:
+                time.sleep(_HELD_POLL_SECONDS)
+                continue
             start = time.perf_counter()
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_SECONDS)
             if ready:
@@ -469,12 +521,12 @@ class CentralInference(_Feeder):
                 rows = slice(n * k, (n + 1) * k)
                 server.act({key: value[:, rows] for key, value in outputs.items()})
                 server.writer.write(tuple(s[:, rows].transpose(0, 1).cpu() for s in state_in))
-                payload = server.staging.take_rollout()
-                if payload is not None and not self._commit(index, payload):
-                    return
                 server.state = tuple(s[:, rows] for s in state_out)
                 np.copyto(server.last_action, server.record["action"])
-                ref = self.pool.handles[index].step.remote(
-                    server.record["action"].copy(), server.token
-                )
-                pending[ref] = index
+                payload = server.staging.take_rollout()
+                if payload is not None:
+                    if not self._commit(index, payload):
+                        return
+                    if self.held.hold(index):
+                        continue
+                send(index)

@@ -222,18 +222,30 @@ class LearnerNode:
         pool = ServerPool(config, servers, log.print, run.sink.staging_recipe())
         pools.append(pool)
         stop = threading.Event()
+        # Synchronous rollouts (beast/buffers.py RolloutSource): a server's next rollout
+        # must act with the weights of the update its last one fed, so it is asked for
+        # once that update is out, with those weights.
+        synchronous = getattr(run.source, "synchronous", False)
         if central:
             feeder: Any = CentralInference(
-                pool, run.sink, stop, run.actor_model, run.policy, config.servers_envs
+                pool,
+                run.sink,
+                stop,
+                run.actor_model,
+                run.policy,
+                config.servers_envs,
+                synchronous=synchronous,
             )
         else:
             weights = WeightsBroadcast(
                 run.actor_model,
                 learner.lock,
                 lambda: learner.progress.num_updates,
-                config.weights_interval,
+                1 if synchronous else config.weights_interval,
             )
-            feeder = RolloutReceiver(pool, run.sink, stop, weights, config.rollouts_in_flight)
+            feeder = RolloutReceiver(
+                pool, run.sink, stop, weights, config.rollouts_in_flight, synchronous
+            )
         failure: str | None = None
         try:
             pool.start()

@@ -1,0 +1,589 @@
+"""PPO and A2C: clipped-surrogate and plain policy gradients on rollouts (one family).
+
+PPO (Schulman et al. 2017, "Proximal Policy Optimization Algorithms"): every batch of
+rollouts is passed over `--num_epochs` times in `--num_minibatches` minibatches, each
+minimising
+
+    L = -min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t)            (eq. 7)
+        + c_V (V(x_t) - R_t)^2  - c_H H(pi(.|x_t))                (eq. 9)
+
+averaged over the minibatch's steps, with r_t = pi_theta(a_t|x_t) / mu(a_t|x_t) the ratio
+to the policy the actor acted with (stored with the step: beast/algos/distributions.py),
+eps = `--clip_range` (linearly annealed with `--clip_range_schedule linear`), A_t the
+advantages (normalised per minibatch with `--normalize_advantage`), R_t the value
+targets, c_V = `--baseline_cost` (Stable-Baselines3's vf_coef: no 1/2) and c_H =
+`--entropy_cost`. With `--clip_range_vf` the value's change is clipped as the ratio's is,
+max((V - R)^2, (V_old + clip(V - V_old, -eps_V, eps_V) - R)^2). With `--target_kl`, the
+update stops before a minibatch whose approximate KL E[(r - 1) - log r] exceeds 1.5
+`--target_kl` (Stable-Baselines3's rule). Feed-forward models draw minibatches of single
+steps; recurrent ones of whole rollouts, each from its stored initial state.
+
+A2C (Mnih et al. 2016; Stable-Baselines3's A2C): one pass, one minibatch, and the
+unclipped policy gradient -log pi(a_t|x_t) A_t in place of the surrogate. Same code.
+
+Targets come once per batch, before the first epoch, from the learner's model: values
+V(x_t) for t = 0..T, and either GAE (`--advantages gae`, beast/algos/gae.py) or V-trace
+(`--advantages vtrace`: R_t = v_t and A_t = r_t + gamma v_{t+1} - V(x_t), beast/algos/
+vtrace.py, with the ratios clipped at 1). Transitions out of a truncated episode's final
+observation are no transitions (beast/envs/batch.py): they are masked out of every mean.
+
+Stale data. beast's actors do not stop for the learner, so a batch can come from weights
+several updates old. Two answers, `--synchronous` (the default) or not:
+
+- synchronous: actors wait, after each rollout, for the update it feeds (the engine's
+  synchronous rollouts: beast/buffers.py `RolloutSource`); every batch is one rollout of
+  every env acted by the weights it updates (but for the first step of each rollout),
+  as in Stable-Baselines3 and CleanRL. `--batch_size` must be the number of envs.
+- asynchronous: actors never wait; the surrogate's ratio is to the behaviour policy that
+  acted (as in Sample Factory's APPO, which the ratio above is already), and `--advantages
+  vtrace` corrects the targets for the lag too.
+
+Why synchronous is the default: measured in benchmarks/RESULTS.md ("PPO: synchronous or
+asynchronous actors").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from beast.algos import vtrace
+from beast.algos.actor_critic import ActorCriticAlgorithm
+from beast.algos.base import (
+    Batch,
+    Experience,
+    LearnerContext,
+    Rollouts,
+    Update,
+    UpdateInfo,
+    as_outputs,
+)
+from beast.algos.distributions import ActionDistribution
+from beast.algos.gae import generalized_advantages
+from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards, step_discounts_and_valid
+from beast.config import ConfigError, flag
+from beast.fields import core_state
+from beast.models import MODEL_INPUT_KEYS
+from beast.optim import build_optimizer
+
+__all__ = [
+    "A2C",
+    "A2CArgs",
+    "PPO",
+    "PPOArgs",
+    "PolicyGradientArgs",
+    "PolicyGradientUpdate",
+    "Targets",
+    "clipped_surrogate",
+    "masked_mean",
+    "value_loss",
+]
+
+ADVANTAGE_ESTIMATORS = ("gae", "vtrace")
+CLIP_SCHEDULES = ("constant", "linear")
+# SB3's advantage normalisation: (A - mean) / (std + 1e-8).
+_ADVANTAGE_EPSILON = 1e-8
+# SB3's early stop: a minibatch whose approximate KL exceeds this times --target_kl.
+_TARGET_KL_MARGIN = 1.5
+
+
+def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean of `values` over the entries where `mask` (same shape, bool) is set; 0 if none."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def clipped_surrogate(log_ratio: Tensor, advantages: Tensor, clip_range: float | None) -> Tensor:
+    """Per-step policy loss, to be minimised: ``-min(r A, clip(r, 1 - eps, 1 + eps) A)``
+    with ``r = exp(log_ratio)`` (PPO's eq. 7, negated); with ``clip_range`` None, A2C's
+    ``-log pi(a|x) A``, whose gradient is the surrogate's at ``r = 1``.
+
+    Args:
+        log_ratio: float [N], log pi_theta(a|x) - log mu(a|x) (differentiable).
+        advantages: float [N], detached here.
+        clip_range: eps, or None for the unclipped policy gradient.
+
+    Returns:
+        float [N]. Where the clipped term is the smaller (the ratio has left
+        [1 - eps, 1 + eps] in the direction the advantage favours), it is constant in
+        theta: that step's gradient is 0.
+    """
+    advantages = advantages.detach()
+    if clip_range is None:
+        return -log_ratio * advantages
+    ratio = log_ratio.exp()
+    clipped = ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
+    return -torch.minimum(ratio * advantages, clipped * advantages)
+
+
+def value_loss(
+    values: Tensor, returns: Tensor, old_values: Tensor, clip_range_vf: float | None
+) -> Tensor:
+    """Per-step value loss ``(V - R)^2``, or with ``clip_range_vf`` the larger of that and
+    ``(V_old + clip(V - V_old, -eps_V, eps_V) - R)^2``. float [N]."""
+    returns = returns.detach()
+    loss = (values - returns).square()
+    if clip_range_vf is None:
+        return loss
+    clipped = old_values + (values - old_values).clamp(-clip_range_vf, clip_range_vf)
+    return torch.maximum(loss, (clipped - returns).square())
+
+
+class Targets(NamedTuple):
+    """What a batch's update trains towards, fixed before its first epoch; [T, B] each.
+
+    behaviour_log_probs: log mu(a_t|x_t), of the policy that acted.
+    old_values: V(x_t) of the learner's model before the update.
+    advantages, returns: A_t and R_t (module docstring).
+    valid: bool, step t is a transition (not a truncated episode's final observation).
+    initial_log_ratio: log pi(a_t|x_t) - log mu(a_t|x_t) before the update: the policy lag.
+    """
+
+    behaviour_log_probs: Tensor
+    old_values: Tensor
+    advantages: Tensor
+    returns: Tensor
+    valid: Tensor
+    initial_log_ratio: Tensor
+
+
+@dataclass(frozen=True)
+class PolicyGradientArgs:
+    """The flags PPO and A2C share."""
+
+    discounting: float = flag(0.99, "Discount factor gamma.")
+    gae_lambda: float = flag(
+        0.95, "GAE's lambda (V-trace's too, with --advantages vtrace): 1 is Monte Carlo."
+    )
+    entropy_cost: float = flag(
+        0.0, "Weight of the mean entropy bonus (Stable-Baselines3's ent_coef)."
+    )
+    baseline_cost: float = flag(
+        0.5,
+        "Weight of the mean squared value error (Stable-Baselines3's vf_coef: no 1/2).",
+    )
+    normalize_advantage: bool = flag(
+        True, "Normalise advantages to mean 0 and std 1 in each minibatch."
+    )
+    reward_clipping: str = flag(
+        "none", "Reward clipping in the loss.", choices=REWARD_CLIPPING_MODES
+    )
+    synchronous: bool = flag(
+        True,
+        "Actors wait after each rollout for the update it feeds (SB3/CleanRL semantics;"
+        " --batch_size must be num_actors*num_envs_per_actor); --no-synchronous: actors never"
+        " wait, and the loss corrects for their policy lag (see --advantages).",
+    )
+    advantages: str = flag(
+        "gae",
+        "Advantage estimator: gae, or vtrace (V-trace targets, correcting for the policy lag"
+        " of asynchronous actors, as Sample Factory's APPO).",
+        choices=ADVANTAGE_ESTIMATORS,
+    )
+
+    @staticmethod
+    def check(config: Any) -> None:
+        for name in ("entropy_cost", "baseline_cost"):
+            if getattr(config, name) < 0:
+                raise ConfigError(f"--{name} must be >= 0, got {getattr(config, name)}")
+        for name in ("discounting", "gae_lambda"):
+            if not 0.0 <= getattr(config, name) <= 1.0:
+                raise ConfigError(f"--{name} must be in [0, 1], got {getattr(config, name)}")
+        if not config.synchronous:
+            return
+        if config.actor_layout_is_auto:
+            raise ConfigError(
+                "--synchronous needs a fixed actor layout (its batch is one rollout of every"
+                " env): give --num_actors and --num_envs_per_actor numbers, not auto"
+            )
+        envs = config.envs_per_learner
+        if envs is None:
+            raise ConfigError(
+                "--synchronous: every learner's batch is one rollout of each of its envs, so"
+                " --num_env_servers must split evenly among --num_learners"
+            )
+        if config.batch_size != envs:
+            raise ConfigError(
+                f"--synchronous: a batch is one rollout of every env, so --batch_size must be"
+                f" {envs} (the envs feeding a learner), got {config.batch_size}; or use"
+                " --no-synchronous"
+            )
+
+
+@dataclass(frozen=True)
+class PPOArgs(PolicyGradientArgs):
+    """PPO's flags; the defaults are Stable-Baselines3's."""
+
+    clip_range: float = flag(0.2, "PPO's epsilon: the ratio is clipped to [1 - eps, 1 + eps].")
+    clip_range_schedule: str = flag(
+        "constant",
+        "--clip_range: constant, or linear decay to 0 at --total_steps.",
+        choices=CLIP_SCHEDULES,
+    )
+    clip_range_vf: float | None = flag(
+        None, "Clip each value's change from its pre-update value to +-this; default: no."
+    )
+    num_epochs: int = flag(10, "Passes over each batch.")
+    num_minibatches: int = flag(
+        32,
+        "Minibatches per pass: of the batch's unroll_length*batch_size steps (feed-forward"
+        " models), or of its batch_size rollouts (recurrent models); must divide it.",
+    )
+    target_kl: float | None = flag(
+        None,
+        "Stop a batch's update before a minibatch whose approximate KL to the acting policy"
+        " exceeds 1.5 x this (Stable-Baselines3's rule); default: never.",
+    )
+
+    @staticmethod
+    def check(config: Any) -> None:
+        PolicyGradientArgs.check(config)
+        if not 0.0 < config.clip_range < 1.0:
+            raise ConfigError(f"--clip_range must be in (0, 1), got {config.clip_range}")
+        for name in ("clip_range_vf", "target_kl"):
+            value = getattr(config, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"--{name} must be positive (or unset), got {value}")
+        for name in ("num_epochs", "num_minibatches"):
+            if getattr(config, name) < 1:
+                raise ConfigError(f"--{name} must be positive, got {getattr(config, name)}")
+        if config.use_lstm:
+            units, count = "rollouts", config.batch_size
+        else:
+            units, count = "steps", config.unroll_length * config.batch_size
+        if count % config.num_minibatches:
+            raise ConfigError(
+                f"--num_minibatches {config.num_minibatches} does not divide the batch's"
+                f" {count} {units} (--batch_size {config.batch_size}"
+                + ("" if config.use_lstm else f" x --unroll_length {config.unroll_length}")
+                + "); pick a divisor"
+            )
+
+
+@dataclass(frozen=True)
+class A2CArgs(PolicyGradientArgs):
+    """A2C's flags; the defaults are Stable-Baselines3's (no advantage normalisation,
+    lambda 1: n-step returns)."""
+
+    gae_lambda: float = flag(1.0, "GAE's lambda: 1 gives A2C's n-step returns.")
+    normalize_advantage: bool = flag(False, "Normalise advantages to mean 0 and std 1.")
+
+    @staticmethod
+    def check(config: Any) -> None:
+        PolicyGradientArgs.check(config)
+
+
+class PolicyGradientUpdate(Update):
+    """A batch's PPO or A2C update (module docstring).
+
+    Args:
+        model, context: the learner's.
+        optimizer: over the model's parameters.
+        distribution: the policy's action distribution.
+        config: the run's flags (this family's and the core ones).
+        clip_range: eps, or None for A2C's unclipped policy gradient.
+        num_epochs, num_minibatches: 1 and 1 for A2C.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        context: LearnerContext,
+        optimizer: torch.optim.Optimizer,
+        distribution: ActionDistribution,
+        config: Any,
+        *,
+        clip_range: float | None,
+        num_epochs: int,
+        num_minibatches: int,
+    ) -> None:
+        self.model, self.context, self.optimizer = model, context, optimizer
+        self.distribution = distribution
+        self.config = config
+        self.clip_range = clip_range
+        self.num_epochs, self.num_minibatches = num_epochs, num_minibatches
+        self.recurrent = bool(model.initial_state(1))
+        self.param_keys = tuple(distribution.param_shapes())
+
+    def current_clip_range(self) -> float | None:
+        """--clip_range now: constant, or linearly annealed with the agent steps."""
+        if self.clip_range is None or self.config.clip_range_schedule == "constant":
+            return self.clip_range
+        total = self.context.step.total_steps
+        return self.clip_range * (1.0 - min(self.context.progress.step, total) / total)
+
+    @torch.no_grad()
+    def targets(self, data: Mapping[str, Tensor]) -> Targets:
+        """The batch's fixed targets (class docstring), from one forward pass."""
+        config, context, distribution = self.config, self.context, self.distribution
+        self.model.eval()
+        with context.autocast():
+            outputs, _ = context.forward(data, core_state(data))
+        outputs = {key: value.float() for key, value in as_outputs(outputs).items()}
+        values = outputs["baseline"]
+        actions = data["action"][:-1]
+        behaviour = {key: data[key][:-1] for key in self.param_keys}
+        behaviour_log_probs = distribution.log_prob(behaviour, actions)
+        target = {key: outputs[key][:-1] for key in self.param_keys}
+        log_ratio = distribution.log_prob(target, actions) - behaviour_log_probs
+        rewards = clip_rewards(context.scale_rewards(data)[1:], config.reward_clipping)
+        discounts, valid = step_discounts_and_valid(data, config.discounting)
+        if config.advantages == "gae":
+            advantages, returns = generalized_advantages(
+                rewards,
+                values,
+                data["terminated"][1:],
+                data["truncated"],
+                discount=config.discounting,
+                lambda_=config.gae_lambda,
+            )
+        else:
+            # A step that is no transition gets ratio 0: v_t = V(x_t), traces cut.
+            returns = vtrace.from_importance_weights(
+                log_rhos=log_ratio.masked_fill(valid.logical_not(), -torch.inf),
+                discounts=discounts,
+                rewards=rewards,
+                values=values[:-1],
+                bootstrap_value=values[-1],
+                lambda_=config.gae_lambda,
+            ).vs
+            next_returns = torch.cat([returns[1:], values[-1:]])
+            advantages = (rewards + discounts * next_returns - values[:-1]) * valid
+        return Targets(
+            behaviour_log_probs=behaviour_log_probs,
+            old_values=values[:-1],
+            advantages=advantages,
+            returns=returns,
+            valid=valid,
+            initial_log_ratio=log_ratio,
+        )
+
+    def _minibatches(self, data: Mapping[str, Tensor], targets: Targets):
+        """(inputs, core state, actions, targets) per minibatch of one epoch, shuffled by
+        torch's global generator (which checkpoints save and restore).
+
+        Feed-forward: single steps, inputs [1, M, ...]. Recurrent: whole rollouts,
+        inputs [T+1, M, ...] (the model runs over them from their stored state; only
+        steps 0..T-1 train), targets [T, M].
+        """
+        T, B = targets.valid.shape
+        if self.recurrent:
+            order = torch.randperm(B, device=targets.valid.device)
+            for columns in order.chunk(self.num_minibatches):
+                inputs = {key: data[key][:, columns] for key in MODEL_INPUT_KEYS}
+                state = tuple(s[:, columns] for s in core_state(data))
+                actions = data["action"][:-1, columns]
+                yield inputs, state, actions, Targets(*(t[:, columns] for t in targets))
+            return
+        flat = {key: data[key][:-1].flatten(0, 1) for key in (*MODEL_INPUT_KEYS, "action")}
+        flat_targets = Targets(*(t.flatten(0, 1) for t in targets))
+        order = torch.randperm(T * B, device=targets.valid.device)
+        for steps in order.chunk(self.num_minibatches):
+            inputs = {key: flat[key][steps].unsqueeze(0) for key in MODEL_INPUT_KEYS}
+            actions = flat["action"][steps].unsqueeze(0)
+            yield inputs, (), actions, Targets(*(t[steps].unsqueeze(0) for t in flat_targets))
+
+    def __call__(self, batch: Batch) -> UpdateInfo:
+        data, context, config = batch.data, self.context, self.config
+        distribution = self.distribution
+        targets = self.targets(data)
+        clip_range = self.current_clip_range()
+        clip_vf = getattr(config, "clip_range_vf", None)
+        target_kl = getattr(config, "target_kl", None)
+        sums: dict[str, Tensor] = {}
+        minibatches = 0
+        stopped_early = False
+        self.model.train()
+        for _ in range(self.num_epochs):
+            for inputs, state, actions, mb in self._minibatches(data, targets):
+                valid = mb.valid
+                with context.autocast():
+                    outputs, _ = context.forward(inputs, state)
+                outputs = {key: value.float() for key, value in as_outputs(outputs).items()}
+                if self.recurrent:  # the rollouts' steps 0..T-1 train; step T bootstraps
+                    outputs = {key: value[:-1] for key, value in outputs.items()}
+                params = {key: outputs[key] for key in self.param_keys}
+                log_probs = distribution.log_prob(params, actions)
+                log_ratio = log_probs - mb.behaviour_log_probs
+                advantages = mb.advantages
+                if config.normalize_advantage and int(valid.sum()) > 1:
+                    mean = masked_mean(advantages, valid)
+                    std = masked_mean((advantages - mean).square(), valid).sqrt()
+                    advantages = (advantages - mean) / (std + _ADVANTAGE_EPSILON)
+                policy_term = masked_mean(
+                    clipped_surrogate(
+                        log_ratio if clip_range is not None else log_probs,
+                        advantages,
+                        clip_range,
+                    ),
+                    valid,
+                )
+                value_term = masked_mean(
+                    value_loss(outputs["baseline"], mb.returns, mb.old_values, clip_vf), valid
+                )
+                entropy = masked_mean(distribution.entropy(params), valid)
+                loss = (
+                    policy_term + config.baseline_cost * value_term - config.entropy_cost * entropy
+                )
+                with torch.no_grad():
+                    ratio = log_ratio.detach().exp()
+                    approx_kl = masked_mean((ratio - 1.0) - log_ratio.detach(), valid)
+                    clipped = (
+                        masked_mean(((ratio - 1.0).abs() > clip_range).float(), valid)
+                        if clip_range is not None
+                        else torch.zeros(())
+                    )
+                if target_kl is not None and float(approx_kl) > _TARGET_KL_MARGIN * target_kl:
+                    stopped_early = True
+                    break
+                context.step(loss, self.optimizer, self.model.parameters())
+                minibatches += 1
+                for key, value in (
+                    ("total_loss", loss),
+                    ("pg_loss", policy_term),
+                    ("baseline_loss", value_term),
+                    ("entropy", entropy),
+                    ("approx_kl", approx_kl),
+                    ("clip_fraction", clipped),
+                ):
+                    sums[key] = sums.get(key, 0.0) + value.detach()
+            if stopped_early:
+                break
+        return UpdateInfo(stats=self._stats(sums, minibatches, targets, clip_range, stopped_early))
+
+    @torch.no_grad()
+    def _stats(
+        self,
+        sums: Mapping[str, Tensor],
+        minibatches: int,
+        targets: Targets,
+        clip_range: float | None,
+        stopped_early: bool,
+    ) -> dict[str, Any]:
+        valid = targets.valid
+        returns, values = targets.returns[valid], targets.old_values[valid]
+        variance = returns.var() if returns.numel() > 1 else torch.zeros(())
+        explained = 1.0 - (returns - values).var() / variance if variance > 0 else torch.zeros(())
+        stats: dict[str, Any] = {key: value / max(minibatches, 1) for key, value in sums.items()}
+        stats.update(
+            {
+                "minibatches": minibatches,
+                "stopped_early": float(stopped_early),
+                "explained_variance": explained,
+                # Policy lag: the ratio to the acting policy before the update (1 when the
+                # learner's weights acted, as with --synchronous but for step 0).
+                "mean_rho": masked_mean(targets.initial_log_ratio.exp(), valid),
+                "mean_advantage": masked_mean(targets.advantages, valid),
+            }
+        )
+        if clip_range is not None:
+            stats["clip_range"] = clip_range
+        return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+class PPO(ActorCriticAlgorithm):
+    """PPO: the clipped surrogate over several epochs of minibatches."""
+
+    name = "ppo"
+    summary = (
+        "Proximal Policy Optimization (Schulman et al. 2017): clipped surrogate, GAE,"
+        " several epochs of minibatches per batch of rollouts."
+    )
+    Args = PPOArgs
+    # Stable-Baselines3's PPO defaults, where they are core flags: Adam at 3e-4 (eps
+    # 1e-5), gradient norm 0.5, and 2048 steps per update (16 envs x 128).
+    core_defaults: Mapping[str, Any] = {
+        "optimizer": "adam",
+        "learning_rate": 3e-4,
+        "epsilon": 1e-5,
+        "lr_schedule": "constant",
+        "grad_norm_clipping": 0.5,
+        "unroll_length": 128,
+        "batch_size": 16,
+    }
+
+    @classmethod
+    def validate(cls, config: Any) -> None:
+        PPOArgs.check(config)
+
+    def experience(self) -> Experience:
+        return Rollouts(
+            unroll_length=self.config.unroll_length, synchronous=self.config.synchronous
+        )
+
+    def learner(self, model: nn.Module, context: LearnerContext) -> Update:
+        config = self.config
+        return PolicyGradientUpdate(
+            model,
+            context,
+            build_optimizer(config, model),
+            self.distribution,
+            config,
+            clip_range=config.clip_range,
+            num_epochs=config.num_epochs,
+            num_minibatches=config.num_minibatches,
+        )
+
+    def describe(self) -> str:
+        config = self.config
+        return (
+            f"{'synchronous' if config.synchronous else 'asynchronous'} actors,"
+            f" {config.advantages} advantages, {config.num_epochs} epochs x"
+            f" {config.num_minibatches} minibatches"
+        )
+
+
+class A2C(PPO):
+    """A2C: one unclipped policy-gradient step per batch of short rollouts."""
+
+    name = "a2c"
+    summary = (
+        "Advantage actor-critic (Mnih et al. 2016, synchronous as Stable-Baselines3's):"
+        " one policy-gradient step per batch of short rollouts."
+    )
+    Args = A2CArgs
+    # Stable-Baselines3's A2C defaults: RMSprop at 7e-4 (alpha 0.99, eps 1e-5), gradient
+    # norm 0.5, 5-step rollouts.
+    core_defaults: Mapping[str, Any] = {
+        "optimizer": "rmsprop",
+        "learning_rate": 7e-4,
+        "alpha": 0.99,
+        "epsilon": 1e-5,
+        "lr_schedule": "constant",
+        "grad_norm_clipping": 0.5,
+        "unroll_length": 5,
+        "batch_size": 16,
+    }
+
+    @classmethod
+    def validate(cls, config: Any) -> None:
+        A2CArgs.check(config)
+
+    def learner(self, model: nn.Module, context: LearnerContext) -> Update:
+        return PolicyGradientUpdate(
+            model,
+            context,
+            build_optimizer(self.config, model),
+            self.distribution,
+            self.config,
+            clip_range=None,
+            num_epochs=1,
+            num_minibatches=1,
+        )
+
+    def describe(self) -> str:
+        config = self.config
+        return (
+            f"{'synchronous' if config.synchronous else 'asynchronous'} actors,"
+            f" {config.advantages} advantages"
+        )
