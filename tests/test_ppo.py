@@ -117,9 +117,7 @@ def test_gae_bootstraps_a_truncation_from_the_final_observation():
     values = torch.tensor([[10.0], [20.0], [30.0], [40.0]])
     terminated = torch.zeros((3, 1), dtype=torch.bool)
     truncated = torch.tensor([[False], [True], [False], [False]])
-    out = generalized_advantages(
-        rewards, values, terminated, truncated, discount=0.5, lambda_=0.0
-    )
+    out = generalized_advantages(rewards, values, terminated, truncated, discount=0.5, lambda_=0.0)
     # A_0 = 1 + 0.5 * V(final x_1) - V(x_0) = 1 + 10 - 10; A_1: no transition; A_2 =
     # 2 + 0.5 * 40 - 30.
     assert out.advantages[:, 0].tolist() == [1.0, 0.0, -8.0]
