@@ -114,6 +114,7 @@ class ScriptedEnvBatch:
         self.episode_end = np.zeros(num_envs, dtype=bool)
         self.episode_return = np.zeros(num_envs, dtype=np.float32)
         self.episode_step = np.zeros(num_envs, dtype=np.int32)
+        self.discounted_return = np.zeros(num_envs, dtype=np.float32)
         self.actions: dict[tuple[int, int], int] = {}  # taken, by the step taken from
         self.sent: dict[tuple[int, int], int] = {}  # all sent (a reset ignores its)
         self.episodes_ended = 0
