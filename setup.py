@@ -7,10 +7,15 @@ runs it.
 
 from setuptools import find_packages, setup
 
+# mujoco 4.0.0 reports a solver bug fixed in 4.0.1; stay on 3.x.
+MUJOCO = ["gymnasium[mujoco]>=1.0", "mujoco>=3,<4"]
+
 setup(
     name="beast",
     version="0.1.0",
-    description="A PyTorch engine for scalable deep RL: IMPALA, LASER, R2D2, Ape-X as plug-ins.",
+    description=(
+        "A PyTorch engine for scalable deep RL: IMPALA, LASER, R2D2, Ape-X, PPO, A2C as plug-ins."
+    ),
     python_requires=">=3.10",
     packages=find_packages(include=["beast", "beast.*"]),
     setup_requires=["cffi>=1.15"],
@@ -35,6 +40,7 @@ setup(
             "imageio>=2.30",
             "imageio-ffmpeg>=0.4.9",
             "ray>=2.60,<3",
+            *MUJOCO,
         ],
         # polybeast.py: Ray 2.x (an ~80 MB wheel; its other dependencies are mostly
         # already here). tests/test_polybeast.py skips itself without it.
@@ -42,6 +48,10 @@ setup(
         # --record_video: imageio-ffmpeg ships its own ffmpeg binary (no system ffmpeg),
         # but its wheel is ~70 MB, so it is opt-in.
         "video": ["imageio>=2.30", "imageio-ffmpeg>=0.4.9"],
+        # HalfCheetah-v5 and the other MuJoCo tasks: the mujoco wheel carries the simulator.
+        "mujoco": MUJOCO,
+        # benchmarks/sb3_side_by_side.py: the peer for PPO/A2C, run beside beast.
+        "bench": ["stable-baselines3>=2.3,<3", *MUJOCO],
     },
     zip_safe=False,
 )

@@ -147,12 +147,16 @@ class RolloutWriter:
 
     `sources` maps every per-step field of the spec but `rollout_id` to an array `[n, ...]`
     at a fixed address (the env batch's arrays, the actor's last actions, the policy's
-    record), updated in place between writes. Each `write(state)` copies the current step:
-    the first write of a rollout takes n destinations (`_Destinations.take`), stores
-    `state` (the recurrent state, `[n, d0, ...]` per tensor, that produced this step's
-    policy output) as the rollout's start and writes step 0; the write of step T
-    publishes the rollout and opens the next, whose step 0 is that same step (one native
-    call per step: `beast.native.acting.StepCopies`).
+    record), updated in place between writes. Each `write(state)` copies the current step
+    (one native call per step: `beast.native.acting.StepCopies`). The first write takes n
+    destinations (`_Destinations.take`), stores `state` (the recurrent state,
+    `[n, d0, ...]` per tensor, that produced this step's policy output) as the rollout's
+    start and writes step 0. The write of step T publishes the rollout and keeps a copy of
+    that step and its state: the next rollout's step 0. Its destinations are taken at the
+    next write, not at the publish, so a writer waiting for slots never holds back a
+    rollout that another writer of the same process has yet to publish (an actor's lanes
+    step in turn; with synchronous rollouts each lane's slots come back only after the
+    update that reads every lane's rollout).
 
     Rollout ids: `first_id + arange(n)`, advanced by `id_stride` per rollout; writers of
     one process must use disjoint residues (an actor's lanes: first ids 0, n, 2n, ...,
@@ -185,12 +189,16 @@ class RolloutWriter:
         }
         self._copies: StepCopies | None = None
         self.t = 0  # the step written last
+        # Step T of the rollout published last, and its state: the next one's step 0.
+        self._kept_step: dict[str, list[np.ndarray]] | None = None
+        self._kept_state: list[torch.Tensor] = []
 
     def _mark(self, phase: str) -> None:
         if self.clock is not None:
             self.clock.mark(phase)
 
     def _open(self, state: Sequence[torch.Tensor]) -> bool:
+        """Take destinations and write step 0: the current step, or the kept one."""
         rows = self.destinations.take()
         if rows is None:
             return False
@@ -203,25 +211,41 @@ class RolloutWriter:
                 for i, row in enumerate(rows)
             ]
         )
-        self.destinations.write_state(state)
-        self._copies.run(0)
+        kept = self._kept_step
+        if kept is None:
+            self.destinations.write_state(state)
+            self._copies.run(0)
+        else:
+            self.destinations.write_state(self._kept_state)
+            for key, kept_rows in kept.items():
+                for i, row in enumerate(rows):
+                    row[key][0] = kept_rows[i][0]
+            for i, row in enumerate(rows):  # the new rollout's ids, not the kept step's
+                row["rollout_id"][0] = self.rollout_ids[i]
+            self._kept_step = None
         self.t = 0
         return True
 
     def write(self, state: Sequence[torch.Tensor]) -> bool:
         """Write the current step; False when the run is shutting down."""
-        if self._copies is None:
+        if self._copies is None:  # the first step of all: step 0 of the first rollout
             opened = self._open(state)
             self._mark("slot_write")
             return opened
+        if self._kept_step is not None and not self._open(state):
+            return False
         self.t += 1
         self._copies.run(self.t)
         if self.t == self.unroll_length:
             if not self.destinations.publish():
                 return False
             self.rollout_ids += self.id_stride
-            if not self._open(state):
-                return False
+            self._kept_step = {
+                key: [row.copy() for row in source_rows]
+                for key, source_rows in self._source_rows.items()
+                if key != "rollout_id"
+            }
+            self._kept_state = [tensor.clone() for tensor in state]
         self._mark("slot_write")
         return True
 

@@ -42,23 +42,29 @@ class Check:
 
     @property
     def name(self) -> str:
-        return f"{self.algo}-{self.script.removesuffix('beast.py')}beast-{self.policy}"
+        name = f"{self.algo}-{self.script.removesuffix('beast.py')}beast-{self.policy}"
+        return name if self.env.endswith("CartPole-v1") else f"{name}-{self.env}"
 
 
-# The issue's bars: IMPALA CartPole >= 450 within 500k; LASER 450 within 300k; R2D2
+# The issues' bars: IMPALA CartPole >= 450 within 500k; LASER 450 within 300k; R2D2
 # MaskedCartPole (no velocities: only a recurrent agent balances it) >= 400 within 1M;
-# Ape-X CartPole >= 450 within 1M. Each in monobeast with a local and a central policy,
-# LASER and R2D2 in polybeast too.
+# Ape-X CartPole >= 450 within 1M; PPO CartPole >= 475 within 100k, A2C within 500k;
+# PPO HalfCheetah-v5 >= 1,500 within 1M (about an hour on 2 cores: local policy only).
+# Each in monobeast with a local and a central policy, LASER and R2D2 in polybeast too.
+BOTH = ("local", "central")
 CHECKS = [
     Check(algo, script, policy, env, steps, bar)
-    for algo, env, steps, bar, scripts in (
-        ("impala", "CartPole-v1", 500_000, 450.0, ("monobeast.py",)),
-        ("laser", "CartPole-v1", 300_000, 450.0, ("monobeast.py", "polybeast.py")),
-        ("r2d2", "MaskedCartPole-v1", 1_000_000, 400.0, ("monobeast.py", "polybeast.py")),
-        ("apex", "CartPole-v1", 1_000_000, 450.0, ("monobeast.py",)),
+    for algo, env, steps, bar, scripts, policies in (
+        ("impala", "CartPole-v1", 500_000, 450.0, ("monobeast.py",), BOTH),
+        ("laser", "CartPole-v1", 300_000, 450.0, ("monobeast.py", "polybeast.py"), BOTH),
+        ("r2d2", "MaskedCartPole-v1", 1_000_000, 400.0, ("monobeast.py", "polybeast.py"), BOTH),
+        ("apex", "CartPole-v1", 1_000_000, 450.0, ("monobeast.py",), BOTH),
+        ("ppo", "CartPole-v1", 100_000, 475.0, ("monobeast.py",), BOTH),
+        ("a2c", "CartPole-v1", 500_000, 475.0, ("monobeast.py",), BOTH),
+        ("ppo", "HalfCheetah-v5", 1_000_000, 1500.0, ("monobeast.py",), ("local",)),
     )
     for script in scripts
-    for policy in ("local", "central")
+    for policy in policies
     if script == "monobeast.py" or policy == "local"
 ]
 

@@ -144,12 +144,14 @@ def test_serial_learns_cartpole_in_one_process(tmp_path):
     assert wait_until_gone(marker) == []
 
 
-@pytest.mark.parametrize("algo", ["r2d2", "apex", "laser"])
+@pytest.mark.parametrize("algo", ["r2d2", "apex", "laser", "ppo"])
 def test_serial_runs_every_kind_of_experience(tmp_path, algo):
     replay = ["--min_replay_size", "20", "--replay_size", "200", "--samples_per_insert", "0.5"]
     flags = replay if algo in ("r2d2", "apex") else []
     if algo == "r2d2":
         flags += ["--seq_len", "10", "--seq_overlap", "5", "--burn_in", "5"]
+    if algo == "ppo":  # synchronous: a batch is one rollout of each of the serial envs
+        flags += ["--num_minibatches", "2"]
     result = run(
         ["--algo", algo, *CARTPOLE_SMALL, "--serial", "--total_steps", "2000", *flags]
         + ["--savedir", str(tmp_path), "--xpid", algo],

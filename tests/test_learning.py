@@ -34,11 +34,15 @@ def best_mean_of_100(run_dir) -> float:
     return best / 100
 
 
-def train_cartpole(tmp_path, total_steps: int, seed: int = 1, policy: str = "local") -> float:
+def train_cartpole(
+    tmp_path, total_steps: int, seed: int = 1, policy: str = "local", algo: str = "impala"
+) -> float:
     result = subprocess.run(
         [
             sys.executable,
             os.path.join(ROOT, "monobeast.py"),
+            "--algo",
+            algo,
             *CARTPOLE_FLAGS,
             "--total_steps",
             str(total_steps),
@@ -67,6 +71,14 @@ def test_cartpole_learns_within_500k_steps(tmp_path):
     # 487, 493, 475, 493. The issue's bar (450) is the slow check's,
     # test_every_algorithm_reaches_its_bar_in_every_mode[impala-monobeast-local].
     assert train_cartpole(tmp_path, 500_000) >= 300
+
+
+def test_ppo_cartpole_learns_within_100k_steps(tmp_path):
+    # PPO with configs/ppo/classic.yaml (rl-zoo3's settings, synchronous actors), about
+    # 30 s on 2 cores: the default run's check of the PPO/A2C family and of synchronous
+    # experience. The issue's bar (475) is the slow check's; seeds 1-3 reached it
+    # (docs/learning.md), the floor leaves room for the spread.
+    assert train_cartpole(tmp_path, 100_000, algo="ppo") >= 400
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""Every algorithm in every mode: {impala, laser, r2d2, apex} x {monobeast local, monobeast
-central, polybeast local, polybeast central}. Each runs a short CartPole training
+"""Every algorithm in every mode: {impala, laser, r2d2, apex, ppo, a2c} x {monobeast local,
+monobeast central, polybeast local, polybeast central}. Each runs a short CartPole training
 through its entry point, as a user runs it, writes a checkpoint, and `--mode test`
 loads that checkpoint and plays an episode with the algorithm's evaluation policy.
 
@@ -31,6 +31,9 @@ ALGO_FLAGS = {
     + ["--seq_len", "10", "--seq_overlap", "5", "--burn_in", "5"],
     "apex": ["--replay_size", "200", "--min_replay_size", "20", "--samples_per_insert", "0.5"]
     + ["--n_step", "3"],
+    # --batch_size 4 is one rollout of each of the 2x2 envs: PPO/A2C's synchronous batch.
+    "ppo": ["--num_epochs", "2", "--num_minibatches", "4"],
+    "a2c": [],
 }
 LAYOUT = {
     "monobeast.py": ["--num_actors", "2", "--num_envs_per_actor", "2"],

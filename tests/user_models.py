@@ -1,6 +1,6 @@
 """Models as a user writes them for `--model tests.user_models:Name` (docs/models.md):
-plain nn.Modules, no beast base class. `TinyActorCritic` and `TinyQNetwork` are good;
-the others are the mistakes the start-up check must catch in one line."""
+plain nn.Modules, no beast base class. `TinyActorCritic`, `TinyGaussianActorCritic` and
+`TinyQNetwork` are good; the others are the mistakes the start-up check must catch in one line."""
 
 from __future__ import annotations
 
@@ -37,6 +37,31 @@ class TinyActorCritic(nn.Module):
         x = self.hidden(self.body(inputs["obs"]))
         return {
             "policy_logits": self.policy(x).view(T, B, -1),
+            "baseline": self.value(x).view(T, B),
+        }, ()
+
+
+class TinyGaussianActorCritic(nn.Module):
+    """For actor-critic algorithms on a Box action space (beast passes action_dim, not
+    num_actions): action_mean and action_log_std [T, B, d], baseline [T, B]."""
+
+    def __init__(self, obs_shape: tuple[int, ...], action_dim: int) -> None:
+        super().__init__()
+        self.body = _Body(obs_shape)
+        self.mean = nn.Linear(64, action_dim)
+        self.log_std = nn.Parameter(torch.zeros(action_dim))
+        self.value = nn.Linear(64, 1)
+
+    def initial_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    def forward(self, inputs, core_state=()):
+        T, B = inputs["obs"].shape[:2]
+        x = self.body(inputs["obs"])
+        mean = self.mean(x).view(T, B, -1)
+        return {
+            "action_mean": mean,
+            "action_log_std": self.log_std.expand_as(mean),
             "baseline": self.value(x).view(T, B),
         }, ()
 

@@ -56,6 +56,9 @@ __all__ = ["env_family", "make"]
 
 # Importing ale_py registers the ALE ids; this call documents that dependency.
 gymnasium.register_envs(ale_py)
+# The emulator's welcome banner goes to stderr on every env made: errors only, so that a
+# bad flag stays one line and actors' logs stay clean.
+ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
 
 # DeepMind preprocessing constants (Mnih et al. 2015, "Methods").
 NOOP_MAX = 30
