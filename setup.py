@@ -21,7 +21,7 @@ setup(
     setup_requires=["cffi>=1.15"],
     cffi_modules=["beast/native/build.py:ffibuilder"],
     install_requires=[
-        "torch>=2.1,<3",
+        "torch>=2.6,<3",  # fused Adam on CPU, nn.utils.get_total_norm
         "numpy>=1.24",
         "gymnasium>=1.0",
         "ale-py>=0.9",

@@ -159,7 +159,8 @@ class Stepper:
             group["lr"] = group[INITIAL_LR] * multiplier
         self.learning_rate = optimizer.param_groups[0]["lr"]
         optimizer.step()
-        if not all(bool(torch.isfinite(p).all()) for p in params):
+        # One norm over every weight (foreach): a single check, not one per tensor.
+        if not bool(torch.isfinite(nn.utils.get_total_norm(params))):
             raise NonFiniteError(
                 "an optimizer step made the weights non-finite; lower --learning_rate"
                 " (the last checkpoint is kept as it is)"
