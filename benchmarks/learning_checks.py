@@ -3,13 +3,15 @@
     python -m benchmarks.learning_checks                       # every check, seed 1
     python -m benchmarks.learning_checks --only r2d2 --seeds 1 2 3
     python -m benchmarks.learning_checks --only impala-monobeast-local --savedir /tmp/checks
+    python -m benchmarks.learning_checks --only ppo-monobeast-local -- --no-synchronous
 
 Each check is a real run of monobeast.py or polybeast.py with the shipped
 configs/<algo>/classic.yaml for its env, from start to --total_steps. The report gives,
 per run: the agent step at which the mean return of the last 100 finished episodes
-first reached the bar, the best such mean, the mean of the last 100 episodes at the
-end, and the wall-clock of the whole run (start-up included). The means count every
-env's episodes, exploring ones included (Ape-X's spread of epsilons).
+first reached the bar (and the wall-clock from launch to it), the best such mean, the
+mean of the last 100 episodes at the end, and the wall-clock of the whole run (start-up
+included). The means count every env's episodes, exploring ones included (Ape-X's
+spread of epsilons).
 
 tests/test_learning.py asserts the same bars (`-m slow`) from the same table.
 """
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,6 +77,7 @@ class Outcome:
     check: Check
     seed: int
     reached_at: int | None  # agent step where the 100-episode mean first reached the bar
+    reached_seconds: float | None  # wall-clock from launch to that step
     best: float  # best mean of 100 consecutive episodes
     last: float  # mean of the last 100 episodes
     wall_clock: float  # seconds, the whole run
@@ -89,25 +93,44 @@ def read_episodes(run_dir: str) -> list[tuple[int, float]]:
         return [(int(row["step"]), float(row["return"])) for row in csv.DictReader(f)]
 
 
+def seconds_at_steps(run_dir: str, wall_clock: float) -> dict[int, float]:
+    """Wall-clock from launch to each learner update's step: logs.csv's time (from the
+    logger's start) plus the start-up, taken as the whole run's `wall_clock` minus the
+    last row's time (so the shutdown counts as start-up: never less than the truth)."""
+    with open(os.path.join(run_dir, "logs.csv")) as f:
+        times = {int(row["step"]): float(row["time"]) for row in csv.DictReader(f)}
+    start_up = wall_clock - max(times.values(), default=0.0)
+    return {step: start_up + seconds for step, seconds in times.items()}
+
+
 def summarize(check: Check, seed: int, run_dir: str, wall_clock: float) -> Outcome:
-    """The outcome of a finished run from its episodes.csv."""
+    """The outcome of a finished run from its episodes.csv and logs.csv."""
     episodes = read_episodes(run_dir)
     returns = [r for _, r in episodes]
     if len(returns) < 100:
-        return Outcome(check, seed, None, float("nan"), float("nan"), wall_clock, len(returns))
-    window = sum(returns[:100])
-    best, reached = window / 100, episodes[99][0] if window / 100 >= check.bar else None
-    for i in range(100, len(returns)):
-        window += returns[i] - returns[i - 100]
-        mean = window / 100
-        best = max(best, mean)
-        if reached is None and mean >= check.bar:
+        nan = float("nan")
+        return Outcome(check, seed, None, None, nan, nan, wall_clock, len(returns))
+    window, reached = 0.0, None
+    best = -float("inf")
+    for i, episode_return in enumerate(returns):
+        window += episode_return - (returns[i - 100] if i >= 100 else 0.0)
+        if i < 99:
+            continue
+        best = max(best, window / 100)
+        if reached is None and window / 100 >= check.bar:
             reached = episodes[i][0]
-    return Outcome(check, seed, reached, best, sum(returns[-100:]) / 100, wall_clock, len(returns))
+    seconds = None
+    if reached is not None:
+        seconds = seconds_at_steps(run_dir, wall_clock).get(reached)
+    last = sum(returns[-100:]) / 100
+    return Outcome(check, seed, reached, seconds, best, last, wall_clock, len(returns))
 
 
-def run_check(check: Check, seed: int, savedir: str, timeout: float = 3600) -> Outcome:
-    """Run `check` with `seed` to its total_steps; raises RuntimeError on a failed run."""
+def run_check(
+    check: Check, seed: int, savedir: str, timeout: float = 3600, flags: Sequence[str] = ()
+) -> Outcome:
+    """Run `check` with `seed` (and extra `flags`) to its total_steps; raises RuntimeError
+    on a failed run."""
     xpid = f"{check.name}-seed{seed}"
     argv = [
         sys.executable,
@@ -130,6 +153,7 @@ def run_check(check: Check, seed: int, savedir: str, timeout: float = 3600) -> O
         savedir,
         "--xpid",
         xpid,
+        *flags,
     ]
     start = time.monotonic()
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -141,7 +165,9 @@ def run_check(check: Check, seed: int, savedir: str, timeout: float = 3600) -> O
 
 def row(outcome: Outcome) -> str:
     check = outcome.check
-    reached = f"{outcome.reached_at:,}" if outcome.reached_at is not None else "not reached"
+    reached = "not reached"
+    if outcome.reached_at is not None:
+        reached = f"{outcome.reached_at:,} ({outcome.reached_seconds:.0f} s)"
     return (
         f"| {check.name} | {check.env} | {check.bar:.0f} in {check.total_steps:,} |"
         f" {outcome.seed} | {reached} | {outcome.best:.1f} | {outcome.last:.1f} |"
@@ -154,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", nargs="*", default=[], help="check names or algorithms")
     parser.add_argument("--seeds", nargs="*", type=int, default=[1])
     parser.add_argument("--savedir", default=None, help="default: a temporary directory")
+    parser.add_argument("flags", nargs="*", help="extra flags for every run (after --)")
     args = parser.parse_args(argv)
     checks = [c for c in CHECKS if not args.only or c.name in args.only or c.algo in args.only]
     if not checks:
@@ -161,18 +188,19 @@ def main(argv: list[str] | None = None) -> None:
     savedir = args.savedir or tempfile.mkdtemp(prefix="beast-learning-")
     print(
         f"# learning checks, {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()},"
-        f" nproc {os.cpu_count()}, runs in {savedir}",
+        f" nproc {os.cpu_count()}, runs in {savedir}"
+        + (f", extra flags: {' '.join(args.flags)}" if args.flags else ""),
         flush=True,
     )
     print(
-        "| check | env | bar | seed | reached at step | best mean of 100 | last 100 |"
+        "| check | env | bar | seed | reached at step (wall-clock) | best mean of 100 | last 100 |"
         " wall-clock | passed |",
         flush=True,
     )
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
     for check in checks:
         for seed in args.seeds:
-            print(row(run_check(check, seed, savedir)), flush=True)
+            print(row(run_check(check, seed, savedir, flags=args.flags)), flush=True)
 
 
 if __name__ == "__main__":

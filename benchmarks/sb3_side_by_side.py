@@ -11,9 +11,9 @@ alternates between repeats, so neither side always runs on a cooler machine):
   of 100k env steps. SB3 runs the zoo's tuned PPO (`SB3_CARTPOLE`); beast runs
   `monobeast.py --algo ppo --env CartPole-v1`, which picks configs/ppo/classic.yaml,
   the same settings. SB3's time is read in a callback; beast's is the logs.csv time of
-  the update that consumed the episode, plus its start-up (launch to logger start,
-  taken as the whole run's wall-clock minus the last row's time: shutdown is counted
-  too, which only makes beast look slower).
+  the update that consumed the episode, plus its start-up
+  (`benchmarks.learning_checks.seconds_at_steps`: shutdown counts as start-up, which
+  only makes beast look slower).
 - HalfCheetah-v5: env steps per second of PPO over `--seconds` after `--warmup`
   seconds, SB3 with the zoo's HalfCheetah settings (`SB3_HALFCHEETAH`, VecNormalize),
   beast with configs/ppo/mujoco.yaml (the same).
@@ -25,7 +25,6 @@ medians over the repeats.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import subprocess
@@ -40,6 +39,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.env_throughput import machine_description
+from benchmarks.learning_checks import Check, summarize
 from benchmarks.monobeast_sps import _CLEAN_ENVIRON, measure_monobeast_sps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,18 +181,10 @@ def beast_cartpole(seed: int, threshold: float) -> dict[str, Any]:
         wall_clock = time.monotonic() - launched
         if result.returncode != 0:
             raise RuntimeError(f"beast CartPole failed: {result.stderr.strip()[-2000:]}")
-        run_dir = Path(savedir) / "cartpole"
-        with open(run_dir / "logs.csv") as f:
-            time_at = {int(row["step"]): float(row["time"]) for row in csv.DictReader(f)}
-        with open(run_dir / "episodes.csv") as f:
-            episodes = [(int(row["step"]), float(row["return"])) for row in csv.DictReader(f)]
-    start_up = wall_clock - max(time_at.values())
-    returns: deque[float] = deque(maxlen=100)
-    for step, episode_return in episodes:
-        returns.append(episode_return)
-        if len(returns) == 100 and sum(returns) / 100 >= threshold:
-            return {"seconds": start_up + time_at[step], "steps": step, "wall_clock": wall_clock}
-    return {"seconds": None, "steps": None, "wall_clock": wall_clock}
+        check = Check("ppo", "monobeast.py", "local", "CartPole-v1", CARTPOLE_BUDGET, threshold)
+        outcome = summarize(check, seed, str(Path(savedir) / "cartpole"), wall_clock)
+    seconds, steps = outcome.reached_seconds, outcome.reached_at
+    return {"seconds": seconds, "steps": steps, "wall_clock": wall_clock}
 
 
 def beast_halfcheetah(seed: int, warmup: float, seconds: float) -> dict[str, Any]:
