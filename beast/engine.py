@@ -133,7 +133,13 @@ def acting_bf16(precision: str, device: torch.device) -> bool:
     return precision == "bf16" and (device.type == "cuda" or cpu_bf16_native())
 
 
-def learner_threads(config: Config, device: torch.device, precision: str) -> int | None:
+# Below this many parameters a CPU learner runs one torch thread (`learner_threads`).
+SMALL_MODEL_PARAMETERS = 1_000_000
+
+
+def learner_threads(
+    config: Config, device: torch.device, precision: str, num_parameters: int
+) -> int | None:
     """torch intra-op threads for the learner; None keeps torch's default (CPU count).
 
     A CPU bf16 learner gets 1 thread when the actors already fill the cores: its
@@ -141,11 +147,19 @@ def learner_threads(config: Config, device: torch.device, precision: str) -> int
     2 actors, a 2-thread bf16 update went from 206 ms alone to 0.4-5.6 s beside the
     actors, a 1-thread one from 334 to 447 ms; end to end, 1 thread gave 1,339-1,381
     steps/s and 2 threads 1,118-1,231 (benchmarks/RESULTS.md).
+
+    A small model (under SMALL_MODEL_PARAMETERS: the MLPs of classic control and MuJoCo)
+    gets 1 thread too: its matrices are too small for a second thread to pay for the
+    hand-off. PPO on CartPole-v1 took 30 s with 2 threads and 18 s with 1 on 2 cores.
     """
     if config.num_threads:
         return config.num_threads
+    if device.type != "cpu":
+        return None
     cores = len(os.sched_getaffinity(0))
-    if device.type == "cpu" and precision == "bf16" and config.num_actors >= cores:
+    if precision == "bf16" and config.num_actors >= cores:
+        return 1
+    if num_parameters < SMALL_MODEL_PARAMETERS:
         return 1
     return None
 
@@ -195,7 +209,8 @@ def prepare(config: Config) -> tuple[Config, envs.EnvSpec, torch.device, str]:
     spec = envs.env_spec(probe)
     probe.close()
     algorithm = build_algorithm(config, spec)
-    build_checked_model(algorithm)  # fail here, in one line, on a model that does not fit
+    # Fail here, in one line, on a model that does not fit.
+    num_parameters = sum(p.numel() for p in build_checked_model(algorithm).parameters())
     device = select_device(config)
     precision = select_precision(config, device, spec, type(algorithm))
     if config.actor_layout_is_auto:
@@ -210,7 +225,7 @@ def prepare(config: Config) -> tuple[Config, envs.EnvSpec, torch.device, str]:
             log=lambda line: print(f"[beast] {line}", flush=True),
         )
         torch.manual_seed(config.seed)  # the measurement drew random numbers
-    num_threads = learner_threads(config, device, precision)
+    num_threads = learner_threads(config, device, precision, num_parameters)
     if num_threads:
         torch.set_num_threads(num_threads)
     return config, spec, device, precision
