@@ -2,6 +2,7 @@
 
     pip install -e ".[bench]"
     python -m benchmarks.sb3_side_by_side --repeats 3
+    python -m benchmarks.sb3_side_by_side -- --no-synchronous --advantages vtrace
 
 Two measurements per repeat, each a pair of runs, one after the other (the order
 alternates between repeats, so neither side always runs on a cooler machine):
@@ -168,12 +169,12 @@ def run_sb3(part: str, **kwargs: Any) -> dict[str, Any]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def beast_cartpole(seed: int, threshold: float) -> dict[str, Any]:
+def beast_cartpole(seed: int, threshold: float, flags: list[str]) -> dict[str, Any]:
     """monobeast.py --algo ppo --env CartPole-v1 (configs/ppo/classic.yaml) to 100k."""
     with tempfile.TemporaryDirectory() as savedir:
         argv = [sys.executable, str(ROOT / "monobeast.py"), "--algo", "ppo"]
         argv += ["--env", "CartPole-v1", "--seed", str(seed), "--total_steps"]
-        argv += [str(CARTPOLE_BUDGET), "--savedir", savedir, "--xpid", "cartpole"]
+        argv += [str(CARTPOLE_BUDGET), "--savedir", savedir, "--xpid", "cartpole", *flags]
         launched = time.monotonic()
         result = subprocess.run(
             argv, cwd=ROOT, capture_output=True, text=True, env=_CLEAN_ENVIRON, timeout=3600
@@ -187,9 +188,9 @@ def beast_cartpole(seed: int, threshold: float) -> dict[str, Any]:
     return {"seconds": seconds, "steps": steps, "wall_clock": wall_clock}
 
 
-def beast_halfcheetah(seed: int, warmup: float, seconds: float) -> dict[str, Any]:
+def beast_halfcheetah(seed: int, warmup: float, seconds: float, flags: list[str]) -> dict[str, Any]:
     """monobeast.py --algo ppo --env HalfCheetah-v5 (configs/ppo/mujoco.yaml)."""
-    flags = ["--algo", "ppo", "--seed", str(seed)]
+    flags = ["--algo", "ppo", "--seed", str(seed), *flags]
     return {"sps": measure_monobeast_sps("HalfCheetah-v5", warmup + seconds, warmup, flags)}
 
 
@@ -208,6 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=20.0)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--parts", nargs="*", default=["cartpole", "halfcheetah"])
+    parser.add_argument(
+        "beast_flags", nargs="*", help="extra monobeast flags (after --), e.g. --no-synchronous"
+    )
     parser.add_argument("--sb3", choices=["cartpole", "halfcheetah"], help=argparse.SUPPRESS)
     parser.add_argument("--sb3_kwargs", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -219,7 +223,11 @@ def main(argv: list[str] | None = None) -> None:
     import stable_baselines3
 
     print(machine_description(), flush=True)
-    print(f"stable-baselines3 {stable_baselines3.__version__}", flush=True)
+    print(
+        f"stable-baselines3 {stable_baselines3.__version__}; beast flags:"
+        f" {' '.join(args.beast_flags) or '(the configs)'}",
+        flush=True,
+    )
     speedups: dict[str, list[float]] = {part: [] for part in args.parts}
     for i in range(args.repeats):
         seed = i + 1
@@ -232,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
                         "cartpole", seed=seed, launched=time.time(), threshold=args.threshold
                     )
                 else:
-                    runs[side] = beast_cartpole(seed, args.threshold)
+                    runs[side] = beast_cartpole(seed, args.threshold, args.beast_flags)
             ratio = _ratio(runs["sb3"]["seconds"], runs["beast"]["seconds"])
             if ratio is not None:
                 speedups["cartpole"].append(ratio)
@@ -253,7 +261,9 @@ def main(argv: list[str] | None = None) -> None:
                         "halfcheetah", seed=seed, warmup=args.warmup, seconds=args.seconds
                     )["sps"]
                 else:
-                    sps[side] = beast_halfcheetah(seed, args.warmup, args.seconds)["sps"]
+                    sps[side] = beast_halfcheetah(
+                        seed, args.warmup, args.seconds, args.beast_flags
+                    )["sps"]
             speedups["halfcheetah"].append(sps["beast"] / sps["sb3"])
             print(
                 f"[{i + 1}/{args.repeats}] HalfCheetah-v5 PPO, {args.seconds:g} s after"
