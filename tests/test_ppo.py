@@ -279,3 +279,63 @@ def test_ppo_and_a2c_pick_their_tuned_configs():
         3e-4,
         0.5,
     )
+
+
+# Minibatches ---------------------------------------------------------------------------
+
+
+def minibatch_fixture(T: int, B: int, recurrent: bool, num_minibatches: int):
+    """A batch whose every field holds each entry's own (t, b) code, and an update that only
+    knows how to cut it (the minibatching needs nothing else)."""
+    from beast.algos.ppo import PolicyGradientUpdate, Targets
+
+    code = (torch.arange(T + 1)[:, None] * 100 + torch.arange(B)[None, :]).float()
+    data = {key: code.clone() for key in ("obs", "reward", "done", "last_action", "action")}
+    data["core_state_0"] = torch.arange(B).float()[None, :, None].expand(1, B, 3).clone()
+    targets = Targets(*(code[:-1].clone() for _ in Targets._fields))
+    update = PolicyGradientUpdate.__new__(PolicyGradientUpdate)
+    update.recurrent, update.num_minibatches = recurrent, num_minibatches
+    return update, data, targets
+
+
+def test_feed_forward_minibatches_cover_every_step_once_per_epoch():
+    T, B = 5, 4
+    update, data, targets = minibatch_fixture(T, B, recurrent=False, num_minibatches=4)
+    seen = []
+    for inputs, state, actions, mb in update._minibatches(data, targets):
+        assert state == () and inputs["obs"].shape == (1, T * B // 4)
+        # Inputs, actions and every target of a step stay together.
+        for field in (*inputs.values(), actions, *mb):
+            assert torch.equal(field, inputs["obs"])
+        seen += inputs["obs"].flatten().tolist()
+    assert sorted(seen) == sorted(data["obs"][:-1].flatten().tolist())
+
+
+def test_recurrent_minibatches_keep_whole_rollouts_with_their_stored_state():
+    T, B = 5, 4
+    update, data, targets = minibatch_fixture(T, B, recurrent=True, num_minibatches=2)
+    columns_seen = []
+    for inputs, state, actions, mb in update._minibatches(data, targets):
+        obs = inputs["obs"]
+        assert obs.shape == (T + 1, 2)  # all T+1 steps: the model runs from step 0
+        columns = (obs[0] % 100).long()
+        assert torch.equal(obs, data["obs"][:, columns])  # whole rollouts, in time order
+        assert torch.equal(state[0], data["core_state_0"][:, columns])  # their own state
+        assert torch.equal(actions, data["action"][:-1, columns])
+        for target in mb:
+            assert torch.equal(target, targets.advantages[:, columns])
+        columns_seen += columns.tolist()
+    assert sorted(columns_seen) == list(range(B))
+
+
+def test_ppo_with_an_lstm_trains_through_monobeast(tmp_path):
+    from tests.test_monobeast import read_csv, run
+
+    argv = ["--algo", "ppo", "--env", "CartPole-v1", "--use_lstm", "--model", "mlp"]
+    argv += ["--num_actors", "2", "--num_envs_per_actor", "2", "--batch_size", "4"]
+    argv += ["--unroll_length", "16", "--num_minibatches", "2", "--num_epochs", "2"]
+    argv += ["--num_threads", "1", "--total_steps", "1500"]
+    result = run([*argv, "--savedir", str(tmp_path), "--xpid", "lstm"])
+    assert result.returncode == 0, result.stderr
+    rows = read_csv(tmp_path / "lstm" / "logs.csv")
+    assert int(rows[-1]["step"]) >= 1500 and all(math.isfinite(float(r["pg_loss"])) for r in rows)
