@@ -64,14 +64,31 @@ def test_ppo_on_pendulum_normalises_checkpoints_resumes_and_tests(tmp_path, poli
     assert summary["episodes"] == 2 and -3300 < summary["mean_return"] <= 0
 
 
-@pytest.mark.parametrize("algo", ["impala", "a2c"])
+@pytest.mark.parametrize("algo", ["impala", "laser", "a2c"])
 def test_gaussian_head_trains_with_other_actor_critics(tmp_path, algo):
     argv = ["--algo", algo, *PENDULUM, "--total_steps", "1500"]
+    if algo == "laser":
+        argv += ["--replay_size", "20"]
     result = run([*argv, "--savedir", str(tmp_path), "--xpid", algo])
     assert result.returncode == 0, result.stderr
     rows = read_csv(tmp_path / algo / "logs.csv")
     assert int(rows[-1]["step"]) >= 1500
     assert all(math.isfinite(float(row["total_loss"])) for row in rows if row["total_loss"])
+
+
+def test_ppo_on_halfcheetah_picks_the_mujoco_config(tmp_path):
+    pytest.importorskip("mujoco")
+    argv = ["--algo", "ppo", "--env", "HalfCheetah-v5", "--unroll_length", "64"]
+    argv += ["--total_steps", "640", "--num_epochs", "1", "--num_threads", "1"]
+    result = run([*argv, "--savedir", str(tmp_path), "--xpid", "cheetah"])
+    assert result.returncode == 0, result.stderr
+    assert "Box(6) actions in [-1, 1]" in result.stdout
+    checkpoint = load_checkpoint(str(tmp_path / "cheetah" / CHECKPOINT_NAME))
+    config = checkpoint["config"]
+    # configs/ppo/mujoco.yaml, with the command line's overrides on top.
+    assert config["model"] == "separate_mlp" and config["hidden_size"] == 256
+    assert config["normalize_obs"] and config["normalize_reward"]
+    assert config["unroll_length"] == 64 and checkpoint["progress"]["step"] >= 640
 
 
 def test_a_user_model_with_a_gaussian_head_trains_on_pendulum(tmp_path):
