@@ -53,7 +53,7 @@ class Check:
 # MaskedCartPole (no velocities: only a recurrent agent balances it) >= 400 within 1M;
 # Ape-X CartPole >= 450 within 1M; PPO CartPole >= 475 within 100k, A2C within 500k;
 # PPO HalfCheetah-v5 >= 1,500 within 1M (about an hour on 2 cores: local policy only).
-# Each in monobeast with a local and a central policy, LASER and R2D2 in polybeast too.
+# Each in monobeast with a local and a central policy, LASER, R2D2 and PPO in polybeast too.
 BOTH = ("local", "central")
 CHECKS = [
     Check(algo, script, policy, env, steps, bar)
@@ -62,7 +62,7 @@ CHECKS = [
         ("laser", "CartPole-v1", 300_000, 450.0, ("monobeast.py", "polybeast.py"), BOTH),
         ("r2d2", "MaskedCartPole-v1", 1_000_000, 400.0, ("monobeast.py", "polybeast.py"), BOTH),
         ("apex", "CartPole-v1", 1_000_000, 450.0, ("monobeast.py",), BOTH),
-        ("ppo", "CartPole-v1", 100_000, 475.0, ("monobeast.py",), BOTH),
+        ("ppo", "CartPole-v1", 100_000, 475.0, ("monobeast.py", "polybeast.py"), BOTH),
         ("a2c", "CartPole-v1", 500_000, 475.0, ("monobeast.py",), BOTH),
         ("ppo", "HalfCheetah-v5", 1_000_000, 1500.0, ("monobeast.py",), ("local",)),
     )
