@@ -1,5 +1,5 @@
-"""Real learning checks through the entry points: IMPALA on CartPole-v1 by default, every
-algorithm in every mode with -m slow (benchmarks/learning_checks.py's table).
+"""Real learning checks through the entry points: IMPALA and PPO on CartPole-v1 by default,
+every algorithm in every mode with -m slow (benchmarks/learning_checks.py's table).
 
 Runs are seeded, but actors and learner run asynchronously, so the exact
 trajectory is not reproducible; the floors leave room for that.
