@@ -175,11 +175,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
     assert shm_entries() - before == set()
 
 
-def test_ctrl_c_stops_everything_within_10s(tmp_path):
+# PPO with a central policy: synchronous actors, two lanes each, waiting on their slots.
+SYNCHRONOUS_CENTRAL = ["--algo", "ppo", "--batch_size", "4", "--num_minibatches", "1"]
+SYNCHRONOUS_CENTRAL += ["--policy", "central"]
+
+
+@pytest.mark.parametrize("algo_flags", [[], SYNCHRONOUS_CENTRAL], ids=["impala", "ppo-central"])
+def test_ctrl_c_stops_everything_within_10s(tmp_path, algo_flags):
     marker = uuid.uuid4().hex
     before = shm_entries()
     argv = [
         *CARTPOLE_SMALL,
+        *algo_flags,
         "--num_actors",
         "2",
         "--total_steps",
