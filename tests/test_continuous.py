@@ -11,7 +11,13 @@ import uuid
 import pytest
 
 from beast.checkpoint import CHECKPOINT_NAME, load_checkpoint
-from tests.test_monobeast import read_csv, run, shm_entries, wait_until_gone
+from tests.test_monobeast import (
+    assert_refused_in_one_line,
+    read_csv,
+    run,
+    shm_entries,
+    wait_until_gone,
+)
 
 PENDULUM = ["--env", "Pendulum-v1", "--num_actors", "2", "--num_envs_per_actor", "2"]
 PENDULUM += ["--batch_size", "4", "--unroll_length", "16", "--num_threads", "1"]
@@ -124,12 +130,4 @@ def test_a_user_model_with_a_gaussian_head_trains_on_pendulum(tmp_path):
     ],
 )
 def test_bad_continuous_and_ppo_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
-    marker = uuid.uuid4().hex
-    before = shm_entries()
-    result = run([*argv, "--savedir", str(tmp_path)], timeout=60, marker=marker)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and fragment in lines[0], result.stderr
-    assert lines[0].startswith("monobeast.py: error:")
-    assert wait_until_gone(marker) == []
-    assert shm_entries() - before == set()
+    assert_refused_in_one_line(tmp_path, argv, fragment)

@@ -164,6 +164,12 @@ def test_train_then_test_on_cartpole(tmp_path):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
+    assert_refused_in_one_line(tmp_path, argv, fragment)
+
+
+def assert_refused_in_one_line(tmp_path, argv: list[str], fragment: str) -> None:
+    """monobeast.py with `argv` exits 2 with one stderr line holding `fragment`, and leaves
+    no process or shared-memory segment behind."""
     marker = uuid.uuid4().hex
     before = shm_entries()
     result = run([*argv, "--savedir", str(tmp_path)], timeout=60, marker=marker)
