@@ -102,3 +102,57 @@ def test_shared_zeros_do_not_touch_their_pages_until_written():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) < 64, f"peak resident memory grew by {out.stdout.strip()} MiB"
+
+
+def test_synchronous_lanes_wait_for_the_update_their_rollouts_feed():
+    """Synchronous rollouts (PPO, A2C): each writer lane owns its slots; after publishing
+    a rollout a lane's next write waits until the learner releases the batch that holds
+    it, while the other lane (the same actor's, stepping in turn) still publishes."""
+    import os
+    import threading
+
+    from beast.buffers import RolloutSource
+
+    T = 3
+    spec = rollout_spec(
+        unroll_length=T,
+        obs_shape=(2,),
+        obs_dtype=np.float32,
+        record=CategoricalPolicy(2).record_spec(),
+    )
+    buffers = RolloutBuffers(spec, num_buffers=2, num_lanes=2)
+    source = RolloutSource(buffers, batch_size=2, device=torch.device("cpu"), synchronous=True)
+    source.start()
+    try:
+        writers = []
+        for lane in range(2):
+            sources = {
+                key: torch.zeros((1, *field.shape[1:]), dtype=field.dtype).numpy()
+                for key, field in spec.items()
+                if key != "rollout_id" and not key.startswith("core_state_")
+            }
+            writers.append(
+                buffers.writer(
+                    lane,
+                    sources,
+                    first_id=lane,
+                    id_stride=2,
+                    learner_pid=os.getpid(),
+                    lane=lane,
+                )
+            )
+        for _ in range(T + 1):  # both lanes, in turn: one whole rollout each
+            for writer in writers:
+                assert writer.write(())
+        batch = source.next(timeout=5)
+        assert batch is not None and sorted(batch.data["rollout_id"][0].tolist()) == [0, 1]
+
+        wrote = threading.Event()
+        thread = threading.Thread(target=lambda: wrote.set() if writers[0].write(()) else None)
+        thread.start()
+        assert not wrote.wait(0.5), "a lane took a slot before its rollout's update was out"
+        source.release(batch)
+        assert wrote.wait(5), "the lane did not get its slot back after the release"
+        thread.join(5)
+    finally:
+        source.stop(5)
