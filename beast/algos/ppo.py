@@ -514,7 +514,12 @@ class PPO(ActorCriticAlgorithm):
 
     @classmethod
     def validate(cls, config: Any) -> None:
-        PPOArgs.check(config)
+        cls.Args.check(config)
+
+    def passes(self) -> tuple[float | None, int, int]:
+        """(clip_range, num_epochs, num_minibatches) of each batch's update."""
+        config = self.config
+        return config.clip_range, config.num_epochs, config.num_minibatches
 
     def experience(self) -> Experience:
         return Rollouts(
@@ -522,25 +527,28 @@ class PPO(ActorCriticAlgorithm):
         )
 
     def learner(self, model: nn.Module, context: LearnerContext) -> Update:
-        config = self.config
+        clip_range, num_epochs, num_minibatches = self.passes()
         return PolicyGradientUpdate(
             model,
             context,
-            build_optimizer(config, model),
+            build_optimizer(self.config, model),
             self.distribution,
-            config,
-            clip_range=config.clip_range,
-            num_epochs=config.num_epochs,
-            num_minibatches=config.num_minibatches,
+            self.config,
+            clip_range=clip_range,
+            num_epochs=num_epochs,
+            num_minibatches=num_minibatches,
         )
 
     def describe(self) -> str:
         config = self.config
-        return (
+        text = (
             f"{'synchronous' if config.synchronous else 'asynchronous'} actors,"
-            f" {config.advantages} advantages, {config.num_epochs} epochs x"
-            f" {config.num_minibatches} minibatches"
+            f" {config.advantages} advantages"
         )
+        clip_range, num_epochs, num_minibatches = self.passes()
+        if clip_range is None:
+            return text
+        return f"{text}, {num_epochs} epochs x {num_minibatches} minibatches"
 
 
 class A2C(PPO):
@@ -565,25 +573,5 @@ class A2C(PPO):
         "batch_size": 16,
     }
 
-    @classmethod
-    def validate(cls, config: Any) -> None:
-        A2CArgs.check(config)
-
-    def learner(self, model: nn.Module, context: LearnerContext) -> Update:
-        return PolicyGradientUpdate(
-            model,
-            context,
-            build_optimizer(self.config, model),
-            self.distribution,
-            self.config,
-            clip_range=None,
-            num_epochs=1,
-            num_minibatches=1,
-        )
-
-    def describe(self) -> str:
-        config = self.config
-        return (
-            f"{'synchronous' if config.synchronous else 'asynchronous'} actors,"
-            f" {config.advantages} advantages"
-        )
+    def passes(self) -> tuple[float | None, int, int]:
+        return None, 1, 1
