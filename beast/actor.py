@@ -2,7 +2,7 @@
 
 One loop for every algorithm: each actor owns K environments, asks its policy for K
 actions at once, steps the K environments, and hands each step to the writer of the
-run's sink (beast/buffers.py: rollout slots; beast/sequence_sink.py: a replay it adds
+run's sink (beast/buffers.py: rollout slots; beast/replay_sink.py: a replay it adds
 sequences to). The step it hands over is the env batch's arrays, the actor's last
 actions and the policy's record (the algorithm's: beast/algos/base.py `Policy`), all
 at fixed addresses. Two ways to act (beast/inference.py):
@@ -121,7 +121,7 @@ def run_actor(
     """Process entry point. Exits 0 on shutdown, 1 after posting its error.
 
     sink: where the steps go (rollout slots, or a sequence replay: anything with
-    `writer(...)`, beast/buffers.py and beast/sequence_sink.py).
+    `writer(...)`, beast/buffers.py and beast/replay_sink.py).
     policy_source: the shared-memory model (local policy) or the request
     table of the learner's inference server (central policy).
     phase_seconds: shared float64 [num_actors, len(ACTOR_PHASES)]; this actor

@@ -32,7 +32,15 @@ from torch import nn
 
 from beast import envs
 from beast.algos import ALGORITHMS, algorithm_class
-from beast.algos.base import Algorithm, LearnerContext, Policy, Rollouts, SequenceReplay, Update
+from beast.algos.base import (
+    Algorithm,
+    LearnerContext,
+    Policy,
+    Rollouts,
+    SequenceReplay,
+    TransitionReplay,
+    Update,
+)
 from beast.buffers import RolloutBuffers, RolloutSource, rollout_spec
 from beast.checkpoint import (
     CheckpointError,
@@ -48,9 +56,10 @@ from beast.fields import Field, core_state_shapes
 from beast.learner import Learner, Stepper, TrainingProgress, UpdateStats
 from beast.models import ModelError, check_model, copy_weights
 from beast.normalize import DISCOUNTED_RETURN_KEY, RewardScaler, find_observation_normalizer
-from beast.replay import PrioritizedReplay, sequence_spec
+from beast.replay import PrioritizedReplay, replay_footprint, sequence_spec
+from beast.replay_sink import ReplaySink, ReplaySource, SequenceSink
 from beast.rollout_replay import RolloutReplay
-from beast.sequence_sink import SequenceSink, SequenceSource
+from beast.transition_replay import RingReplay, TransitionSink, ring_footprint, step_spec
 
 __all__ = [
     "Run",
@@ -210,7 +219,9 @@ def prepare(config: Config) -> tuple[Config, envs.EnvSpec, torch.device, str]:
     probe.close()
     algorithm = build_algorithm(config, spec)
     # Fail here, in one line, on a model that does not fit.
-    num_parameters = sum(p.numel() for p in build_checked_model(algorithm).parameters())
+    model = build_checked_model(algorithm)
+    num_parameters = sum(p.numel() for p in model.parameters())
+    check_replay_fits(algorithm, model)
     device = select_device(config)
     precision = select_precision(config, device, spec, type(algorithm))
     if config.actor_layout_is_auto:
@@ -231,6 +242,58 @@ def prepare(config: Config) -> tuple[Config, envs.EnvSpec, torch.device, str]:
     return config, spec, device, precision
 
 
+def available_memory() -> int:
+    """Bytes of memory this machine can still give: MemAvailable (Linux), else physical."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+# The share of the available memory a replay may take: the learner, the actors and the
+# page cache need the rest.
+REPLAY_MEMORY_SHARE = 0.8
+
+
+def check_replay_fits(algorithm: Algorithm, model: nn.Module) -> None:
+    """A one-line ConfigError, before anything is allocated (or a run directory made),
+    when the algorithm's replay would take more than REPLAY_MEMORY_SHARE of the memory
+    available: what it needs, and the --replay_size that would fit."""
+    spec, experience = algorithm.spec, algorithm.experience()
+    record = algorithm.policy().record_spec()
+    image_stacks = len(spec.obs_shape) == 3
+    if isinstance(experience, SequenceReplay):
+        layout = sequence_spec(
+            seq_len=experience.seq_len,
+            obs_shape=spec.obs_shape,
+            obs_dtype=spec.obs_dtype,
+            record=record,
+            core_state_shapes=core_state_shapes(model.initial_state(1)),
+        )
+        dedup = experience.frame_dedup and image_stacks
+        per_item = replay_footprint(layout, frame_dedup=dedup).per_sequence
+        unit = "sequences"
+    elif isinstance(experience, TransitionReplay):
+        steps = step_spec(spec.obs_shape, spec.obs_dtype, record)
+        dedup = experience.frame_dedup
+        per_item, unit = ring_footprint(steps, dedup), "transitions"
+    else:
+        return
+    needed, budget = per_item * experience.capacity, REPLAY_MEMORY_SHARE * available_memory()
+    if needed > budget:
+        hint = ", or store frames once with --frame_dedup" if image_stacks and not dedup else ""
+        raise ConfigError(
+            f"a replay of {experience.capacity:,} {unit} needs {needed / 2**30:,.1f} GiB"
+            f" ({per_item:,.0f} B each), more than {REPLAY_MEMORY_SHARE:.0%} of the"
+            f" {budget / REPLAY_MEMORY_SHARE / 2**30:,.1f} GiB available; lower --replay_size"
+            f" to {int(budget // per_item):,} or less{hint}"
+        )
+
+
 def build_experience(
     config: Config,
     algorithm: Algorithm,
@@ -238,7 +301,7 @@ def build_experience(
     actor_model: nn.Module,
     device: torch.device,
     num_writers: int,
-) -> tuple[RolloutBuffers | SequenceSink, RolloutSource | SequenceSource]:
+) -> tuple[RolloutBuffers | ReplaySink, RolloutSource | ReplaySource]:
     """The sink actors (or env servers, `num_writers` of them) write into and the source
     the learner reads, for the algorithm's `experience()`."""
     spec = algorithm.spec
@@ -307,7 +370,36 @@ def build_experience(
             min_replay_size=experience.min_size,
             batch_size=config.batch_size,
         )
-        source = SequenceSource(sink, batch_size=config.batch_size, device=device, seed=config.seed)
+        source = ReplaySource(sink, batch_size=config.batch_size, device=device, seed=config.seed)
+        return sink, source
+    if isinstance(experience, TransitionReplay):
+        if states:
+            raise ConfigError(
+                f"--algo {config.algo} trains on single transitions: it needs a feed-forward"
+                " model (drop --use_lstm)"
+            )
+        steps = step_spec(spec.obs_shape, spec.obs_dtype, record)
+        try:
+            replay = RingReplay(
+                steps,
+                num_envs=num_writers * config.envs_per_writer,
+                capacity=experience.capacity,
+                n_step=experience.n_step,
+                prioritized=experience.prioritized,
+                alpha=experience.priority_exponent,
+                beta=experience.importance_sampling_exponent,
+                frame_dedup=experience.frame_dedup,
+            )
+        except ValueError as error:
+            raise ConfigError(f"the replay does not fit --env {config.env}: {error}") from error
+        sink = TransitionSink(
+            replay,
+            num_actors=num_writers,
+            samples_per_insert=experience.samples_per_insert,
+            min_replay_size=experience.min_size,
+            batch_size=config.batch_size,
+        )
+        source = ReplaySource(sink, batch_size=config.batch_size, device=device, seed=config.seed)
         return sink, source
     raise TypeError(f"{algorithm.name}'s experience() returned {experience!r}")
 
@@ -327,8 +419,8 @@ class Run:
     update: Update
     stepper: Stepper
     progress: TrainingProgress
-    sink: RolloutBuffers | SequenceSink
-    source: RolloutSource | SequenceSource
+    sink: RolloutBuffers | ReplaySink
+    source: RolloutSource | ReplaySource
     learner: Learner
     reward_scaler: RewardScaler | None = None  # --normalize_reward
 

@@ -8,7 +8,7 @@ where batches come from. A source is one of:
 
     RolloutSource   (beast/buffers.py) full rollouts from the rollout slots, gathered by
                     preparation threads, optionally mixed with a replay of rollouts;
-    SequenceSource  (beast/sequence_sink.py) prioritized sequences the actors put in a
+    ReplaySource  (beast/replay_sink.py) prioritized sequences the actors put in a
                     shared replay, sampled by the learner threads themselves;
 
 and answers `start`, `stop`, `next(timeout)`, `poll()` (--serial), `pending_steps()`,

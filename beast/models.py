@@ -40,7 +40,7 @@ the baseline head with gain 1. The LSTM keeps PyTorch's default uniform initiali
 two MLPs on the observation alone, one for the policy and one for the value, with no
 shared layers and no reward or last-action input.
 
-Q-networks (`DuelingQNet`, `build_q_model`) take the same inputs and torsos and return
+Q-networks (`QNet`, `build_q_model`) take the same inputs and torsos and return
 ``QOutput.q_values`` [T, B, num_actions] float32 through a dueling head (Wang et al. 2016). With
 an LSTM (R2D2) the core input is the same ``[features, clipped reward, one-hot last action]``;
 without one (Ape-X) the head reads the torso features alone, as in the Ape-X paper's dueling DQN.
@@ -67,7 +67,8 @@ __all__ = [
     "AgentOutput",
     "AtariNet",
     "CoreState",
-    "DuelingQNet",
+    "DistributionalQOutput",
+    "QNet",
     "GaussianAgentOutput",
     "MLPNet",
     "SeparateMLPNet",
@@ -79,6 +80,7 @@ __all__ = [
     "build_user_model",
     "check_model",
     "copy_weights",
+    "polyak_update",
     "is_user_model",
 ]
 
@@ -644,11 +646,24 @@ class QOutput(NamedTuple):
     q_values: Tensor
 
 
-class DuelingQNet(nn.Module):
-    """torso -> [LSTM] -> dueling head: ``Q = V + A - mean_a A`` (Wang et al. 2016, eq. 9).
+class DistributionalQOutput(NamedTuple):
+    """What a distributional Q-network returns for each step (C51, Rainbow).
 
-    The value and advantage streams are each ``Linear(head_size) -> ReLU -> Linear``; subtracting
-    the mean advantage makes V and A identifiable without changing the greedy action.
+    q_logits: float32 [T, B, num_actions, num_atoms], the logits of each action's return
+        distribution over the algorithm's fixed support (Bellemare et al. 2017).
+    """
+
+    q_logits: Tensor
+
+
+class QNet(nn.Module):
+    """torso -> [LSTM] -> Q head, dueling or not, with one value or a distribution per action.
+
+    Dueling (Wang et al. 2016, eq. 9): ``Q = V + A - mean_a A``, from a value stream and an
+    advantage stream, each ``Linear(head_size) -> ReLU -> Linear``; subtracting the mean
+    advantage makes V and A identifiable without changing the greedy action. Without it,
+    one such stream gives Q. With ``num_atoms`` > 1 every output is a vector of logits
+    over the atoms (C51), and the dueling sum is taken per atom (Rainbow, section 3).
 
     Args:
         torso: maps float32 [N, *obs_shape] to float32 [N, torso_size].
@@ -658,7 +673,10 @@ class DuelingQNet(nn.Module):
         use_lstm: R2D2's recurrent core, fed ``[features, clipped reward, one-hot last action]``
             and reset per sample at ``done``; without it the head reads the features only.
         lstm_size: LSTM hidden size (ignored without ``use_lstm``).
-        head_size: width of each dueling stream's hidden layer.
+        head_size: width of each stream's hidden layer.
+        dueling: the dueling head, else one stream.
+        num_atoms: 1 for Q-values (`QOutput`), else the atoms of a distributional head
+            (`DistributionalQOutput`).
     """
 
     def __init__(
@@ -671,10 +689,13 @@ class DuelingQNet(nn.Module):
         use_lstm: bool,
         lstm_size: int,
         head_size: int,
+        dueling: bool = True,
+        num_atoms: int = 1,
     ) -> None:
         super().__init__()
         self.obs_shape = tuple(obs_shape)
         self.num_actions = num_actions
+        self.num_atoms = num_atoms
         self.use_lstm = use_lstm
         self.torso = torso
         self.core: nn.LSTM | None
@@ -684,27 +705,30 @@ class DuelingQNet(nn.Module):
         else:
             self.core = None
             head_input_size = torso_size
-        self.value = nn.Sequential(
-            nn.Linear(head_input_size, head_size), nn.ReLU(), nn.Linear(head_size, 1)
-        )
-        self.advantage = nn.Sequential(
-            nn.Linear(head_input_size, head_size), nn.ReLU(), nn.Linear(head_size, num_actions)
-        )
-        for stream in (self.value, self.advantage):
-            _orthogonal_init(stream[0], _RELU_GAIN)
-            _orthogonal_init(stream[2], 1.0)
+
+        def stream(outputs: int) -> nn.Sequential:
+            layers = nn.Sequential(
+                nn.Linear(head_input_size, head_size), nn.ReLU(), nn.Linear(head_size, outputs)
+            )
+            _orthogonal_init(layers[0], _RELU_GAIN)
+            _orthogonal_init(layers[2], 1.0)
+            return layers
+
+        self.value = stream(num_atoms) if dueling else None
+        # The advantage stream of a dueling head, or the Q stream itself.
+        self.action_values = stream(num_actions * num_atoms)
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> CoreState:
         """Zero recurrent state for ``batch_size`` samples (``()`` without an LSTM)."""
         if self.core is None:
             return ()
         if device is None:
-            device = self.value[0].weight.device
+            device = self.action_values[0].weight.device
         return _zero_state(self.core, batch_size, device)
 
     def forward(
         self, inputs: Mapping[str, Tensor], core_state: CoreState = ()
-    ) -> tuple[QOutput, CoreState]:
+    ) -> tuple[QOutput | DistributionalQOutput, CoreState]:
         """Run T steps for B samples; the ``inputs`` contract is the module docstring's.
 
         Feed-forward models read only ``inputs["obs"]`` and return the empty state.
@@ -725,10 +749,13 @@ class DuelingQNet(nn.Module):
                 self.core, core_input, inputs["done"], core_state
             )
             core_output = core_output.flatten(0, 1)
-        value = self.value(core_output)
-        advantage = self.advantage(core_output)
-        q_values = value + advantage - advantage.mean(dim=1, keepdim=True)
-        return QOutput(q_values.view(T, B, self.num_actions)), core_state
+        q = self.action_values(core_output).view(T * B, self.num_actions, self.num_atoms)
+        if self.value is not None:
+            value = self.value(core_output).unsqueeze(1)
+            q = value + q - q.mean(dim=1, keepdim=True)
+        if self.num_atoms > 1:
+            return DistributionalQOutput(q.view(T, B, self.num_actions, self.num_atoms)), core_state
+        return QOutput(q.view(T, B, self.num_actions)), core_state
 
 
 def build_q_model(
@@ -738,34 +765,34 @@ def build_q_model(
     *,
     use_lstm: bool = False,
     hidden_size: int | None = None,
-) -> DuelingQNet:
-    """Build a dueling Q-network by torso name (one of MODEL_NAMES, as `build_model`).
+    dueling: bool = True,
+    num_atoms: int = 1,
+) -> QNet:
+    """Build a Q-network by torso name (one of MODEL_NAMES, as `build_model`).
 
     "auto" picks "atari" for 3-D [C, H, W] observations and "mlp" for 1-D vectors.
 
-    ``hidden_size`` sets the MLP torso's layer width, its LSTM and its dueling streams
+    ``hidden_size`` sets the MLP torso's layer width, its LSTM and its head streams
     (default 64); for the image torsos it sets the LSTM width (default 512, R2D2's), and is an
-    error without ``use_lstm``; their dueling streams are 512 wide (R2D2, Ape-X).
+    error without ``use_lstm``; their head streams are 512 wide (DQN, R2D2, Ape-X).
+    ``dueling`` and ``num_atoms``: see `QNet`.
 
     Raises:
         ValueError: unknown name, impossible shape, or a non-positive size.
     """
     name, obs_shape = _resolve_model_name(name, obs_shape, num_actions, hidden_size)
+    if num_atoms < 1:
+        raise ValueError(f"num_atoms must be >= 1, got {num_atoms}")
     if name == "separate_mlp":
         raise ValueError(
             "separate_mlp is an actor-critic network; Q-networks use mlp, atari or resnet"
         )
+    head = {"use_lstm": use_lstm, "dueling": dueling, "num_atoms": num_atoms}
     if name == "mlp":
         width = hidden_size or DEFAULT_MLP_HIDDEN_SIZE
         torso, torso_size = _mlp_torso(obs_shape, width)
-        return DuelingQNet(
-            torso,
-            torso_size,
-            obs_shape,
-            num_actions,
-            use_lstm=use_lstm,
-            lstm_size=width,
-            head_size=width,
+        return QNet(
+            torso, torso_size, obs_shape, num_actions, lstm_size=width, head_size=width, **head
         )
     if hidden_size is not None and not use_lstm:
         raise ValueError(
@@ -773,14 +800,14 @@ def build_q_model(
             "use_lstm"
         )
     torso, torso_size = _atari_torso(obs_shape) if name == "atari" else _resnet_torso(obs_shape)
-    return DuelingQNet(
+    return QNet(
         torso,
         torso_size,
         obs_shape,
         num_actions,
-        use_lstm=use_lstm,
         lstm_size=hidden_size or DEFAULT_Q_LSTM_SIZE,
         head_size=DEFAULT_Q_HEAD_SIZE,
+        **head,
     )
 
 
@@ -911,3 +938,19 @@ def copy_weights(destination: nn.Module, source: nn.Module) -> None:
             destination.state_dict().values(), source.state_dict().values(), strict=True
         ):
             shared.copy_(own)
+
+
+@torch.no_grad()
+def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """``theta- <- tau * theta + (1 - tau) * theta-`` for every floating-point parameter and
+    buffer of `target` (Lillicrap et al. 2016, DDPG section 7); other buffers (counters)
+    are copied. tau = 1 is a hard copy (DQN's periodic target update)."""
+    if not 0.0 < tau <= 1.0:
+        raise ValueError(f"tau must be in (0, 1], got {tau}")
+    for theirs, mine in zip(
+        target.state_dict().values(), online.state_dict().values(), strict=True
+    ):
+        if tau == 1.0 or not theirs.is_floating_point():
+            theirs.copy_(mine)
+        else:
+            theirs.lerp_(mine.to(theirs.dtype), tau)

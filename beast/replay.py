@@ -389,6 +389,8 @@ class PrioritizedReplay:
     Picklable to multiprocessing children: the same memory and sum tree.
     """
 
+    unit = "sequences"  # what it holds, for messages and log columns
+
     def __init__(
         self,
         spec: Mapping[str, Field],

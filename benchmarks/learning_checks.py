@@ -65,6 +65,9 @@ CHECKS = [
         ("ppo", "CartPole-v1", 100_000, 475.0, ("monobeast.py", "polybeast.py"), BOTH),
         ("a2c", "CartPole-v1", 500_000, 475.0, ("monobeast.py",), BOTH),
         ("ppo", "HalfCheetah-v5", 1_000_000, 1500.0, ("monobeast.py",), ("local",)),
+        ("dqn", "CartPole-v1", 100_000, 475.0, ("monobeast.py",), ("local",)),
+        ("c51", "CartPole-v1", 100_000, 475.0, ("monobeast.py",), ("local",)),
+        ("rainbow", "CartPole-v1", 100_000, 475.0, ("monobeast.py",), ("local",)),
     )
     for script in scripts
     for policy in policies

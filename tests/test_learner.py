@@ -26,7 +26,7 @@ from beast.learner import Learner, NonFiniteError, Stepper, TrainingProgress
 from beast.models import build_q_model, copy_weights
 from beast.optim import build_optimizer
 from beast.replay import PrioritizedReplay, SequenceBuilder, sequence_spec
-from beast.sequence_sink import SequenceSink, SequenceSource
+from beast.replay_sink import SequenceSink, ReplaySource
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -115,7 +115,7 @@ def make_learner(
     sink = filled_sink(model, min_replay_size)
     learner = Learner(
         update=update,
-        source=SequenceSource(sink, batch_size=8, device=torch.device("cpu")),
+        source=ReplaySource(sink, batch_size=8, device=torch.device("cpu")),
         stepper=stepper,
         progress=progress,
         total_steps=total_steps,

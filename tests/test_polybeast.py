@@ -45,7 +45,7 @@ from beast.optim import build_optimizer  # noqa: E402
 from beast.poly.config import PolyConfig, parse_poly_args  # noqa: E402
 from beast.poly.env_server import EnvServer  # noqa: E402
 from beast.replay import PrioritizedReplay, sequence_spec  # noqa: E402
-from beast.sequence_sink import SequenceSink  # noqa: E402
+from beast.replay_sink import SequenceSink  # noqa: E402
 from tests.test_learning import best_mean_of_100  # noqa: E402
 from tests.test_monobeast import (  # noqa: E402
     ROOT,

@@ -1,4 +1,4 @@
-"""Contract tests for the Q-networks of beast.models (DuelingQNet, build_q_model).
+"""Contract tests for the Q-networks of beast.models (QNet, build_q_model).
 
 The contract: the actor-critic models' inputs ([T, B] time-major, uint8 images scaled
 inside), QOutput(q_values [T, B, A] float32) and a core state out; a dueling head, so
@@ -10,7 +10,7 @@ one-step calls); without one, only the observation matters.
 import pytest
 import torch
 
-from beast.models import DuelingQNet, QOutput, build_q_model
+from beast.models import QNet, QOutput, build_q_model
 
 SMALL_CASES = [
     ("atari", (3, 36, 36), 5),
@@ -46,7 +46,7 @@ def make_inputs(obs_shape, num_actions, T, B, *, generator, done=None):
 def test_shapes_dtypes_and_state(name, obs_shape, num_actions, use_lstm):
     T, B = 4, 3
     model = build_q_model(name, obs_shape, num_actions, use_lstm=use_lstm)
-    assert isinstance(model, DuelingQNet)
+    assert isinstance(model, QNet)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         out, state = model(make_inputs(obs_shape, num_actions, T, B, generator=g))

@@ -21,6 +21,9 @@ ALGORITHMS: dict[str, str] = {
     "apex": "beast.algos.apex:ApeX",
     "ppo": "beast.algos.ppo:PPO",
     "a2c": "beast.algos.ppo:A2C",
+    "dqn": "beast.algos.dqn:DQN",
+    "c51": "beast.algos.dqn:C51",
+    "rainbow": "beast.algos.dqn:Rainbow",
 }
 
 

@@ -17,7 +17,8 @@ polybeast) builds a run through this interface only:
                     and --mode test all act through it.
     experience      what its actors produce: fixed-length `Rollouts` into the rollout
                     slots (with an optional FIFO of whole rollouts mixed into batches),
-                    or sequences into a `SequenceReplay` (prioritized).
+                    sequences into a `SequenceReplay` (prioritized), or every step
+                    into a `TransitionReplay` (uniform or prioritized).
     learner         its update (`Update`): losses, targets, priorities, target
                     networks, optimizers, and the state its checkpoint keeps.
 
@@ -51,6 +52,7 @@ __all__ = [
     "Policy",
     "Rollouts",
     "SequenceReplay",
+    "TransitionReplay",
     "Update",
     "UpdateInfo",
     "as_outputs",
@@ -133,15 +135,36 @@ class SequenceReplay:
     frame_dedup: bool
 
 
-Experience = Rollouts | SequenceReplay
+@dataclass(frozen=True)
+class TransitionReplay:
+    """Actors append every env step to their env's ring in a shared replay of `capacity`
+    transitions (beast/transition_replay.py); the learner samples `--batch_size` of them,
+    with their `n_step` windows and frame stacks built at sampling, once `min_size` steps
+    are in. `prioritized`: by priority (PER's exponents), else uniformly. With
+    `samples_per_insert` > 0, actors pause when they step faster than the learner samples
+    that many transitions per env step. Feed-forward models only."""
+
+    capacity: int
+    min_size: int
+    n_step: int
+    prioritized: bool
+    priority_exponent: float
+    importance_sampling_exponent: float
+    samples_per_insert: float
+    frame_dedup: bool
+
+
+Experience = Rollouts | SequenceReplay | TransitionReplay
 
 
 class Batch(NamedTuple):
     """A learner batch, on the learning device.
 
     data: the experience's fields time-major, `[L, B, ...]` (rollouts: L = T + 1;
-        sequences: seq_len + 1 rows); recurrent-state fields `core_state_i` `[d0, B, ...]`,
-        the state at row 0.
+        sequences: seq_len + 1 rows; transitions: 2 rows, the step and its bootstrap
+        step, plus n_step_rewards [n, B], n_steps [B] and terminal [B],
+        beast/transition_replay.py); recurrent-state fields `core_state_i`
+        `[d0, B, ...]`, the state at row 0.
     weights: float32 [B] importance weights of a prioritized replay (normalised by their
         max; 0 for a sample to ignore), else None.
     The rest is the source's bookkeeping (beast/learner.py): slots and generations to
@@ -260,8 +283,14 @@ class Algorithm(abc.ABC):
             model = build_user_model(self.config, self.spec)
         else:
             model = self.builtin_model()
+        model = self.wrap_model(model)
         if self.config.normalize_obs:
             model = ObservationNormalizer(model, self.spec.obs_shape)
+        return model
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """The network as the algorithm runs it, built-in or the user's: by default itself
+        (DQN's linear exploration wraps it with the epsilon its actors act with)."""
         return model
 
     @abc.abstractmethod

@@ -7,7 +7,8 @@
                          exploring; stores the mean, the log-std and the baseline. The
                          same algorithms on continuous actions.
     EpsilonGreedyPolicy  argmax_a Q(x, a), replaced by a uniform action with each env's
-                         own probability epsilon (Ape-X's spread of epsilons). R2D2, Ape-X.
+                         own probability epsilon (Ape-X's spread of epsilons, or a
+                         schedule). R2D2, Ape-X, the DQN family.
 
 Both write into the engine's fixed arrays: float32 outputs are copied by numpy when
 they are float32 CPU tensors (cheaper than torch's dispatch, which runs cold after
@@ -154,10 +155,15 @@ def actor_epsilons(num_envs: int, eps_base: float = 0.4, alpha: float = 7.0) -> 
 class EpsilonGreedyPolicy(Policy):
     """Greedy in Q(x, .), each env exploring uniformly with its own epsilon.
 
-    Model outputs: q_values [1, n, A]. Record: action int64. Params: epsilon float32 per
-    env, from `actor_epsilons(N, eps_base, eps_alpha)` over the run's N envs, or one
-    `epsilon` for every env (--mode test's small epsilon, so that a deterministic policy
-    cannot stall an episode forever).
+    Model outputs: q_values [1, n, A], or with a `support` (C51, Rainbow) q_logits
+    [1, n, A, N] whose expectation over the support's N atoms is Q. Record: action int64.
+
+    Epsilons, per env: from `actor_epsilons(N, eps_base, eps_alpha)` over the run's N envs
+    (Ape-X's spread, constant), or one `epsilon` for every env (--mode test's small
+    epsilon, so that a deterministic policy cannot stall an episode forever), or, with
+    `scheduled`, the model's own output epsilon [1, n]: a schedule the learner advances
+    and publishes with the weights (`beast.algos.dqn.ExplorationSchedule`), so local
+    actors, the central server and polybeast's env servers all follow it.
 
     Random numbers come from a numpy generator seeded from torch's global generator at
     `bind`, so `torch.manual_seed` in each actor makes acting reproducible.
@@ -170,9 +176,13 @@ class EpsilonGreedyPolicy(Policy):
         eps_base: float = 0.4,
         eps_alpha: float = 7.0,
         epsilon: float | None = None,
+        scheduled: bool = False,
+        support: tuple[float, ...] | None = None,
     ) -> None:
         self.num_actions = num_actions
         self.eps_base, self.eps_alpha, self.epsilon = eps_base, eps_alpha, epsilon
+        self.scheduled = scheduled and epsilon is None
+        self.support = support
 
     def record_spec(self) -> dict[str, Field]:
         return {"action": Field((), torch.int64)}
@@ -188,12 +198,22 @@ class EpsilonGreedyPolicy(Policy):
         actions, epsilons = record["action"], params["epsilon"]
         n, num_actions = len(actions), self.num_actions
         q_values = np.zeros((n, num_actions), dtype=np.float32)
+        scheduled = np.zeros(n, dtype=np.float32) if self.scheduled else None
+        support = None if self.support is None else torch.tensor(self.support)
         rng = np.random.default_rng(_seed_from_torch())
 
         def act(outputs: Mapping[str, Tensor]) -> None:
-            copy_output(q_values, outputs["q_values"][0])
+            if support is None:
+                copy_output(q_values, outputs["q_values"][0])
+            else:
+                probs = outputs["q_logits"][0].float().softmax(dim=-1)
+                copy_output(q_values, probs @ support.to(probs.device))
+            eps = epsilons
+            if scheduled is not None:
+                copy_output(scheduled, outputs["epsilon"][0])
+                eps = scheduled
             greedy = q_values.argmax(axis=1)
-            explore = rng.random(n) < epsilons
+            explore = rng.random(n) < eps
             np.copyto(actions, np.where(explore, rng.integers(num_actions, size=n), greedy))
 
         return act

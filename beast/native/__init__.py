@@ -1053,6 +1053,22 @@ class SumTree:
         _raise_for_tree(status, self._capacity)
         return bool(applied[0])
 
+    def invalidate(self, indices) -> torch.Tensor:
+        """Make leaves ``indices`` unsampleable while their data is rewritten in place:
+        priority 0, generation bumped. Returns the new generations, int64 [n]; a sample or
+        update that carries an older one is stale. The writer sets the new priority with
+        `update` once the data is whole. Raises ValueError for an index out of range."""
+        indices = _as_1d(indices, torch.int64, "indices")
+        generations = torch.empty(indices.numel(), dtype=torch.int64)
+        status = lib.beast_sumtree_invalidate(
+            self._mem,
+            ffi.cast("int64_t *", indices.data_ptr()),
+            indices.numel(),
+            ffi.cast("uint64_t *", generations.data_ptr()),
+        )
+        _raise_for_tree(status, self._capacity)
+        return generations
+
     @property
     def owner_deaths(self) -> int:
         """Times a process died inside a call and the lock was recovered."""
@@ -1151,6 +1167,16 @@ class PySumTree:
 
     def max(self) -> float:
         return self.stats().max
+
+    def invalidate(self, indices) -> torch.Tensor:
+        indices = self._check_indices(_as_1d(indices, torch.int64, "indices"))
+        out = []
+        with self._lock:
+            for i in indices:
+                self._set_leaf(i, 0.0)
+                self._gen[i] += 1
+                out.append(self._gen[i])
+        return torch.tensor(out, dtype=torch.int64)
 
     @property
     def owner_deaths(self) -> int:

@@ -93,6 +93,8 @@ int beast_sumtree_sample(void *mem, const double *draws, uint32_t n, int64_t *in
 int beast_sumtree_claim(void *mem, int64_t *index, uint64_t *generation);
 int beast_sumtree_commit(void *mem, int64_t index, uint64_t generation, double priority,
                          uint32_t *applied);
+int beast_sumtree_invalidate(void *mem, const int64_t *indices, uint32_t n,
+                             uint64_t *generations);
 int beast_sumtree_stats(void *mem, struct beast_sumtree_stats *out);
 int beast_sumtree_export(void *mem, double *priorities, uint64_t *generations,
                          uint32_t capacity, uint64_t *claims, uint64_t *cursor);

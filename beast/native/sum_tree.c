@@ -361,6 +361,28 @@ int beast_sumtree_commit(void *mem, int64_t index, uint64_t generation,
   return BEAST_OK;
 }
 
+int beast_sumtree_invalidate(void *mem, const int64_t *indices, uint32_t n,
+                             uint64_t *generations) {
+  struct beast_sumtree *t = checked(mem);
+  if (t == NULL || (n > 0 && indices == NULL))
+    return BEAST_EINVAL;
+  if (!valid_indices(t, indices, n))
+    return BEAST_EINVAL;
+  int rc = lock(t);
+  if (rc != BEAST_OK)
+    return rc;
+  uint64_t *gen = gens(t);
+  for (uint32_t k = 0; k < n; k++) {
+    uint32_t i = (uint32_t)indices[k];
+    set_leaf(t, i, 0.0);
+    gen[i]++;
+    if (generations != NULL)
+      generations[k] = gen[i];
+  }
+  unlock(t);
+  return BEAST_OK;
+}
+
 int beast_sumtree_stats(void *mem, struct beast_sumtree_stats *out) {
   struct beast_sumtree *t = checked(mem);
   if (t == NULL || out == NULL)

@@ -132,6 +132,14 @@ int beast_sumtree_claim(void *mem, int64_t *index, uint64_t *generation);
 int beast_sumtree_commit(void *mem, int64_t index, uint64_t generation,
                          double priority, uint32_t *applied);
 
+/* Make leaves indices[k], k < n, unsampleable while their data is rewritten
+ * in place (a per-env ring of steps, whose slots are not claimed in ring
+ * order): priority 0 and the generation bumped, into generations[k] (may be
+ * NULL), so samples and priority updates made before are recognised as
+ * stale. The writer then sets the new priority with beast_sumtree_update. */
+int beast_sumtree_invalidate(void *mem, const int64_t *indices, uint32_t n,
+                             uint64_t *generations);
+
 /* Total, max, claims and owner deaths, read under the lock. */
 int beast_sumtree_stats(void *mem, struct beast_sumtree_stats *out);
 

@@ -1,4 +1,4 @@
-"""Contract of beast.sequence_sink: the sink's counters, episode rings, rate limit, and
+"""Contract of beast.replay_sink: the sink's counters, episode rings, rate limit, and
 what the actor loop (beast.actor) writes through it: sequences, steps, episodes.
 
 The actor runs in-process against a scripted env batch whose observations name
@@ -23,7 +23,7 @@ from beast.inference import LocalPolicy
 from beast.models import build_q_model
 from beast.profile import ACTOR_PHASES, PhaseClock
 from beast.replay import PrioritizedReplay, sequence_spec
-from beast.sequence_sink import EPISODE_RING_SIZE, SequenceSink
+from beast.replay_sink import EPISODE_RING_SIZE, SequenceSink
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

@@ -1,17 +1,23 @@
-"""A prioritized replay that actors fill with sequences themselves, and the learner samples.
+"""Replays that actors fill themselves, and the learner samples.
 
-For an algorithm whose experience is a `SequenceReplay` (beast/algos/base.py), each actor
-cuts its envs' steps into replay sequences (`beast.replay.SequenceBuilder`, one per env)
-and adds them to the shared `PrioritizedReplay` itself: nothing travels through the
-learner, which only samples.
+For an algorithm whose experience is a replay (`SequenceReplay` or `TransitionReplay`,
+beast/algos/base.py), each actor writes its envs' steps into the shared replay itself:
+nothing travels through the learner, which only samples. Two layouts:
 
-`SequenceSink` is the data contract between those actors and the learner, picklable to
+    sequences    each actor cuts its envs' steps into replay sequences
+                 (`beast.replay.SequenceBuilder`, one per env) and adds them to the
+                 shared `PrioritizedReplay` (R2D2): `SequenceSink`, here.
+    transitions  each env step is stored once in its env's ring, n-step windows and
+                 frame stacks are built when sampling (DQN family, Ape-X):
+                 `beast.transition_replay.TransitionSink`.
+
+`ReplaySink` is the data contract between those actors and the learner, picklable to
 actor processes:
 
-    replay            the PrioritizedReplay sequences go into
+    replay            the replay the steps go into
     env_steps         int64 [rows], env steps each actor took
-    inserted          int64 [rows], sequences each actor added
-    sampled           int64 [1], sequences the learner trained on
+    inserted          int64 [rows], items (sequences, transitions) each actor added
+    sampled           int64 [1], items the learner trained on
     episode ring      per actor: the returns and lengths of its finished
                       episodes, one writer (the actor) and one reader (the
                       learner), so no lock is needed
@@ -25,22 +31,22 @@ one batch of slack ahead of the learner (a rate limiter, as Acme's SampleToInser
 one-sided): how much the learner trains per env step then does not depend on how the
 two share the machine's cores.
 
-    SequenceWriter   an actor's side: one step of n envs at a time, from the arrays the
-                     env batch and the policy fill in place.
-    SequenceSource   the learner's side: prioritized batches, new priorities back, the
-                     actors' step counts and episodes.
+    ReplaySource     the learner's side: prioritized (or uniform) batches, new
+                     priorities back, the actors' step counts and episodes.
 
 polybeast keeps the replay in the learner process: an env server (or the learner's
-central-inference thread) cuts sequences with the same writer into a `SequenceStaging`,
-and the learner `commit`s them.
+central-inference thread) stages its steps (sequences cut with the same writer, or raw
+steps), and the learner `commit`s them.
 """
 
 from __future__ import annotations
 
+import abc
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,17 +59,18 @@ from beast.threads import process_alive
 
 __all__ = [
     "EPISODE_RING_SIZE",
+    "ReplaySink",
+    "ReplaySource",
     "SequenceSink",
-    "SequenceSource",
     "SequenceStaging",
     "SequenceStagingRecipe",
     "SequenceWriter",
 ]
 
 # How often an actor checks that the learner still exists.
-_PARENT_CHECK_SECONDS = 1.0
+PARENT_CHECK_SECONDS = 1.0
 # How long a rate-limited writer sleeps between looks at the learner's progress.
-_RATE_LIMIT_POLL_SECONDS = 0.002
+RATE_LIMIT_POLL_SECONDS = 0.002
 # How long the learner waits for the replay to fill before looking at the stop flag.
 _POLL_SECONDS = 0.2
 # Finished episodes each actor's ring holds. The learner drains it at every update;
@@ -72,14 +79,13 @@ _POLL_SECONDS = 0.2
 EPISODE_RING_SIZE = 4096
 
 
-class SequenceSink:
-    """Where actors put their sequences; the learner's view of the actors.
+class ReplaySink(abc.ABC):
+    """Where actors put their steps; the learner's view of the actors (module docstring).
 
     Args:
-        replay: the shared prioritized replay.
+        replay: the shared replay (`unit` names what it holds, for messages).
         num_actors: actor processes (or env servers): one counter row each.
-        seq_len, seq_overlap: how `SequenceBuilder` cuts each env's steps.
-        samples_per_insert: rate limit, learner samples per inserted sequence;
+        samples_per_insert: rate limit, learner samples per inserted item;
             0 turns it off.
         min_replay_size: inserts allowed before the learner samples at all.
         batch_size: the learner's batch; the slack of the rate limit is one
@@ -88,11 +94,9 @@ class SequenceSink:
 
     def __init__(
         self,
-        replay: PrioritizedReplay,
+        replay: Any,
         *,
         num_actors: int,
-        seq_len: int,
-        seq_overlap: int,
         samples_per_insert: float = 0.0,
         min_replay_size: int = 0,
         batch_size: int = 1,
@@ -101,13 +105,12 @@ class SequenceSink:
             raise ValueError(f"samples_per_insert must be >= 0, got {samples_per_insert}")
         self.replay = replay
         self.num_actors = num_actors
-        self.seq_len, self.seq_overlap = seq_len, seq_overlap
         self.samples_per_insert = samples_per_insert
         self.min_replay_size = min_replay_size
         self.batch_size = batch_size
         self.insert_slack = max(1.0, batch_size / samples_per_insert) if samples_per_insert else 0
         # Writers wait for the learner (the rate limit) unless it runs in their own thread,
-        # taking turns with them (--serial, where `SequenceSource.poll` keeps the ratio).
+        # taking turns with them (--serial, where `ReplaySource.poll` keeps the ratio).
         self.writers_wait = True
         self.env_steps = shared_zeros((num_actors,), torch.int64)
         self.inserted = shared_zeros((num_actors,), torch.int64)
@@ -135,19 +138,13 @@ class SequenceSink:
     def nbytes(self) -> int:
         return self.replay.nbytes()
 
+    @abc.abstractmethod
     def describe(self) -> str:
-        footprint = replay_footprint(
-            self.replay.spec, frame_dedup=self.replay.frame_dedup, seq_overlap=self.seq_overlap
-        )
-        return (
-            f"prioritized replay of {self.replay.capacity:,} sequences of {self.seq_len} steps"
-            f" ({self.nbytes() / 2**20:,.0f} MiB, {footprint.per_env_step:,.0f} B per env"
-            f" step{', frame dedup' if self.replay.frame_dedup else ''}), learning from"
-            f" {self.min_replay_size:,}"
-        )
+        """The replay, for the start-up line."""
 
     # The actors' side.
 
+    @abc.abstractmethod
     def writer(
         self,
         owner: int,
@@ -158,25 +155,18 @@ class SequenceSink:
         learner_pid: int,
         clock: PhaseClock | None = None,
         lane: int = 0,
-    ) -> SequenceWriter:
-        """Actor `owner`'s writer for the n envs of `sources` (`first_id`, `id_stride`,
-        `lane`: the rollout writer's, unused here)."""
-        return SequenceWriter(
-            self.replay.spec,
-            self.seq_len,
-            self.seq_overlap,
-            sources,
-            _SharedReplayRow(self, owner, learner_pid),
-            clock=clock,
-        )
+    ) -> Any:
+        """Actor `owner`'s writer for the n envs of `sources`, the envs of writer lane
+        `lane` (`first_id`, `id_stride`: the rollout writer's); `write(state) -> bool`."""
 
-    def insert_allowed(self) -> bool:
-        """False while the actors are more than the slack ahead of the learner's sampling."""
+    def insert_allowed(self, count: int = 1) -> bool:
+        """False while `count` more inserts would put the actors more than the slack
+        ahead of the learner's sampling."""
         if not self.samples_per_insert:
             return True
         allowed = self.min_replay_size + self.insert_slack
         allowed += int(self.sampled[0]) / self.samples_per_insert
-        return int(self.inserted.sum()) < allowed
+        return int(self.inserted.sum()) + count - 1 < allowed
 
     def record_episode(self, row: int, episode_return: float, length: int) -> None:
         """Append a finished episode to row `row`'s ring (its one writer only)."""
@@ -187,29 +177,25 @@ class SequenceSink:
         # Published after the row is written: the reader reads rows below the count.
         self.episode_count[row] = count + 1
 
-    # polybeast: sequences cut outside the learner process, committed here.
+    # polybeast: steps staged outside the learner process, committed here.
 
-    def staging_recipe(self) -> SequenceStagingRecipe:
-        """What an env server needs to cut sequences for this replay (picklable to Ray)."""
-        return SequenceStagingRecipe(self.replay.spec, self.seq_len, self.seq_overlap)
+    @abc.abstractmethod
+    def staging_recipe(self) -> Any:
+        """What an env server needs to stage steps for this replay (picklable to Ray):
+        `writer(sources, publish_every=, first_id=, id_stride=) -> (writer, staging)`."""
 
+    @abc.abstractmethod
     def commit(self, payload: Mapping, stop: threading.Event, row: int) -> bool:
-        """Add a staged payload's sequences (rate-limited), steps and episodes, as row `row`;
-        False when `stop` was set while waiting."""
-        sequences = payload["sequences"]
-        count = len(next(iter(sequences.values()))) if sequences else 0
-        for i in range(count):
-            while not self.insert_allowed():
-                if stop.is_set() or self.closed:
-                    return False
-                time.sleep(_RATE_LIMIT_POLL_SECONDS)
-            self.replay.add({key: torch.from_numpy(value[i]) for key, value in sequences.items()})
-            self.inserted[row] += 1
-        self.env_steps[row] += int(payload["env_steps"])
-        for episode_return, length in zip(
-            payload["episode_returns"], payload["episode_steps"], strict=True
-        ):
-            self.record_episode(row, episode_return, length)
+        """Add a staged payload (rate-limited), its steps and episodes, as row `row`; False
+        when `stop` was set while waiting."""
+
+    def wait_for_room(self, count: int, stop: threading.Event | None = None) -> bool:
+        """Wait until `count` more inserts are allowed (the rate limit); False when the
+        sink was closed (or `stop` set) meanwhile."""
+        while self.writers_wait and not self.insert_allowed(count):
+            if self.closed or (stop is not None and stop.is_set()):
+                return False
+            time.sleep(RATE_LIMIT_POLL_SECONDS)
         return True
 
     # The learner's side.
@@ -242,6 +228,71 @@ class SequenceSink:
         return returns, lengths, dropped
 
 
+class SequenceSink(ReplaySink):
+    """A `ReplaySink` of sequences: each actor cuts its envs' steps with `SequenceBuilder`
+    (seq_len, seq_overlap) and adds them to the shared `PrioritizedReplay`."""
+
+    def __init__(
+        self, replay: PrioritizedReplay, *, seq_len: int, seq_overlap: int, **kwargs: Any
+    ) -> None:
+        super().__init__(replay, **kwargs)
+        self.seq_len, self.seq_overlap = seq_len, seq_overlap
+
+    def describe(self) -> str:
+        footprint = replay_footprint(
+            self.replay.spec, frame_dedup=self.replay.frame_dedup, seq_overlap=self.seq_overlap
+        )
+        return (
+            f"prioritized replay of {self.replay.capacity:,} sequences of {self.seq_len} steps"
+            f" ({self.nbytes() / 2**20:,.0f} MiB, {footprint.per_env_step:,.0f} B per env"
+            f" step{', frame dedup' if self.replay.frame_dedup else ''}), learning from"
+            f" {self.min_replay_size:,}"
+        )
+
+    def writer(
+        self,
+        owner: int,
+        sources: Mapping[str, np.ndarray],
+        *,
+        first_id: int = 0,
+        id_stride: int = 0,
+        learner_pid: int,
+        clock: PhaseClock | None = None,
+        lane: int = 0,
+    ) -> SequenceWriter:
+        """Actor `owner`'s writer for the n envs of `sources` (`first_id`, `id_stride`,
+        `lane`: the rollout writer's, unused here)."""
+        return SequenceWriter(
+            self.replay.spec,
+            self.seq_len,
+            self.seq_overlap,
+            sources,
+            _SharedReplayRow(self, owner, learner_pid),
+            clock=clock,
+        )
+
+    def staging_recipe(self) -> SequenceStagingRecipe:
+        """What an env server needs to cut sequences for this replay (picklable to Ray)."""
+        return SequenceStagingRecipe(self.replay.spec, self.seq_len, self.seq_overlap)
+
+    def commit(self, payload: Mapping, stop: threading.Event, row: int) -> bool:
+        """Add a staged payload's sequences (rate-limited), steps and episodes, as row `row`;
+        False when `stop` was set while waiting."""
+        sequences = payload["sequences"]
+        count = len(next(iter(sequences.values()))) if sequences else 0
+        for i in range(count):
+            if not self.wait_for_room(1, stop):
+                return False
+            self.replay.add({key: torch.from_numpy(value[i]) for key, value in sequences.items()})
+            self.inserted[row] += 1
+        self.env_steps[row] += int(payload["env_steps"])
+        for episode_return, length in zip(
+            payload["episode_returns"], payload["episode_steps"], strict=True
+        ):
+            self.record_episode(row, episode_return, length)
+        return True
+
+
 class _SharedReplayRow:
     """A `SequenceWriter`'s destination in an actor: the shared replay, as row `owner`."""
 
@@ -256,7 +307,7 @@ class _SharedReplayRow:
         while sink.writers_wait and not sink.insert_allowed():
             if sink.closed or not process_alive(self.learner_pid):
                 return False
-            time.sleep(_RATE_LIMIT_POLL_SECONDS)
+            time.sleep(RATE_LIMIT_POLL_SECONDS)
         if clock is not None:
             clock.mark("wait_slots")
         sink.replay.add(sequence)
@@ -270,7 +321,7 @@ class _SharedReplayRow:
         if self.sink.closed:
             return False
         now = time.monotonic()
-        if now - self._last_check >= _PARENT_CHECK_SECONDS:
+        if now - self._last_check >= PARENT_CHECK_SECONDS:
             self._last_check = now
             return process_alive(self.learner_pid)
         return True
@@ -401,8 +452,8 @@ class SequenceWriter:
         return self.destination.step(steps, episodes)
 
 
-class SequenceSource:
-    """The learner's side of a `SequenceSink`: prioritized batches on the learning device.
+class ReplaySource:
+    """The learner's side of a `ReplaySink`: sampled batches on the learning device.
 
     Each learner thread samples its batch itself, outside the update lock (so with
     several threads one samples while another updates), with its own generator. (A
@@ -412,14 +463,15 @@ class SequenceSource:
 
     Agent steps are the actors' env steps, counted on their side (`pending_steps`), not
     steps trained on; episodes come from the actors' rings (`pending_episodes`). Until the
-    replay holds `min_replay_size` sequences, `next` returns None.
+    replay holds `min_replay_size` items (`replay.unit`), `next` returns None.
     """
 
     def __init__(
-        self, sink: SequenceSink, *, batch_size: int, device: torch.device, seed: int = 0
+        self, sink: ReplaySink, *, batch_size: int, device: torch.device, seed: int = 0
     ) -> None:
         self.sink = sink
         self.replay = sink.replay
+        self.unit = sink.replay.unit  # "sequences", "transitions"
         self.batch_size = batch_size
         self.device = device
         self.seed = seed
@@ -461,7 +513,7 @@ class SequenceSource:
 
     def poll(self) -> Batch | None:
         """--serial: a batch when the learner is behind `samples_per_insert` samples per
-        inserted sequence beyond --min_replay_size, else None."""
+        inserted item beyond --min_replay_size, else None."""
         sink = self.sink
         owed = sink.samples_per_insert * (sink.total_inserted() - sink.min_replay_size)
         if not self._ready() or int(sink.sampled[0]) >= owed:
@@ -502,31 +554,32 @@ class SequenceSource:
         return returns, lengths
 
     def feedback(self, batch: Batch, priorities: torch.Tensor | None) -> None:
-        """New priorities for the batch's sequences (None: a skipped update); the batch
-        counts as sampled either way, for the actors' rate limit: it was consumed."""
+        """New priorities for the batch's items (None: a skipped update, or a uniform
+        replay); the batch counts as sampled either way, for the actors' rate limit: it was
+        consumed."""
         if priorities is not None:
             self.replay.update_priorities(batch.indices, priorities, batch.generations)
         self.sink.sampled[0] += self.batch_size
 
     def release(self, batch: Batch) -> None:
-        """Nothing to free: sampled sequences stay in the replay."""
+        """Nothing to free: sampled items stay in the replay."""
 
     def stats(self) -> dict[str, float]:
         return {
             "replay_fill": len(self.replay) / self.replay.capacity,
-            "inserted_sequences": self.sink.total_inserted(),
-            "sampled_sequences": int(self.sink.sampled[0]),
+            f"inserted_{self.unit}": self.sink.total_inserted(),
+            f"sampled_{self.unit}": int(self.sink.sampled[0]),
             "dropped_episodes": self.dropped_episodes,
         }
 
     def status_line(self) -> str | None:
         """Progress while the replay fills up before the first update; None once it holds
-        --min_replay_size sequences."""
+        --min_replay_size items."""
         size, needed = len(self.replay), self.sink.min_replay_size
         if size >= needed:
             return None
         return (
-            f"filling the replay: {size:,} of {needed:,} sequences before learning starts,"
+            f"filling the replay: {size:,} of {needed:,} {self.unit} before learning starts,"
             f" {self.sink.total_env_steps():,} env steps"
         )
 
@@ -537,7 +590,7 @@ class SequenceSource:
         self.sink.close()
 
     def save_replay(self, write: Callable[[dict[str, torch.Tensor]], None]) -> dict:
-        """Checkpoint the replay: `write` its sequences (the atomic replay file), return the
+        """Checkpoint the replay: `write` its contents (the atomic replay file), return the
         small rest (priorities, generations, the rate limiter's counters) for model.tar."""
         tensors, state = self.replay.contents()
         write(tensors)
@@ -552,7 +605,4 @@ class SequenceSource:
         self.sink.inserted.zero_()
         self.sink.inserted[0] = int(state["inserted"])
         self.sink.sampled[0] = int(state["sampled"])
-        return (
-            f"prioritized replay of {len(self.replay):,} sequences"
-            f" ({int(state['sampled']):,} sampled)"
-        )
+        return f"replay of {len(self.replay):,} {self.unit} ({int(state['sampled']):,} sampled)"

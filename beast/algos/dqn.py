@@ -1,0 +1,730 @@
+"""The DQN family on a transition replay: DQN with its Rainbow ingredients, C51, Rainbow.
+
+DQN: Mnih et al. 2015. Double Q-learning: van Hasselt et al. 2016. Dueling networks:
+Wang et al. 2016. Prioritized replay: Schaul et al. 2016. n-step returns and Rainbow:
+Hessel et al. 2018 (here without noisy nets). Categorical DQN (C51): Bellemare et al.
+2017. Pure functions first (tensors in, tensors out, every constant an argument), then
+the plug-ins (beast/algos/base.py).
+
+A batch (beast/transition_replay.py) holds B transitions, each as two rows, ``[2, B]``:
+the step s it starts at and its bootstrap step s + k, with
+
+    n_step_rewards  float [n, B]  r_{s+1} ... r_{s+n}, 0 past the k rewards taken
+    n_steps         int   [B]     k <= n: fewer than n where the episode ended
+    terminal        bool  [B]     the window ended in a terminal state
+
+The n-step return and its targets (Hessel et al. 2018, eq. 2, with double Q):
+
+    G   = sum_{i<k} gamma^i r_{s+1+i}
+    y   = G + gamma^k Q(x_{s+k}, a*; theta-)           (G alone when terminal)
+    a*  = argmax_a Q(x_{s+k}, a; theta)   double Q
+        = argmax_a Q(x_{s+k}, a; theta-)  otherwise (DQN's max)
+
+and, for a distributional agent over the fixed support z_1 < ... < z_N (C51), the
+target distribution is the return distribution at (x_{s+k}, a*) under theta-, shifted
+and shrunk by ``G + gamma^k z_j`` (G alone when terminal), clipped to [z_1, z_N] and
+projected back onto the support (Bellemare et al. 2017, algorithm 1: each atom's mass
+split between its two neighbours in proportion to closeness).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from beast.algos.base import (
+    Algorithm,
+    Batch,
+    Experience,
+    LearnerContext,
+    Policy,
+    TransitionReplay,
+    Update,
+    UpdateInfo,
+    as_outputs,
+)
+from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
+from beast.algos.policies import EpsilonGreedyPolicy
+from beast.algos.r2d2 import DEFAULT_RESCALE_EPS, inverse_value_rescaling, value_rescaling
+from beast.config import ConfigError, flag
+from beast.models import MODEL_INPUT_KEYS, build_q_model, copy_weights, polyak_update
+from beast.optim import build_optimizer
+
+__all__ = [
+    "C51",
+    "DQN",
+    "C51Args",
+    "DQNArgs",
+    "ExplorationSchedule",
+    "NStepReturns",
+    "QLossOutput",
+    "Rainbow",
+    "RainbowArgs",
+    "TransitionQUpdate",
+    "categorical_loss",
+    "categorical_projection",
+    "linear_epsilon",
+    "n_step_returns",
+    "q_learning_targets",
+    "q_loss",
+]
+
+LOSSES = ("huber", "mse")
+EXPLORATION = ("linear", "per_env")
+
+
+class NStepReturns(NamedTuple):
+    """``G`` and ``gamma^k`` per transition, float [B] each."""
+
+    returns: Tensor
+    discounts: Tensor
+
+
+def n_step_returns(rewards: Tensor, n_steps: Tensor, discounting: float) -> NStepReturns:
+    """``G = sum_{i<k} gamma^i r_{s+1+i}`` and ``gamma^k`` (module docstring).
+
+    Args:
+        rewards: float [n, B], the window's rewards (those past k are ignored).
+        n_steps: int [B], k in [1, n].
+        discounting: gamma in [0, 1].
+    """
+    if not 0.0 <= discounting <= 1.0:
+        raise ValueError(f"discounting must be in [0, 1], got {discounting}")
+    n = rewards.shape[0]
+    steps = torch.arange(n, device=rewards.device).unsqueeze(1)  # [n, 1]
+    taken = steps < n_steps.unsqueeze(0)
+    powers = torch.pow(torch.full_like(rewards, discounting, dtype=torch.float64), steps)
+    returns = torch.where(taken, powers * rewards.double(), 0.0).sum(dim=0)
+    discounts = torch.pow(torch.tensor(discounting, dtype=torch.float64), n_steps.double())
+    return NStepReturns(returns.float(), discounts.float())
+
+
+def _greedy_actions(next_online: Tensor | None, next_target: Tensor) -> Tensor:
+    """a* [B]: the online network's greedy action (double Q), else the target's."""
+    chooser = next_target if next_online is None else next_online
+    return chooser.detach().argmax(dim=-1)
+
+
+@torch.no_grad()
+def q_learning_targets(
+    returns: NStepReturns,
+    terminal: Tensor,
+    next_target_q: Tensor,
+    next_online_q: Tensor | None,
+    *,
+    rescale_eps: float | None = None,
+) -> Tensor:
+    """y = G + gamma^k Q(x_{s+k}, a*; theta-), G alone when terminal: float [B].
+
+    Args:
+        returns: `n_step_returns`.
+        terminal: bool [B].
+        next_target_q: float [B, A], Q(x_{s+k}, .; theta-).
+        next_online_q: float [B, A], Q(x_{s+k}, .; theta) to pick a* (double Q), or None
+            for DQN's max over the target network.
+        rescale_eps: learn h(Q) (Pohlen et al. 2018; Ape-X): y = h(G + gamma^k
+            h^-1(Q')), with Q' in h's space; None for none.
+    """
+    best = _greedy_actions(next_online_q, next_target_q)
+    bootstrap = next_target_q.gather(-1, best.unsqueeze(-1)).squeeze(-1).float()
+    if rescale_eps is not None:
+        bootstrap = inverse_value_rescaling(bootstrap, rescale_eps)
+    continuing = returns.discounts * bootstrap
+    targets = returns.returns + torch.where(terminal, torch.zeros_like(continuing), continuing)
+    if rescale_eps is not None:
+        targets = value_rescaling(targets, rescale_eps)
+    return targets
+
+
+class QLossOutput(NamedTuple):
+    """What a loss hands the learner: the scalar to minimise, detached stats, and each
+    sample's new priority (before the replay's exponent), float [B]."""
+
+    total_loss: Tensor
+    stats: dict[str, Tensor]
+    priorities: Tensor
+
+
+def q_loss(
+    q_taken: Tensor, targets: Tensor, weights: Tensor, *, loss: str = "huber"
+) -> QLossOutput:
+    """``mean_b w_b * l(y_b - Q(x_s, a_s))``, l the Huber loss (delta 1, DQN's gradient
+    clipping) or 0.5 d^2; priority |y - Q|.
+
+    Args:
+        q_taken: float [B], Q(x_s, a_s; theta), differentiable.
+        targets: float [B], y (no gradient).
+        weights: float [B], importance weights (1 for a uniform replay, 0 to ignore).
+    """
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    td = targets.detach() - q_taken.float()
+    if loss == "huber":
+        per_sample = F.smooth_l1_loss(q_taken.float(), targets.detach(), reduction="none")
+    else:
+        per_sample = 0.5 * td.pow(2)
+    total = (weights * per_sample).mean()
+    priorities = td.detach().abs()
+    stats = {
+        "total_loss": total.detach(),
+        "mean_q": q_taken.detach().float().mean(),
+        "mean_target": targets.mean(),
+        "mean_abs_td": priorities.mean(),
+    }
+    return QLossOutput(total, stats, priorities)
+
+
+@torch.no_grad()
+def categorical_projection(
+    returns: NStepReturns, terminal: Tensor, next_probs: Tensor, support: Tensor
+) -> Tensor:
+    """Project the target distribution onto the support (Bellemare et al. 2017, alg. 1).
+
+    Atom j of the next distribution moves to ``Tz_j = clamp(G + gamma^k z_j, z_1, z_N)``
+    (``G`` when terminal), at ``b_j = (Tz_j - z_1) / dz`` in atom units; its probability
+    is split between atoms ``l = floor(b_j)`` and ``u = ceil(b_j)`` as ``(u - b_j)`` and
+    ``(b_j - l)``, all to l when b_j falls on an atom.
+
+    Args:
+        returns: `n_step_returns` ([B] each).
+        terminal: bool [B].
+        next_probs: float [B, N], p_j(x_{s+k}, a*) under the target network.
+        support: float [N], evenly spaced z_1 < ... < z_N.
+
+    Returns:
+        float [B, N], rows summing to 1 (as next_probs' do).
+    """
+    num_atoms = support.shape[0]
+    v_min, v_max = float(support[0]), float(support[-1])
+    delta = (v_max - v_min) / (num_atoms - 1)
+    discounts = torch.where(terminal, 0.0, returns.discounts).unsqueeze(1)
+    shifted = (returns.returns.unsqueeze(1) + discounts * support.unsqueeze(0)).clamp(v_min, v_max)
+    position = (shifted - v_min) / delta  # [B, N], in [0, N - 1]
+    lower = position.floor().clamp(0, num_atoms - 1)
+    upper = position.ceil().clamp(0, num_atoms - 1)
+    probs = next_probs.float()
+    on_atom = (upper == lower).float()
+    target = torch.zeros_like(probs)
+    target.scatter_add_(1, lower.long(), probs * (upper - position + on_atom))
+    target.scatter_add_(1, upper.long(), probs * (position - lower))
+    return target
+
+
+def categorical_loss(
+    logits_taken: Tensor, target_probs: Tensor, weights: Tensor, support: Tensor
+) -> QLossOutput:
+    """``mean_b w_b * -sum_j m_j log p_j(x_s, a_s)``: the cross-entropy to the projected
+    target (C51); each sample's priority is its cross-entropy (Rainbow's KL up to the
+    target's entropy, which does not depend on theta).
+
+    Args:
+        logits_taken: float [B, N], the online logits at (x_s, a_s), differentiable.
+        target_probs: float [B, N], `categorical_projection`.
+        weights: float [B].
+        support: float [N].
+    """
+    log_probs = F.log_softmax(logits_taken.float(), dim=-1)
+    cross_entropy = -(target_probs.detach() * log_probs).sum(dim=-1)
+    total = (weights * cross_entropy).mean()
+    with torch.no_grad():
+        q_taken = (log_probs.exp() * support).sum(dim=-1)
+        stats = {
+            "total_loss": total.detach(),
+            "mean_q": q_taken.mean(),
+            "mean_target": (target_probs * support).sum(dim=-1).mean(),
+            "mean_cross_entropy": cross_entropy.detach().mean(),
+        }
+    return QLossOutput(total, stats, cross_entropy.detach())
+
+
+def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> float:
+    """epsilon at env step `step`: from `start` to `end` linearly over `decay_steps`, then
+    `end` (DQN's schedule; Stable-Baselines3's exploration_fraction * total steps)."""
+    if decay_steps <= 0:
+        return end
+    fraction = min(1.0, max(0, step) / decay_steps)
+    return start + fraction * (end - start)
+
+
+class ExplorationSchedule(nn.Module):
+    """A Q-network with the exploration rate its actors act with: a buffer the learner sets
+    from the run's env steps before publishing the weights, returned as an output
+    ``epsilon [T, B]`` (`EpsilonGreedyPolicy(scheduled=True)` reads it). It travels with
+    the weights to every actor, the central server and polybeast's env servers, and is in
+    every checkpoint, so a resumed run explores as it would have."""
+
+    def __init__(self, model: nn.Module, epsilon: float) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("epsilon", torch.tensor(float(epsilon)))
+
+    def initial_state(self, batch_size: int, device: Any = None) -> tuple[Tensor, ...]:
+        if device is None:
+            return self.model.initial_state(batch_size)
+        return self.model.initial_state(batch_size, device)
+
+    def forward(self, inputs: Mapping[str, Tensor], core_state: Any = ()) -> Any:
+        outputs, core_state = self.model(inputs, core_state)
+        outputs = dict(as_outputs(outputs))
+        outputs["epsilon"] = self.epsilon.expand(inputs["obs"].shape[:2])
+        return outputs, core_state
+
+
+def _schedule_of(model: nn.Module) -> ExplorationSchedule | None:
+    return next((m for m in model.modules() if isinstance(m, ExplorationSchedule)), None)
+
+
+# The plug-ins: flags, model, acting, experience and update (beast/algos/base.py).
+
+
+@dataclass(frozen=True)
+class DQNArgs:
+    """DQN and its ingredients (Double, Dueling, n-step, prioritized replay) on a replay of
+    transitions; defaults as Stable-Baselines3's DQN where the papers leave a choice."""
+
+    discounting: float = flag(0.99, "Discount factor gamma.")
+    reward_clipping: str = flag(
+        "none", "Reward clipping in the targets.", choices=REWARD_CLIPPING_MODES
+    )
+    replay_size: int = flag(
+        100_000,
+        "Transitions the replay keeps (each env step once, in its env's ring, in shared"
+        " memory); the startup line prints the total.",
+    )
+    learning_starts: int = flag(1000, "Env steps in the replay before the learner samples.")
+    n_step: int = flag(1, "Rewards summed before bootstrapping from the target network.")
+    double_q: bool = flag(True, "Double Q-learning: the online network picks the bootstrap action.")
+    dueling: bool = flag(True, "The built-in network's dueling head (V + A - mean A).")
+    loss: str = flag("huber", "The TD loss: Huber (delta 1) or squared error.", choices=LOSSES)
+    prioritized_replay: bool = flag(
+        False, "Sample transitions by priority |TD| (Schaul et al. 2016), else uniformly."
+    )
+    priority_exponent: float = flag(
+        0.6, "Prioritized replay: a transition of priority p is drawn with probability ~ p**this."
+    )
+    importance_sampling_exponent: float = flag(
+        0.4, "Prioritized replay: a sample's loss is weighted by (N*P)**-this / max."
+    )
+    target_update_period: int = flag(
+        1000, "Learner updates between target-network updates (see --tau)."
+    )
+    tau: float = flag(
+        1.0,
+        "Each target update moves the target network this far towards the online one:"
+        " 1 copies it (DQN), < 1 is Polyak averaging.",
+    )
+    samples_per_insert: float = flag(
+        8.0,
+        "Transitions the learner samples per env step (batch_size / train_freq in SB3's"
+        " terms); actors wait when they run ahead, so the ratio holds whatever the"
+        " machine's speed; 0: actors never wait.",
+    )
+    exploration: str = flag(
+        "linear",
+        "linear: every env's epsilon follows --eps_start -> --eps_end over"
+        " --eps_decay_steps env steps; per_env: Ape-X's fixed spread (--eps_base, --eps_alpha).",
+        choices=EXPLORATION,
+    )
+    eps_start: float = flag(1.0, "--exploration linear: epsilon at step 0.")
+    eps_end: float = flag(0.05, "--exploration linear: epsilon after --eps_decay_steps.")
+    eps_decay_steps: int = flag(10_000, "--exploration linear: env steps of the decay.")
+    eps_base: float = flag(
+        0.4,
+        "--exploration per_env: env i of all N envs explores with epsilon"
+        " eps_base**(1 + eps_alpha*i/(N-1)) (Ape-X).",
+    )
+    eps_alpha: float = flag(7.0, "--exploration per_env: the spread, see --eps_base.")
+    test_epsilon: float = flag(0.001, "--mode test: the greedy policy's epsilon.")
+    value_rescaling: bool = flag(
+        False,
+        "Learn h(Q), h(x) = sign(x)(sqrt(|x|+1)-1) + 0.001x (Pohlen et al. 2018), rather than Q.",
+    )
+    frame_dedup: bool = flag(
+        True,
+        "Frame-stacked image observations (Atari): store each frame once and rebuild the"
+        " stacks when sampling, about a quarter of the memory; other observations are"
+        " stored whole.",
+    )
+
+    @staticmethod
+    def check(config: Any) -> None:
+        for name in ("n_step", "target_update_period", "replay_size", "batch_size"):
+            if getattr(config, name) <= 0:
+                raise ConfigError(f"--{name} must be positive, got {getattr(config, name)}")
+        if config.n_step > 255:
+            raise ConfigError(f"--n_step must be at most 255, got {config.n_step}")
+        if config.learning_starts < 0 or config.eps_decay_steps < 0:
+            raise ConfigError("--learning_starts and --eps_decay_steps must be >= 0")
+        if not 0.0 <= config.discounting <= 1.0:
+            raise ConfigError(f"--discounting must be in [0, 1], got {config.discounting}")
+        if not 0.0 < config.tau <= 1.0:
+            raise ConfigError(f"--tau must be in (0, 1], got {config.tau}")
+        for name in ("priority_exponent", "eps_alpha", "samples_per_insert"):
+            if getattr(config, name) < 0:
+                raise ConfigError(f"--{name} must be >= 0, got {getattr(config, name)}")
+        for name in (
+            "importance_sampling_exponent",
+            "eps_base",
+            "eps_start",
+            "eps_end",
+            "test_epsilon",
+        ):
+            if not 0.0 <= getattr(config, name) <= 1.0:
+                raise ConfigError(f"--{name} must be in [0, 1], got {getattr(config, name)}")
+        if config.learning_starts > config.replay_size:
+            raise ConfigError(
+                f"--learning_starts {config.learning_starts} exceeds --replay_size"
+                f" {config.replay_size}: learning would never start"
+            )
+        if config.use_lstm:
+            raise ConfigError(
+                f"--algo {config.algo} trains a feed-forward Q-network on single transitions;"
+                " drop --use_lstm (--algo r2d2 is the recurrent one)"
+            )
+
+
+@dataclass(frozen=True)
+class C51Args(DQNArgs):
+    """Categorical DQN (Bellemare et al. 2017): a return distribution on a fixed support;
+    the paper's agent has no double Q, no dueling head, 1-step targets, a uniform replay."""
+
+    double_q: bool = flag(
+        False, "Double Q-learning: the online network picks the bootstrap action."
+    )
+    dueling: bool = flag(False, "The built-in network's dueling head (V + A - mean A), per atom.")
+    num_atoms: int = flag(51, "Atoms of the support of the return distribution.")
+    v_min: float = flag(-10.0, "The support's lowest return.")
+    v_max: float = flag(10.0, "The support's highest return.")
+
+    @staticmethod
+    def check(config: Any) -> None:
+        DQNArgs.check(config)
+        if config.num_atoms < 2:
+            raise ConfigError(f"--num_atoms must be at least 2, got {config.num_atoms}")
+        if not config.v_min < config.v_max:
+            raise ConfigError(
+                f"--v_min {config.v_min} must be below --v_max {config.v_max}: the support"
+                " runs from --v_min to --v_max"
+            )
+        if config.value_rescaling:
+            raise ConfigError(f"--algo {config.algo} has no --value_rescaling; drop it")
+
+
+@dataclass(frozen=True)
+class RainbowArgs(C51Args):
+    """Rainbow (Hessel et al. 2018) without noisy nets: C51 with double Q, a dueling head,
+    3-step returns and prioritized replay (exponent 0.5, importance weights 0.4)."""
+
+    double_q: bool = flag(True, "Double Q-learning: the online network picks the bootstrap action.")
+    dueling: bool = flag(True, "The built-in network's dueling head (V + A - mean A), per atom.")
+    n_step: int = flag(3, "Rewards summed before bootstrapping from the target network.")
+    prioritized_replay: bool = flag(
+        True, "Sample transitions by priority (Schaul et al. 2016), else uniformly."
+    )
+    priority_exponent: float = flag(
+        0.5, "Prioritized replay: a transition of priority p is drawn with probability ~ p**this."
+    )
+
+
+class TransitionQUpdate(Update):
+    """One update of the DQN family on a batch of transitions:
+
+    1. one forward pass of the online network over both rows (x_s and x_{s+k}; row 1
+       only picks a* for double Q) and one of the target network over row 1;
+    2. the loss (`loss_fn`: Q-values or return distributions, targets, importance weights);
+    3. the optimizer step (beast/learner.py `Stepper`; skipped when not finite);
+    4. every `target_update_period` applied updates, the target network moves `tau` of the
+       way to the online one; the exploration schedule (if any) is set from the env steps.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        target_model: nn.Module,
+        context: LearnerContext,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[
+            [Mapping[str, Tensor], Mapping[str, Tensor], Mapping[str, Tensor], Tensor], QLossOutput
+        ],
+        *,
+        target_update_period: int,
+        tau: float,
+        prioritized: bool,
+        epsilon: Callable[[int], float] | None = None,
+    ) -> None:
+        self.model, self.context, self.optimizer, self.loss_fn = model, context, optimizer, loss_fn
+        self.target_model = target_model.requires_grad_(False)
+        copy_weights(self.target_model, model)
+        self.target_update_period, self.tau = target_update_period, tau
+        self.prioritized = prioritized
+        self.epsilon = epsilon
+        self.schedule = _schedule_of(model)
+        self.num_updates = 0  # applied updates, for the target updates
+
+    def __call__(self, batch: Batch) -> UpdateInfo:
+        data, context = batch.data, self.context
+        inputs = {key: data[key] for key in MODEL_INPUT_KEYS}
+        self.model.train()
+        with context.autocast():
+            online, _ = context.forward(inputs, ())
+            with torch.no_grad():
+                target, _ = self.target_model({k: v[1:] for k, v in inputs.items()}, ())
+        loss = self.loss_fn(as_outputs(online), as_outputs(target), data, batch.weights)
+        stats = dict(loss.stats)
+        if self.schedule is not None and self.epsilon is not None:
+            value = self.epsilon(context.progress.step)
+            self.schedule.epsilon.fill_(value)
+            stats["epsilon"] = value
+        if not context.step(loss.total_loss, self.optimizer, self.model.parameters()):
+            return UpdateInfo(stats=stats)
+        self.num_updates += 1
+        if self.num_updates % self.target_update_period == 0:
+            polyak_update(self.target_model, self.model, self.tau)
+        return UpdateInfo(stats=stats, priorities=loss.priorities if self.prioritized else None)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "target_model": self.target_model.state_dict(),
+            "num_updates": self.num_updates,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.target_model.load_state_dict(state["target_model"])
+        self.num_updates = int(state["num_updates"])
+
+
+def _scaled_returns(
+    data: Mapping[str, Tensor], context: LearnerContext, reward_clipping: str, discounting: float
+) -> NStepReturns:
+    rewards = context.scale_rewards({**data, "reward": data["n_step_rewards"]})
+    return n_step_returns(clip_rewards(rewards, reward_clipping), data["n_steps"], discounting)
+
+
+def _q_values_loss(
+    online: Mapping[str, Tensor],
+    target: Mapping[str, Tensor],
+    data: Mapping[str, Tensor],
+    weights: Tensor,
+    *,
+    context: LearnerContext,
+    reward_clipping: str,
+    discounting: float,
+    double_q: bool,
+    rescale_eps: float | None,
+    loss: str,
+) -> QLossOutput:
+    q = online["q_values"].float()  # [2, B, A]
+    returns = _scaled_returns(data, context, reward_clipping, discounting)
+    targets = q_learning_targets(
+        returns,
+        data["terminal"],
+        target["q_values"][0].float(),
+        q[1] if double_q else None,
+        rescale_eps=rescale_eps,
+    )
+    q_taken = q[0].gather(-1, data["action"][0].long().unsqueeze(-1)).squeeze(-1)
+    return q_loss(q_taken, targets, weights, loss=loss)
+
+
+def _distribution_loss(
+    online: Mapping[str, Tensor],
+    target: Mapping[str, Tensor],
+    data: Mapping[str, Tensor],
+    weights: Tensor,
+    *,
+    context: LearnerContext,
+    reward_clipping: str,
+    discounting: float,
+    double_q: bool,
+    support: Tensor,
+) -> QLossOutput:
+    logits = online["q_logits"].float()  # [2, B, A, N]
+    support = support.to(logits.device)
+    next_target_probs = target["q_logits"][0].float().softmax(dim=-1)  # [B, A, N]
+    chooser = logits[1].detach().softmax(dim=-1) if double_q else next_target_probs
+    best = (chooser @ support).argmax(dim=-1)  # [B]
+    next_probs = next_target_probs[torch.arange(len(best), device=best.device), best]
+    returns = _scaled_returns(data, context, reward_clipping, discounting)
+    target_probs = categorical_projection(returns, data["terminal"], next_probs, support)
+    actions = data["action"][0].long()
+    logits_taken = logits[0][torch.arange(len(actions), device=actions.device), actions]
+    return categorical_loss(logits_taken, target_probs, weights, support)
+
+
+class DQN(Algorithm):
+    """DQN with switches for Double Q, the dueling head, n-step returns and prioritized
+    replay, on a transition replay."""
+
+    name = "dqn"
+    summary = (
+        "DQN with Double Q, dueling head, n-step returns and uniform or prioritized"
+        " transition replay (Mnih et al. 2015; Hessel et al. 2018)."
+    )
+    Args = DQNArgs
+    # Q-values regress onto targets finer than bf16's resolution (see R2D2).
+    bf16_auto = False
+    core_defaults: Mapping[str, Any] = {
+        "optimizer": "adam",
+        "learning_rate": 1e-4,
+        "epsilon": 1.5e-4,
+        "lr_schedule": "constant",
+        "grad_norm_clipping": 10.0,
+        "batch_size": 32,
+    }
+
+    @classmethod
+    def validate(cls, config: Any) -> None:
+        cls.Args.check(config)
+
+    @property
+    def num_atoms(self) -> int:
+        return 1
+
+    def model_outputs(self) -> dict[str, tuple[int, ...]]:
+        return {"q_values": (self.spec.num_actions,)}
+
+    def builtin_model(self) -> nn.Module:
+        return build_q_model(
+            self.config.model,
+            self.spec.obs_shape,
+            self.spec.num_actions,
+            hidden_size=self.config.hidden_size,
+            dueling=self.config.dueling,
+            num_atoms=self.num_atoms,
+        )
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        if self.config.exploration == "linear":
+            return ExplorationSchedule(model, self.config.eps_start)
+        return model
+
+    def support(self) -> tuple[float, ...] | None:
+        return None
+
+    def policy(self, explore: bool = True) -> Policy:
+        config = self.config
+        return EpsilonGreedyPolicy(
+            self.spec.num_actions,
+            eps_base=config.eps_base,
+            eps_alpha=config.eps_alpha,
+            epsilon=None if explore else config.test_epsilon,
+            scheduled=config.exploration == "linear",
+            support=self.support(),
+        )
+
+    def experience(self) -> Experience:
+        config = self.config
+        return TransitionReplay(
+            capacity=config.replay_size,
+            min_size=config.learning_starts,
+            n_step=config.n_step,
+            prioritized=config.prioritized_replay,
+            priority_exponent=config.priority_exponent,
+            importance_sampling_exponent=config.importance_sampling_exponent,
+            samples_per_insert=config.samples_per_insert,
+            frame_dedup=config.frame_dedup and len(self.spec.obs_shape) == 3,
+        )
+
+    def loss_fn(self, context: LearnerContext) -> Callable[..., QLossOutput]:
+        config = self.config
+        return functools.partial(
+            _q_values_loss,
+            context=context,
+            reward_clipping=config.reward_clipping,
+            discounting=config.discounting,
+            double_q=config.double_q,
+            rescale_eps=DEFAULT_RESCALE_EPS if config.value_rescaling else None,
+            loss=config.loss,
+        )
+
+    def learner(self, model: nn.Module, context: LearnerContext) -> Update:
+        config = self.config
+        return TransitionQUpdate(
+            model,
+            self.build_model().to(context.device),
+            context,
+            build_optimizer(config, model),
+            self.loss_fn(context),
+            target_update_period=config.target_update_period,
+            tau=config.tau,
+            prioritized=config.prioritized_replay,
+            epsilon=functools.partial(
+                linear_epsilon,
+                start=config.eps_start,
+                end=config.eps_end,
+                decay_steps=config.eps_decay_steps,
+            ),
+        )
+
+    def describe(self) -> str:
+        config = self.config
+        parts = [
+            "double Q" if config.double_q else "max Q",
+            "dueling" if config.dueling else "single-stream",
+            f"{config.n_step}-step",
+        ]
+        if self.num_atoms > 1:
+            parts.append(f"{self.num_atoms} atoms on [{config.v_min:g}, {config.v_max:g}]")
+        else:
+            parts.append(f"{config.loss} loss")
+        if config.exploration == "linear":
+            parts.append(
+                f"epsilon linear {config.eps_start:g} -> {config.eps_end:g} over"
+                f" {config.eps_decay_steps:,} steps"
+            )
+        else:
+            parts.append(f"per-env epsilons {config.eps_base:g}**(1+{config.eps_alpha:g}i/(N-1))")
+        target = "copied" if config.tau == 1.0 else f"Polyak tau {config.tau:g}"
+        parts.append(f"target {target} every {config.target_update_period:,} updates")
+        parts.append(f"{config.samples_per_insert:g} samples per env step")
+        return ", ".join(parts)
+
+
+class C51(DQN):
+    """Categorical DQN: a distribution over returns on a fixed support, per action."""
+
+    name = "c51"
+    summary = "Categorical (distributional) DQN, C51 (Bellemare et al. 2017), on transition replay."
+    Args = C51Args
+
+    @property
+    def num_atoms(self) -> int:
+        return self.config.num_atoms
+
+    def model_outputs(self) -> dict[str, tuple[int, ...]]:
+        return {"q_logits": (self.spec.num_actions, self.config.num_atoms)}
+
+    def support(self) -> tuple[float, ...]:
+        config = self.config
+        return tuple(torch.linspace(config.v_min, config.v_max, config.num_atoms).tolist())
+
+    def loss_fn(self, context: LearnerContext) -> Callable[..., QLossOutput]:
+        config = self.config
+        return functools.partial(
+            _distribution_loss,
+            context=context,
+            reward_clipping=config.reward_clipping,
+            discounting=config.discounting,
+            double_q=config.double_q,
+            support=torch.tensor(self.support()),
+        )
+
+
+class Rainbow(C51):
+    """Rainbow without noisy nets: C51 with double Q, dueling, n-step and prioritized replay."""
+
+    name = "rainbow"
+    summary = (
+        "Rainbow (Hessel et al. 2018) without noisy nets: C51 + double Q, dueling, 3-step"
+        " returns, prioritized replay."
+    )
+    Args = RainbowArgs
+    core_defaults: Mapping[str, Any] = {**DQN.core_defaults, "learning_rate": 6.25e-5}

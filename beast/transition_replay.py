@@ -1,0 +1,579 @@
+"""Transition replay: each env step stored once, in its env's ring (DQN family, Ape-X).
+
+rlpyt's n-step and frame buffers: a replay of transitions does not store transitions.
+Every env has a ring of ``R = capacity // num_envs`` steps in shared memory, one block
+per field ``[num_envs, R, ...]``; an env's step is written once, and a transition is the
+index of the step it starts at. What the learner trains on is built when it samples:
+
+    rows          obs, reward, done, last_action and the policy's record at the
+                  transition's step s and at its bootstrap step s + k: ``[2, B, ...]``
+                  (one forward pass of [T=2, B] gives Q(x_s) and Q(x_{s+k}))
+    n_step_rewards float32 [n, B]: r_{s+1} ... r_{s+n}, 0 past the k rewards taken
+    n_steps       int64 [B]: k, the rewards in the return (n, or fewer at an episode end)
+    terminal      bool [B]: the window ended in a terminal state: no bootstrap
+
+with the alignment of beast's rollouts (beast/replay.py): row t's reward and
+terminated flag belong to the transition INTO row t, so the transition out of step s
+takes ``reward[s + 1]``. A window stops at a terminated row (no bootstrap), or at a
+truncated row (the time-limited episode's final observation: bootstrap from it, and it
+starts no transition, since its action is never taken); a done row that neither
+announced (an env recreated mid-episode) drops the windows still open.
+
+Frame deduplication (``frame_dedup=True``, Atari): a step stores only the newest 84x84
+frame of its 4-frame stack, and the stack of step s is rebuilt from steps s-3 ... s,
+where frames older than the latest episode start (a done row) repeat that row's frame,
+as the env's frame stack does after a reset (beast/envs/atari.py `FrameStack`). The
+writer rebuilds every step's stack as the learner would and compares it with the real
+one: a step whose stack is not rebuilt exactly (the ALE vector backend's row after a
+truncation, whose stack holds the reset frame it never returned) is marked, and no
+transition starting there, or bootstrapping from there, is ever sampled (a window that
+ends in a terminal state bootstraps from nothing: its next observation is never read).
+So the stacks a loss reads are the env's stacks, bit for bit
+(tests/test_transition_replay.py).
+
+Validity and concurrency: the sum tree (beast/native/sum_tree.c) has one leaf per ring
+slot. A slot's priority is 0 until its window is complete (n steps, or an episode end),
+then the largest priority in the tree (prioritized) or 1 (uniform). Before a writer
+rewrites slot p it invalidates slot p, and with frame dedup slots p+1 ... p+3 too, whose
+stacks read the frame at p (priority 0, generation bumped: `SumTree.invalidate`). A
+window reads only slots written after its first, so any overwrite of a sampled
+transition's steps bumps its slot's generation: a sample copied while that happened
+gets weight 0, and a priority computed for it is dropped, as for sequences.
+
+Memory: about 7.1 KB per Atari step with frame dedup (one frame, the flags, two int64
+actions), 28.3 KB without: 0.25x (`ring_footprint`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from beast.buffers import env_step_spec
+from beast.fields import Field, shared_zeros
+from beast.native import SumTree
+from beast.profile import PhaseClock
+from beast.replay import ENV_KEYS, ReplaySample, importance_weights, stratified_draws
+from beast.replay_sink import PARENT_CHECK_SECONDS, RATE_LIMIT_POLL_SECONDS, ReplaySink
+from beast.threads import process_alive
+
+__all__ = [
+    "RingAppender",
+    "RingReplay",
+    "TransitionSink",
+    "TransitionStaging",
+    "TransitionStagingRecipe",
+    "TransitionWriter",
+    "rebuild_stacks",
+    "ring_footprint",
+    "step_spec",
+]
+
+# The stored field that replaces "obs" under frame deduplication: the newest frame.
+FRAMES_KEY = "frames"
+# Per-slot fields the writer sets when the slot's window closes, and the exactness mark.
+WINDOW_FIELDS = {
+    "n_steps": Field((), torch.uint8),
+    "terminal": Field((), torch.bool),
+    "exact": Field((), torch.bool),
+}
+
+
+def step_spec(
+    obs_shape: Sequence[int], obs_dtype: np.dtype | torch.dtype, record: Mapping[str, Field]
+) -> dict[str, Field]:
+    """The per-step fields a ring stores: the env's (`ENV_KEYS`) and the policy's record."""
+    env_fields = env_step_spec(obs_shape, obs_dtype, record["action"])
+    spec = {key: f for key, f in env_fields.items() if key in ENV_KEYS}
+    spec.update(record)
+    return spec
+
+
+def _storage_spec(spec: Mapping[str, Field], frame_dedup: bool) -> dict[str, Field]:
+    out = dict(spec)
+    if frame_dedup:
+        obs = spec["obs"]
+        if len(obs.shape) != 3:
+            raise ValueError(
+                f"frame_dedup needs frame-stacked image observations [k, H, W], got {obs.shape}"
+            )
+        del out["obs"]
+        out[FRAMES_KEY] = Field(obs.shape[1:], obs.dtype)
+    out.update(WINDOW_FIELDS)
+    return out
+
+
+def _nbytes(field: Field) -> int:
+    return math.prod(field.shape) * torch.empty((), dtype=field.dtype).element_size()
+
+
+def ring_footprint(spec: Mapping[str, Field], frame_dedup: bool) -> int:
+    """Bytes one stored step (one transition) takes: every stored field and its sum-tree
+    leaf (float64 sum and max, int64 generation, int32 writer pid; the tree's inner nodes
+    and power-of-two rounding add up to 48 B more per slot)."""
+    return sum(_nbytes(f) for f in _storage_spec(spec, frame_dedup).values()) + 28
+
+
+def rebuild_stacks(
+    frames: Tensor, done: Tensor, envs: Tensor, positions: Tensor, stack: int
+) -> Tensor:
+    """The frame stacks of steps (envs[i], positions[i]): uint8 [N, stack, H, W].
+
+    Column j (oldest first) is the newest frame stored at ring position
+    ``positions - (stack - 1) + j``, except that columns older than the newest done row
+    among them repeat that row's frame (the env's stack after a reset).
+
+    Args:
+        frames: [E, R, H, W], the newest frame of every stored step.
+        done: bool [E, R], the step starts an episode.
+        envs, positions: int64 [N], the steps to rebuild.
+    """
+    ring = frames.shape[1]
+    cols = torch.arange(stack)
+    slots = (positions.unsqueeze(1) - (stack - 1) + cols) % ring  # [N, S]
+    rows = envs.unsqueeze(1).expand_as(slots)
+    starts = done[rows, slots]
+    # The newest column that starts an episode (0 when none does: nothing older is read).
+    newest_start = (cols * starts).amax(dim=1, keepdim=True)
+    source = torch.maximum(cols.unsqueeze(0), newest_start)
+    return frames[rows, slots.gather(1, source)]
+
+
+class RingReplay:
+    """Per-env rings of steps with a sum tree over their transitions (module docstring).
+
+    Args:
+        spec: per-step fields, `step_spec`.
+        num_envs: envs writing (each its own ring).
+        capacity: transitions held in all; each env's ring holds capacity // num_envs.
+        n_step: rewards summed before bootstrapping.
+        prioritized: sample by priority (PER), else uniformly.
+        alpha: priority exponent (PER: 0.6).
+        beta: importance-sampling exponent (PER: 0.4); `sample` can override it.
+        frame_dedup: store the newest frame of each frame stack only.
+        min_priority, default_priority: as `beast.replay.PrioritizedReplay`'s.
+
+    Picklable to multiprocessing children: the same memory and sum tree.
+    """
+
+    unit = "transitions"  # what it holds, for messages and log columns
+
+    def __init__(
+        self,
+        spec: Mapping[str, Field],
+        *,
+        num_envs: int,
+        capacity: int,
+        n_step: int,
+        prioritized: bool = True,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        frame_dedup: bool = False,
+        min_priority: float = 1e-6,
+        default_priority: float = 1.0,
+    ) -> None:
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"beta must be in [0, 1], got {beta}")
+        if n_step < 1 or n_step > 255:
+            raise ValueError(f"n_step must be in [1, 255], got {n_step}")
+        self.spec = dict(spec)
+        self.num_envs = num_envs
+        self.n_step = n_step
+        self.prioritized = prioritized
+        self.alpha, self.beta = alpha, beta
+        self.frame_dedup = frame_dedup
+        self.min_priority, self.default_priority = min_priority, default_priority
+        self.stack = spec["obs"].shape[0] if frame_dedup else 1
+        self.history = self.stack - 1
+        self.ring = capacity // num_envs
+        needed = n_step + self.history + 2
+        if self.ring < needed:
+            raise ValueError(
+                f"a replay of {capacity} transitions gives each of {num_envs} envs a ring of"
+                f" {self.ring} steps; {needed} is the least for {n_step}-step windows"
+            )
+        self.storage = _storage_spec(spec, frame_dedup)
+        self.tensors = {
+            key: shared_zeros((num_envs, self.ring, *f.shape), f.dtype)
+            for key, f in self.storage.items()
+        }
+        self.written = shared_zeros((num_envs,), torch.int64)  # steps each env wrote
+        self.tree = SumTree(num_envs * self.ring)
+
+    @property
+    def capacity(self) -> int:
+        return self.num_envs * self.ring
+
+    def __len__(self) -> int:
+        """Steps stored (each the start of at most one transition)."""
+        return int(self.written.clamp(max=self.ring).sum())
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def new_priority(self) -> float:
+        """A new transition's priority after the exponent: 1 in a uniform replay, else the
+        largest in the tree (PER), or the default while every priority is 0."""
+        if not self.prioritized:
+            return 1.0
+        scaled = self.tree.max()
+        if scaled > 0.0:
+            return scaled
+        return max(self.default_priority, self.min_priority) ** self.alpha
+
+    def observations(self, envs: Tensor, positions: Tensor) -> Tensor:
+        """The observations of steps (envs[i], positions[i]): [N, *obs_shape]."""
+        if not self.frame_dedup:
+            return self.tensors["obs"][envs, positions]
+        return rebuild_stacks(
+            self.tensors[FRAMES_KEY], self.tensors["done"], envs, positions, self.stack
+        )
+
+    def sample(
+        self,
+        batch_size: int,
+        generator: torch.Generator | None = None,
+        *,
+        beta: float | None = None,
+    ) -> ReplaySample:
+        """Draw ``batch_size`` transitions (stratified over the priority mass), built from
+        the rings (module docstring). Raises ValueError while none is sampleable."""
+        beta = (self.beta if beta is None else beta) if self.prioritized else 0.0
+        drawn = self.tree.sample(stratified_draws(batch_size, generator))
+        envs, starts = drawn.indices // self.ring, drawn.indices % self.ring
+        tensors = self.tensors
+        n_steps = tensors["n_steps"][envs, starts].long()
+        rows = torch.stack([starts, (starts + n_steps) % self.ring])  # [2, B]
+        row_envs = envs.unsqueeze(0).expand_as(rows)
+        batch: dict[str, Tensor] = {}
+        for key in self.spec:
+            if key == "obs":
+                obs = self.observations(row_envs.flatten(), rows.flatten())
+                batch[key] = obs.view(2, batch_size, *obs.shape[1:])
+            else:
+                batch[key] = tensors[key][row_envs, rows]
+        offsets = torch.arange(1, self.n_step + 1).unsqueeze(1)  # [n, 1]
+        window = (starts.unsqueeze(0) + offsets) % self.ring  # [n, B]
+        rewards = tensors["reward"][envs.unsqueeze(0).expand_as(window), window]
+        batch["n_step_rewards"] = torch.where(offsets <= n_steps, rewards, 0.0)
+        batch["n_steps"] = n_steps
+        batch["terminal"] = tensors["terminal"][envs, starts]
+        fresh = self.tree.generations(drawn.indices) == drawn.generations
+        probabilities = drawn.priorities / drawn.total
+        weights = importance_weights(probabilities, beta) * fresh
+        return ReplaySample(drawn.indices, drawn.generations, batch, weights, probabilities)
+
+    def update_priorities(self, indices: Tensor, td_priorities: Tensor, generations: Tensor) -> int:
+        """As `beast.replay.PrioritizedReplay.update_priorities`; a uniform replay keeps
+        its priorities (returns 0)."""
+        if not self.prioritized:
+            return 0
+        td_priorities = torch.as_tensor(td_priorities).detach().cpu().double()
+        if not bool(torch.isfinite(td_priorities).all()) or bool((td_priorities < 0).any()):
+            raise ValueError("td_priorities must be finite and >= 0")
+        scaled = td_priorities.clamp(min=self.min_priority).pow(self.alpha)
+        return self.tree.update(indices, scaled, generations)
+
+    def contents(self) -> tuple[dict[str, Tensor], dict[str, object]]:
+        """A checkpoint in two parts, as `PrioritizedReplay.contents`: the rings (views, to
+        be written first) and the small state; `settle` the state once they are written."""
+        tensors = {**self.tensors, "written": self.written.clone()}
+        return tensors, {"capacity": self.capacity, "tree": self.tree.state_dict()}
+
+    def settle(self, state: dict[str, object]) -> dict[str, object]:
+        """`state` with the slots invalidated since `contents` made unsampleable."""
+        tree = dict(state["tree"])
+        changed = tree["generations"] != self.tree.state_dict()["generations"]
+        tree["priorities"] = torch.where(changed, 0.0, tree["priorities"])
+        return {**state, "tree": tree}
+
+    def restore(self, tensors: Mapping[str, Tensor], state: Mapping[str, object]) -> None:
+        """Load `contents`' two parts into this (empty, same-layout) replay, before any
+        writer starts. ValueError (one line) when the layout or capacity differ."""
+        if state["capacity"] != self.capacity:
+            raise ValueError(
+                f"the saved replay holds {state['capacity']} transitions, this one {self.capacity}"
+            )
+        mine = {**self.tensors, "written": self.written}
+        if set(tensors) != set(mine):
+            raise ValueError(
+                f"the saved replay's fields {sorted(tensors)} differ from {sorted(mine)}"
+            )
+        for key, tensor in mine.items():
+            saved = tensors[key]
+            if saved.shape != tensor.shape or saved.dtype != tensor.dtype:
+                raise ValueError(
+                    f"the saved replay's {key} is {saved.dtype} {tuple(saved.shape)}, this one"
+                    f" {tensor.dtype} {tuple(tensor.shape)}"
+                )
+        for key, tensor in mine.items():
+            tensor.copy_(tensors[key])
+        self.tree.load_state_dict(state["tree"])
+
+
+class RingAppender:
+    """Appends the steps of envs [first_env, first_env + n) to their rings and commits each
+    transition once its window is complete (module docstring). One per writer; the rings'
+    only writer."""
+
+    def __init__(self, replay: RingReplay, first_env: int, num_envs: int) -> None:
+        if first_env < 0 or first_env + num_envs > replay.num_envs:
+            raise ValueError(
+                f"envs [{first_env}, {first_env + num_envs}) are not in the replay's"
+                f" {replay.num_envs} rings"
+            )
+        self.replay = replay
+        self.envs = torch.arange(first_env, first_env + num_envs)
+        self._env_rows = self.envs.numpy()
+        self._arrays = {key: t.numpy() for key, t in replay.tensors.items()}
+        # Transitions still open per env: they start at the last `open` steps.
+        self.open = np.zeros(num_envs, dtype=np.int64)
+        self._slots_ahead = torch.arange(replay.history + 1)
+
+    def append(self, step: Mapping[str, np.ndarray]) -> int:
+        """Store one step of the n envs (`step_spec` fields, `[n, ...]` arrays); returns
+        how many transitions became sampleable."""
+        replay, arrays, rows = self.replay, self._arrays, self._env_rows
+        ring, n = replay.ring, replay.n_step
+        positions = replay.written[self.envs] % ring
+        slots = (positions.unsqueeze(1) + self._slots_ahead) % ring
+        replay.tree.invalidate((self.envs.unsqueeze(1) * ring + slots).flatten())
+        replay.written[self.envs] += 1
+        pos = positions.numpy()
+        for key in replay.spec:
+            if key == "obs" and replay.frame_dedup:
+                arrays[FRAMES_KEY][rows, pos] = step["obs"][:, -1]
+            else:
+                arrays[key][rows, pos] = step[key]
+        if replay.frame_dedup:
+            rebuilt = replay.observations(self.envs, positions).numpy()
+            exact = (rebuilt == step["obs"]).reshape(len(rows), -1).all(axis=1)
+        else:
+            exact = True
+        arrays["exact"][rows, pos] = exact
+
+        done = np.asarray(step["done"], dtype=bool)
+        terminated = np.asarray(step["terminated"], dtype=bool)
+        truncated = np.asarray(step["truncated"], dtype=bool)
+        closed: list[tuple[int, int, int, bool]] = []  # (env index, start, k, terminal)
+        steady = ~(done | truncated)
+        for i in np.flatnonzero(steady & (self.open == n)).tolist():
+            closed.append((i, int(pos[i]) - n, n, False))
+        self.open[steady] = np.minimum(self.open[steady] + 1, n)
+        for i in np.flatnonzero(~steady).tolist():
+            if terminated[i] or truncated[i]:
+                closed += [
+                    (i, int(pos[i]) - k, k, bool(terminated[i]))
+                    for k in range(1, int(self.open[i]) + 1)
+                ]
+            # A terminated row is also the next episode's first step; a truncated one
+            # (the final observation) starts nothing; a bare done row starts afresh.
+            self.open[i] = 0 if truncated[i] else 1
+        return self._commit(closed)
+
+    def _commit(self, closed: list[tuple[int, int, int, bool]]) -> int:
+        if not closed:
+            return 0
+        replay, arrays, ring = self.replay, self._arrays, self.replay.ring
+        index, start, k, terminal = (np.array(column) for column in zip(*closed, strict=True))
+        env = self._env_rows[index]
+        start %= ring
+        arrays["n_steps"][env, start] = k
+        arrays["terminal"][env, start] = terminal
+        exact = arrays["exact"]
+        valid = exact[env, start] & (terminal | exact[env, (start + k) % ring])
+        count = int(valid.sum())
+        if count:
+            slots = torch.from_numpy(env[valid] * ring + start[valid])
+            replay.tree.update(
+                slots, torch.full((count,), replay.new_priority(), dtype=torch.float64)
+            )
+        return count
+
+
+class TransitionSink(ReplaySink):
+    """A `ReplaySink` of transitions: each actor appends its envs' steps to their rings
+    (`RingAppender`); env j of writer lane l is ring l * K + j (K envs per lane)."""
+
+    def __init__(self, replay: RingReplay, **kwargs: Any) -> None:
+        super().__init__(replay, **kwargs)
+        # polybeast: the learner's appender per env server row (its envs' open windows).
+        self._appenders: dict[int, RingAppender] = {}
+
+    def describe(self) -> str:
+        replay = self.replay
+        per_step = ring_footprint(replay.spec, replay.frame_dedup)
+        kind = "prioritized" if replay.prioritized else "uniform"
+        return (
+            f"{kind} replay of {replay.capacity:,} transitions ({replay.num_envs} rings of"
+            f" {replay.ring:,} steps, {self.nbytes() / 2**20:,.0f} MiB, {per_step:,} B per"
+            f" step{', frame dedup' if replay.frame_dedup else ''}), {replay.n_step}-step"
+            f" windows, learning from {self.min_replay_size:,}"
+        )
+
+    def writer(
+        self,
+        owner: int,
+        sources: Mapping[str, np.ndarray],
+        *,
+        first_id: int = 0,
+        id_stride: int = 0,
+        learner_pid: int,
+        clock: PhaseClock | None = None,
+        lane: int = 0,
+    ) -> TransitionWriter:
+        num_envs = len(sources["reward"])
+        appender = RingAppender(self.replay, lane * num_envs, num_envs)
+        return TransitionWriter(self, owner, appender, sources, learner_pid, clock)
+
+    def staging_recipe(self) -> TransitionStagingRecipe:
+        return TransitionStagingRecipe(tuple(self.replay.spec))
+
+    def commit(self, payload: Mapping, stop: threading.Event, row: int) -> bool:
+        steps = payload["steps"]
+        if steps:
+            appender = self._appenders.get(row)
+            num_envs = len(steps["reward"][0])
+            if appender is None:
+                appender = self._appenders[row] = RingAppender(
+                    self.replay, row * num_envs, num_envs
+                )
+            for w in range(len(steps["reward"])):
+                if not self.wait_for_room(num_envs, stop):
+                    return False
+                appender.append({key: value[w] for key, value in steps.items()})
+                self.inserted[row] += num_envs
+        self.env_steps[row] += int(payload["env_steps"])
+        for episode_return, length in zip(
+            payload["episode_returns"], payload["episode_steps"], strict=True
+        ):
+            self.record_episode(row, episode_return, length)
+        return True
+
+
+class TransitionWriter:
+    """An actor's side of a `TransitionSink`: one step of its n envs at a time, from the
+    arrays the env batch and the policy fill in place, rate-limited as a sequence writer
+    is (beast/replay_sink.py); `write(state)` ignores the recurrent state (feed-forward
+    models only)."""
+
+    def __init__(
+        self,
+        sink: TransitionSink,
+        owner: int,
+        appender: RingAppender,
+        sources: Mapping[str, np.ndarray],
+        learner_pid: int,
+        clock: PhaseClock | None,
+    ) -> None:
+        self.sink, self.owner, self.appender = sink, owner, appender
+        self.learner_pid, self.clock = learner_pid, clock
+        self.num_envs = len(sources["reward"])
+        self._step = {key: sources[key] for key in sink.replay.spec}
+        self._episode_end = sources["episode_end"]
+        self._episode_return = sources["episode_return"]
+        self._episode_step = sources["episode_step"]
+        self._env_steps = sink.env_steps.numpy()
+        self._inserted = sink.inserted.numpy()
+        self._first = True
+        self._last_check = time.monotonic()
+
+    def write(self, state: Sequence[Tensor] = ()) -> bool:
+        """Write the current step; False when the run is shutting down."""
+        sink, n = self.sink, self.num_envs
+        while sink.writers_wait and not sink.insert_allowed(n):
+            if sink.closed or not process_alive(self.learner_pid):
+                return False
+            time.sleep(RATE_LIMIT_POLL_SECONDS)
+        if self.clock is not None:
+            self.clock.mark("wait_slots")
+        self.appender.append(self._step)
+        self._inserted[self.owner] += n
+        # The first write is the envs' reset observations: no env step led to it.
+        self._env_steps[self.owner] += 0 if self._first else n
+        self._first = False
+        for i in np.flatnonzero(self._episode_end).tolist():
+            sink.record_episode(
+                self.owner, float(self._episode_return[i]), int(self._episode_step[i])
+            )
+        if self.clock is not None:
+            self.clock.mark("slot_write")
+        if sink.closed:
+            return False
+        now = time.monotonic()
+        if now - self._last_check >= PARENT_CHECK_SECONDS:
+            self._last_check = now
+            return process_alive(self.learner_pid)
+        return True
+
+
+@dataclass(frozen=True)
+class TransitionStagingRecipe:
+    """How to stage steps for a learner's transition replay outside its process
+    (polybeast): the per-step fields to copy."""
+
+    keys: tuple[str, ...]
+
+    def writer(
+        self,
+        sources: Mapping[str, np.ndarray],
+        *,
+        publish_every: int,
+        first_id: int = 0,
+        id_stride: int = 0,
+    ) -> tuple[TransitionStaging, TransitionStaging]:
+        """A writer for the n envs of `sources` that is also its own staging: it copies
+        each step and hands `publish_every` of them over (`take_rollout`) for
+        `TransitionSink.commit`."""
+        staging = TransitionStaging(self.keys, sources, publish_every)
+        return staging, staging
+
+
+class TransitionStaging:
+    """Steps of n envs copied until `take_rollout` hands them over (polybeast)."""
+
+    def __init__(
+        self, keys: Sequence[str], sources: Mapping[str, np.ndarray], publish_every: int
+    ) -> None:
+        self.sources = sources
+        self.keys = tuple(keys)
+        self.publish_every = publish_every
+        self._steps: list[dict[str, np.ndarray]] = []
+        self._episodes: list[tuple[float, int]] = []
+        self._env_steps = 0
+        self._first = True
+
+    def write(self, state: Sequence[Tensor] = ()) -> bool:
+        self._steps.append({key: np.array(self.sources[key]) for key in self.keys})
+        self._env_steps += 0 if self._first else len(self.sources["reward"])
+        self._first = False
+        ended = np.flatnonzero(self.sources["episode_end"]).tolist()
+        self._episodes += [
+            (float(self.sources["episode_return"][i]), int(self.sources["episode_step"][i]))
+            for i in ended
+        ]
+        return True
+
+    def take_rollout(self) -> dict | None:
+        """The payload for `TransitionSink.commit` once `publish_every` steps were written
+        since the last one, else None."""
+        if len(self._steps) < self.publish_every:
+            return None
+        payload = {
+            "steps": {key: np.stack([s[key] for s in self._steps]) for key in self.keys},
+            "episode_returns": [r for r, _ in self._episodes],
+            "episode_steps": [n for _, n in self._episodes],
+            "env_steps": self._env_steps,
+        }
+        self._steps, self._episodes, self._env_steps = [], [], 0
+        return payload

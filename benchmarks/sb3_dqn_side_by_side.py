@@ -1,0 +1,273 @@
+"""DQN beside Stable-Baselines3 on CartPole-v1, in one sitting, with rl-zoo3's settings.
+
+    pip install -e ".[bench]"
+    python -m benchmarks.sb3_dqn_side_by_side                  # 3 paired runs, 100k, 475
+    python -m benchmarks.sb3_dqn_side_by_side --runs 5 --total_steps 50000
+    python -m benchmarks.sb3_dqn_side_by_side --quick          # smoke test: 10k, 50, 1 run
+    python -m benchmarks.sb3_dqn_side_by_side -- --no-dueling  # extra monobeast flags
+
+`--runs` pairs, seeds 1..N; in each pair SB3 and beast run one after the other, never
+at once (the order alternates between pairs, so neither side always runs on a cooler
+machine):
+
+- SB3: rl-baselines3-zoo's tuned CartPole-v1 DQN (hyperparams/dqn.yml, `SB3_DQN`), one
+  Monitor-wrapped env, on the CPU, in its own process, but over `--total_steps` (100k)
+  instead of the zoo's 50k, so both sides get the same budget; exploration_fraction is
+  scaled to keep the zoo's 8,000-step epsilon decay (0.16 x 50k = 0.08 x 100k). Its
+  clock starts just before the env and the model are built; a callback reads each
+  finished episode's return (Monitor's info["episode"], what fills ep_info_buffer).
+- beast: `monobeast.py --algo dqn --env CartPole-v1 --seed S --total_steps N`, which
+  picks configs/dqn/classic.yaml (the same settings, plus double Q and the dueling
+  head). Its clock starts at the process launch: start-up included. Its times are
+  read from the run directory: episodes.csv (step, return, length: each episode
+  stamped with the learner update that consumed it) and logs.csv (step, time from the
+  logger's start, per update), with `benchmarks.learning_checks.summarize` /
+  `seconds_at_steps` as for PPO (the shutdown, final checkpoint included, counts as
+  start-up: never less than the truth).
+
+Per run: the wall-clock (and env step) at which the mean return of the last 100
+training episodes (exploring ones included) first reaches `--threshold` (475), or "not
+reached" within the budget; the final mean of the last 100; the whole run's wall-clock;
+env steps/s over it. Then the medians per side, and the ratio beast time / SB3 time to
+the threshold for each pair where both reached it (below 1: beast got there sooner).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.learning_checks import Check, seconds_at_steps, summarize
+from benchmarks.monobeast_sps import _CLEAN_ENVIRON
+from benchmarks.sb3_side_by_side import ROOT, _ratio, _seconds, machine_description
+
+BUDGET = 100_000
+THRESHOLD = 475.0
+EPS_DECAY_STEPS = 8_000  # the zoo's 0.16 x 5e4; configs/dqn/classic.yaml's eps_decay_steps
+QUICK = {"total_steps": 10_000, "threshold": 50.0, "runs": 1}  # ~2-3 min on 2 cores
+
+# rl-baselines3-zoo, hyperparams/dqn.yml, CartPole-v1 (n_timesteps 5e4, n_envs 1);
+# exploration_fraction is set from EPS_DECAY_STEPS and the budget (0.16 at 5e4).
+SB3_DQN: dict[str, Any] = {
+    "learning_rate": 2.3e-3,
+    "batch_size": 64,
+    "buffer_size": 100_000,
+    "learning_starts": 1000,
+    "gamma": 0.99,
+    "target_update_interval": 10,
+    "train_freq": 256,
+    "gradient_steps": 128,
+    "exploration_final_eps": 0.04,
+    "policy_kwargs": {"net_arch": [256, 256]},
+}
+
+
+def _mean100(returns: list[float]) -> float:
+    return sum(returns[-100:]) / 100 if len(returns) >= 100 else math.nan
+
+
+def sb3_dqn(seed: int, total_steps: int, threshold: float) -> dict[str, Any]:
+    """One SB3 DQN CartPole run over `total_steps` (in this process)."""
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    class Threshold(BaseCallback):
+        """Each training episode's return; the first time the last 100 average >= threshold."""
+
+        def __init__(self, start: float) -> None:
+            super().__init__()
+            self.start = start
+            self.returns: list[float] = []
+            self.window: deque[float] = deque(maxlen=100)
+            self.reached: tuple[float, int] | None = None
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:  # Monitor's, as in ep_info_buffer
+                    self.returns.append(float(info["episode"]["r"]))
+                    self.window.append(self.returns[-1])
+                    full = len(self.window) == 100
+                    if self.reached is None and full and sum(self.window) / 100 >= threshold:
+                        self.reached = (time.monotonic() - self.start, self.num_timesteps)
+            return True
+
+    start = time.monotonic()
+    env = make_vec_env("CartPole-v1", n_envs=1, seed=seed)
+    model = DQN(
+        "MlpPolicy",
+        env,
+        exploration_fraction=EPS_DECAY_STEPS / total_steps,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+        **SB3_DQN,
+    )
+    callback = Threshold(start)
+    model.learn(total_timesteps=total_steps, callback=callback)
+    wall_clock = time.monotonic() - start
+    seconds, steps = callback.reached if callback.reached else (None, None)
+    return {
+        "seconds": seconds,
+        "steps": steps,
+        "final": _mean100(callback.returns),
+        "episodes": len(callback.returns),
+        "wall_clock": wall_clock,
+        "env_steps": model.num_timesteps,
+        "sps": model.num_timesteps / wall_clock,
+    }
+
+
+def run_sb3(**kwargs: Any) -> dict[str, Any]:
+    """`sb3_dqn` in its own process, as a user runs it (like sb3_side_by_side.run_sb3)."""
+    argv = [sys.executable, "-m", "benchmarks.sb3_dqn_side_by_side", "--sb3"]
+    argv += ["--sb3_kwargs", json.dumps(kwargs)]
+    result = subprocess.run(
+        argv, cwd=ROOT, capture_output=True, text=True, env=_CLEAN_ENVIRON, timeout=3600
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"SB3 DQN failed: {result.stderr.strip()[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def beast_dqn(seed: int, total_steps: int, threshold: float, flags: list[str]) -> dict[str, Any]:
+    """monobeast.py --algo dqn --env CartPole-v1 (configs/dqn/classic.yaml), timed from launch."""
+    with tempfile.TemporaryDirectory() as savedir:
+        argv = [sys.executable, str(ROOT / "monobeast.py"), "--algo", "dqn"]
+        argv += ["--env", "CartPole-v1", "--seed", str(seed), "--total_steps", str(total_steps)]
+        argv += ["--savedir", savedir, "--xpid", "cartpole", *flags]
+        launched = time.monotonic()
+        result = subprocess.run(
+            argv, cwd=ROOT, capture_output=True, text=True, env=_CLEAN_ENVIRON, timeout=3600
+        )
+        wall_clock = time.monotonic() - launched
+        if result.returncode != 0:
+            raise RuntimeError(f"beast DQN failed: {result.stderr.strip()[-2000:]}")
+        run_dir = str(Path(savedir) / "cartpole")
+        check = Check("dqn", "monobeast.py", "local", "CartPole-v1", total_steps, threshold)
+        outcome = summarize(check, seed, run_dir, wall_clock)
+        env_steps = max(seconds_at_steps(run_dir, wall_clock), default=0)
+    return {
+        "seconds": outcome.reached_seconds,
+        "steps": outcome.reached_at,
+        "final": outcome.last,
+        "episodes": outcome.episodes,
+        "wall_clock": wall_clock,
+        "env_steps": env_steps,
+        "sps": env_steps / wall_clock,
+    }
+
+
+def _row(name: str, run: dict[str, Any]) -> str:
+    steps = "-" if run["steps"] is None else f"{run['steps']:,}"
+    return (
+        f"| {name:<5} | {_seconds(run['seconds']):>11} | {steps:>9} | {run['final']:>10.1f} |"
+        f" {run['episodes']:>8,} | {run['wall_clock']:>8.1f} s |"
+        f" {run['sps']:>9,.0f} |"
+    )
+
+
+HEADER = (
+    "| side  | to thresh.  | at step   | final m100 | episodes | wall-clock | env st/s  |\n"
+    "|-------|-------------|-----------|------------|----------|------------|-----------|"
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=None, help="paired runs, seeds 1..N (3)")
+    parser.add_argument("--threshold", type=float, default=None, help=f"({THRESHOLD:g})")
+    parser.add_argument("--total_steps", type=int, default=None, help=f"budget ({BUDGET:,})")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: 10k steps, threshold 50, 1 run (unless given explicitly)",
+    )
+    parser.add_argument(
+        "beast_flags", nargs="*", help="extra monobeast flags (after --), e.g. --no-dueling"
+    )
+    parser.add_argument("--sb3", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sb3_kwargs", default="{}", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.sb3:  # the child process of run_sb3
+        print(json.dumps(sb3_dqn(**json.loads(args.sb3_kwargs))), flush=True)
+        return
+    defaults = QUICK if args.quick else {"total_steps": BUDGET, "threshold": THRESHOLD, "runs": 3}
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+    import stable_baselines3
+
+    print(machine_description(), flush=True)
+    print(
+        f"stable-baselines3 {stable_baselines3.__version__}; CartPole-v1 DQN, {args.runs}"
+        f" paired run(s), {args.total_steps:,} env steps each, threshold {args.threshold:g}"
+        f" (mean of the last 100 training episodes); SB3 exploration_fraction"
+        f" {EPS_DECAY_STEPS / args.total_steps:.3g}; beast flags:"
+        f" {' '.join(args.beast_flags) or '(configs/dqn/classic.yaml)'}",
+        flush=True,
+    )
+    results: dict[str, list[dict[str, Any]]] = {"sb3": [], "beast": []}
+    ratios: list[float] = []
+    for i in range(args.runs):
+        seed = i + 1
+        runs: dict[str, dict[str, Any]] = {}
+        for side in ("sb3", "beast") if i % 2 == 0 else ("beast", "sb3"):
+            if side == "sb3":
+                runs[side] = run_sb3(
+                    seed=seed, total_steps=args.total_steps, threshold=args.threshold
+                )
+            else:
+                runs[side] = beast_dqn(seed, args.total_steps, args.threshold, args.beast_flags)
+            results[side].append(runs[side])
+        ratio = _ratio(runs["beast"]["seconds"], runs["sb3"]["seconds"])
+        if ratio is not None:
+            ratios.append(ratio)
+        print(f"\n[{i + 1}/{args.runs}] seed {seed} (ran {' then '.join(runs)})", flush=True)
+        print(HEADER)
+        print(_row("SB3", runs["sb3"]))
+        print(_row("beast", runs["beast"]))
+        print(
+            f"beast/SB3 time to {args.threshold:g}: {'n/a' if ratio is None else f'{ratio:.2f}'}",
+            flush=True,
+        )
+
+    print(f"\nmedians over {args.runs} run(s):")
+    print(HEADER)
+    for side, name in (("sb3", "SB3"), ("beast", "beast")):
+        reached = [run for run in results[side] if run["seconds"] is not None]
+        median = {
+            key: statistics.median(run[key] for run in results[side])
+            for key in ("final", "episodes", "wall_clock", "sps")
+        }
+        # Time to threshold: over the runs that reached it ("not reached" if none did).
+        median["seconds"] = statistics.median(r["seconds"] for r in reached) if reached else None
+        median["steps"] = round(statistics.median(r["steps"] for r in reached)) if reached else None
+        median["episodes"] = round(median["episodes"])
+        print(f"{_row(name, median)} (reached in {len(reached)}/{args.runs})")
+    if ratios:
+        print(
+            f"median beast/SB3 time to {args.threshold:g}: {statistics.median(ratios):.2f}"
+            f" over {len(ratios)} pair(s) where both reached it"
+            f" ({', '.join(f'{r:.2f}' for r in ratios)})",
+            flush=True,
+        )
+    else:
+        print(f"beast/SB3 time to {args.threshold:g}: n/a (no pair where both reached it)")
+
+
+if __name__ == "__main__":
+    main()
