@@ -26,7 +26,7 @@ from beast.learner import Learner, NonFiniteError, Stepper, TrainingProgress
 from beast.models import build_q_model, copy_weights
 from beast.optim import build_optimizer
 from beast.replay import PrioritizedReplay, SequenceBuilder, sequence_spec
-from beast.replay_sink import SequenceSink, ReplaySource
+from beast.replay_sink import ReplaySource, SequenceSink
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
