@@ -1,7 +1,8 @@
 """Every algorithm in every mode: {impala, laser, r2d2, apex, ppo, a2c, dqn, c51, rainbow}
 x {monobeast local, monobeast central, polybeast local, polybeast central}. Each runs a
-short CartPole training through its entry point, as a user runs it, writes a checkpoint, and `--mode test`
-loads that checkpoint and plays an episode with the algorithm's evaluation policy.
+short CartPole training through its entry point, as a user runs it, writes a checkpoint,
+and `--mode test` loads that checkpoint and plays an episode with the algorithm's
+evaluation policy.
 
 The runs are small (a few thousand steps, tiny replays) but real: the algorithm's own
 actors, sink, learner and checkpoint; learning itself is checked elsewhere
