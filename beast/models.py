@@ -660,7 +660,8 @@ class QNet(nn.Module):
     """torso -> [LSTM] -> Q head, dueling or not, with one value or a distribution per action.
 
     Dueling (Wang et al. 2016, eq. 9): ``Q = V + A - mean_a A``, from a value stream and an
-    advantage stream, each ``Linear(head_size) -> ReLU -> Linear``; subtracting the mean
+    advantage stream, each ``Linear(head_size) -> ReLU -> Linear`` (one ``Linear`` on the
+    MLP torso); subtracting the mean
     advantage makes V and A identifiable without changing the greedy action. Without it,
     one such stream gives Q. With ``num_atoms`` > 1 every output is a vector of logits
     over the atoms (C51), and the dueling sum is taken per atom (Rainbow, section 3).
@@ -673,7 +674,8 @@ class QNet(nn.Module):
         use_lstm: R2D2's recurrent core, fed ``[features, clipped reward, one-hot last action]``
             and reset per sample at ``done``; without it the head reads the features only.
         lstm_size: LSTM hidden size (ignored without ``use_lstm``).
-        head_size: width of each stream's hidden layer.
+        head_size: width of each stream's hidden layer; None for streams of one linear
+            layer (the MLP torso's layers are the hidden ones, as in SB3's QNetwork).
         dueling: the dueling head, else one stream.
         num_atoms: 1 for Q-values (`QOutput`), else the atoms of a distributional head
             (`DistributionalQOutput`).
@@ -688,7 +690,7 @@ class QNet(nn.Module):
         *,
         use_lstm: bool,
         lstm_size: int,
-        head_size: int,
+        head_size: int | None,
         dueling: bool = True,
         num_atoms: int = 1,
     ) -> None:
@@ -707,6 +709,10 @@ class QNet(nn.Module):
             head_input_size = torso_size
 
         def stream(outputs: int) -> nn.Sequential:
+            if head_size is None:
+                layers = nn.Sequential(nn.Linear(head_input_size, outputs))
+                _orthogonal_init(layers[0], 1.0)
+                return layers
             layers = nn.Sequential(
                 nn.Linear(head_input_size, head_size), nn.ReLU(), nn.Linear(head_size, outputs)
             )
@@ -772,8 +778,9 @@ def build_q_model(
 
     "auto" picks "atari" for 3-D [C, H, W] observations and "mlp" for 1-D vectors.
 
-    ``hidden_size`` sets the MLP torso's layer width, its LSTM and its head streams
-    (default 64); for the image torsos it sets the LSTM width (default 512, R2D2's), and is an
+    ``hidden_size`` sets the MLP torso's layer width and its LSTM (default 64), whose
+    streams are then one linear layer each (the torso's two layers are the hidden ones);
+    for the image torsos it sets the LSTM width (default 512, R2D2's), and is an
     error without ``use_lstm``; their head streams are 512 wide (DQN, R2D2, Ape-X).
     ``dueling`` and ``num_atoms``: see `QNet`.
 
@@ -792,7 +799,7 @@ def build_q_model(
         width = hidden_size or DEFAULT_MLP_HIDDEN_SIZE
         torso, torso_size = _mlp_torso(obs_shape, width)
         return QNet(
-            torso, torso_size, obs_shape, num_actions, lstm_size=width, head_size=width, **head
+            torso, torso_size, obs_shape, num_actions, lstm_size=width, head_size=None, **head
         )
     if hidden_size is not None and not use_lstm:
         raise ValueError(

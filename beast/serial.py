@@ -29,7 +29,7 @@ import traceback
 import torch
 
 from beast.actor import Actor
-from beast.algos.base import SequenceReplay
+from beast.algos.base import SequenceReplay, TransitionReplay
 from beast.checkpoint import CheckpointError
 from beast.config import Config, ConfigError
 from beast.learner import NonFiniteError
@@ -66,11 +66,14 @@ def train_serial(config: Config) -> None:
     run, log = start_run(serial_config(config))
     config = run.config
     experience = run.algorithm.experience()
-    if isinstance(experience, SequenceReplay) and not experience.samples_per_insert:
+    if (
+        isinstance(experience, SequenceReplay | TransitionReplay)
+        and not experience.samples_per_insert
+    ):
         log.close()
         raise ConfigError(
             "--serial with a replay needs --samples_per_insert > 0: the learner's updates"
-            " per inserted sequence, which the actor and learner keep by taking turns"
+            " per insert, which the actor and learner keep by taking turns"
         )
     if hasattr(run.sink, "writers_wait"):
         run.sink.writers_wait = False

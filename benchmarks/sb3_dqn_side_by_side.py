@@ -13,7 +13,10 @@ machine):
 - SB3: rl-baselines3-zoo's tuned CartPole-v1 DQN (hyperparams/dqn.yml, `SB3_DQN`), one
   Monitor-wrapped env, on the CPU, in its own process, but over `--total_steps` (100k)
   instead of the zoo's 50k, so both sides get the same budget; exploration_fraction is
-  scaled to keep the zoo's 8,000-step epsilon decay (0.16 x 50k = 0.08 x 100k). Its
+  scaled to keep the zoo's 8,000-step epsilon decay (0.16 x 50k = 0.08 x 100k). It gets
+  1 torch thread unless `--sb3_threads` says otherwise (0: torch's default, the CPU
+  count), as beast's learner picks for an MLP this small (engine.learner_threads): with
+  2 threads on 2 cores busy with other work, SB3's updates ran ~30x slower. Its
   clock starts just before the env and the model are built; a callback reads each
   finished episode's return (Monitor's info["episode"], what fills ep_info_buffer).
 - beast: `monobeast.py --algo dqn --env CartPole-v1 --seed S --total_steps N`, which
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
@@ -56,7 +60,7 @@ from benchmarks.sb3_side_by_side import ROOT, _ratio, _seconds, machine_descript
 BUDGET = 100_000
 THRESHOLD = 475.0
 EPS_DECAY_STEPS = 8_000  # the zoo's 0.16 x 5e4; configs/dqn/classic.yaml's eps_decay_steps
-QUICK = {"total_steps": 10_000, "threshold": 50.0, "runs": 1}  # ~2-3 min on 2 cores
+QUICK = {"total_steps": 10_000, "threshold": 50.0, "runs": 1}  # under a minute on 2 cores
 
 # rl-baselines3-zoo, hyperparams/dqn.yml, CartPole-v1 (n_timesteps 5e4, n_envs 1);
 # exploration_fraction is set from EPS_DECAY_STEPS and the budget (0.16 at 5e4).
@@ -78,8 +82,10 @@ def _mean100(returns: list[float]) -> float:
     return sum(returns[-100:]) / 100 if len(returns) >= 100 else math.nan
 
 
-def sb3_dqn(seed: int, total_steps: int, threshold: float) -> dict[str, Any]:
-    """One SB3 DQN CartPole run over `total_steps` (in this process)."""
+def sb3_dqn(seed: int, total_steps: int, threshold: float, threads: int) -> dict[str, Any]:
+    """One SB3 DQN CartPole run over `total_steps` (in this process), with `threads` torch
+    intra-op threads (0: torch's default, the CPU count)."""
+    import torch
     from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
@@ -104,6 +110,8 @@ def sb3_dqn(seed: int, total_steps: int, threshold: float) -> dict[str, Any]:
                         self.reached = (time.monotonic() - self.start, self.num_timesteps)
             return True
 
+    if threads:
+        torch.set_num_threads(threads)
     start = time.monotonic()
     env = make_vec_env("CartPole-v1", n_envs=1, seed=seed)
     model = DQN(
@@ -127,6 +135,7 @@ def sb3_dqn(seed: int, total_steps: int, threshold: float) -> dict[str, Any]:
         "wall_clock": wall_clock,
         "env_steps": model.num_timesteps,
         "sps": model.num_timesteps / wall_clock,
+        "threads": torch.get_num_threads(),
     }
 
 
@@ -155,6 +164,7 @@ def beast_dqn(seed: int, total_steps: int, threshold: float, flags: list[str]) -
         wall_clock = time.monotonic() - launched
         if result.returncode != 0:
             raise RuntimeError(f"beast DQN failed: {result.stderr.strip()[-2000:]}")
+        threads = re.findall(r"learner on \S+ in \S+ with (\d+) thread", result.stdout)
         run_dir = str(Path(savedir) / "cartpole")
         check = Check("dqn", "monobeast.py", "local", "CartPole-v1", total_steps, threshold)
         outcome = summarize(check, seed, run_dir, wall_clock)
@@ -167,6 +177,7 @@ def beast_dqn(seed: int, total_steps: int, threshold: float, flags: list[str]) -
         "wall_clock": wall_clock,
         "env_steps": env_steps,
         "sps": env_steps / wall_clock,
+        "threads": int(threads[-1]) if threads else None,
     }
 
 
@@ -190,6 +201,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=None, help="paired runs, seeds 1..N (3)")
     parser.add_argument("--threshold", type=float, default=None, help=f"({THRESHOLD:g})")
     parser.add_argument("--total_steps", type=int, default=None, help=f"budget ({BUDGET:,})")
+    parser.add_argument(
+        "--sb3_threads",
+        type=int,
+        default=1,
+        help="SB3's torch threads; 0: torch's default (CPU count), as a bare SB3 script runs."
+        " Default 1: what beast's learner picks for an MLP this small (learner_threads)",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -228,7 +246,10 @@ def main(argv: list[str] | None = None) -> None:
         for side in ("sb3", "beast") if i % 2 == 0 else ("beast", "sb3"):
             if side == "sb3":
                 runs[side] = run_sb3(
-                    seed=seed, total_steps=args.total_steps, threshold=args.threshold
+                    seed=seed,
+                    total_steps=args.total_steps,
+                    threshold=args.threshold,
+                    threads=args.sb3_threads,
                 )
             else:
                 runs[side] = beast_dqn(seed, args.total_steps, args.threshold, args.beast_flags)
@@ -236,7 +257,11 @@ def main(argv: list[str] | None = None) -> None:
         ratio = _ratio(runs["beast"]["seconds"], runs["sb3"]["seconds"])
         if ratio is not None:
             ratios.append(ratio)
-        print(f"\n[{i + 1}/{args.runs}] seed {seed} (ran {' then '.join(runs)})", flush=True)
+        print(
+            f"\n[{i + 1}/{args.runs}] seed {seed} (ran {' then '.join(runs)}; torch threads:"
+            f" SB3 {runs['sb3']['threads']}, beast's learner {runs['beast']['threads']})",
+            flush=True,
+        )
         print(HEADER)
         print(_row("SB3", runs["sb3"]))
         print(_row("beast", runs["beast"]))

@@ -79,7 +79,7 @@ def test_flags_parse_with_types():
         (["--num_env_splits", "3"], "--num_env_splits 3 does not divide --num_envs_per_actor 8"),
         (
             ["--algo", "apex", "--env", "CartPole-v1", "--use_lstm"],
-            "--algo apex has a feed-forward Q-network",
+            "--algo apex trains a feed-forward Q-network",
         ),
         (["--algo", "r2d2", "--burn_in", "80"], "--burn_in must be in [0, --seq_len 80)"),
     ],

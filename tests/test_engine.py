@@ -146,8 +146,12 @@ def test_serial_learns_cartpole_in_one_process(tmp_path):
 
 @pytest.mark.parametrize("algo", ["r2d2", "apex", "laser", "ppo"])
 def test_serial_runs_every_kind_of_experience(tmp_path, algo):
-    replay = ["--min_replay_size", "20", "--replay_size", "200", "--samples_per_insert", "0.5"]
-    flags = replay if algo in ("r2d2", "apex") else []
+    replay = ["--replay_size", "200", "--samples_per_insert", "0.5"]
+    flags = []
+    if algo == "r2d2":
+        flags += [*replay, "--min_replay_size", "20"]
+    if algo == "apex":  # the transition replay
+        flags += [*replay, "--learning_starts", "20"]
     if algo == "r2d2":
         flags += ["--seq_len", "10", "--seq_overlap", "5", "--burn_in", "5"]
     if algo == "ppo":  # synchronous: a batch is one rollout of each of the serial envs

@@ -132,7 +132,7 @@ def test_builder_picks_and_rejects():
     assert build_q_model("auto", (4, 84, 84), 6).torso[0][0].kernel_size == (8, 8)
     assert isinstance(build_q_model("auto", (4,), 2).torso[1], torch.nn.Linear)
     assert build_q_model("atari", (4, 84, 84), 6).value[0].out_features == 512
-    assert build_q_model("mlp", (4,), 2, hidden_size=32).value[0].out_features == 32
+    assert build_q_model("mlp", (4,), 2, hidden_size=32).value[0].in_features == 32
     for args, kwargs in [
         (("nope", (4,), 2), {}),
         (("auto", (2, 3), 2), {}),

@@ -38,8 +38,6 @@ SMALL = [
     "4",
     "--replay_size",
     "200",
-    "--min_replay_size",
-    "20",
     "--target_update_period",
     "5",
     "--log_interval",
@@ -47,8 +45,9 @@ SMALL = [
     "--num_threads",
     "1",
 ]
-R2D2_SMALL = ["--algo", "r2d2", *SMALL, "--seq_len", "10", "--seq_overlap", "5", "--burn_in", "5"]
-APEX_SMALL = ["--algo", "apex", *SMALL, "--n_step", "3"]
+R2D2_SMALL = ["--algo", "r2d2", *SMALL, "--min_replay_size", "20"]
+R2D2_SMALL += ["--seq_len", "10", "--seq_overlap", "5", "--burn_in", "5"]
+APEX_SMALL = ["--algo", "apex", *SMALL, "--learning_starts", "20", "--n_step", "3"]
 
 
 def shm_segments() -> set[str]:
@@ -66,7 +65,8 @@ def train_and_test(tmp_path, argv, xpid, total_steps=3000):
         marker=marker,
     )
     assert result.returncode == 0, result.stderr
-    assert "prioritized replay of 200 sequences" in result.stdout
+    unit = "sequences" if argv[1] == "r2d2" else "transitions"
+    assert f"prioritized replay of 200 {unit}" in result.stdout
     run_dir = tmp_path / xpid
     rows = read_csv(run_dir / "logs.csv")
     checkpoint = torch.load(run_dir / "model.tar", weights_only=True)
@@ -74,16 +74,17 @@ def train_and_test(tmp_path, argv, xpid, total_steps=3000):
     # between two updates: the checkpoint has the final count, logs.csv the last update's.
     assert checkpoint["step"] >= total_steps
     assert 0 < int(rows[-1]["step"]) <= checkpoint["step"]
-    assert {"total_loss", "mean_q", "grad_norm", "inserted_sequences", "replay_fill"} <= set(
+    assert {"total_loss", "mean_q", "grad_norm", f"inserted_{unit}", "replay_fill"} <= set(
         rows[0]
     )
     # Env steps (the step column) come from the actors, not from the batches.
-    assert int(rows[-1]["inserted_sequences"]) > 0 and int(rows[-1]["num_updates"]) > 0
+    assert int(rows[-1][f"inserted_{unit}"]) > 0 and int(rows[-1]["num_updates"]) > 0
     assert len(read_csv(run_dir / "episodes.csv")) > 0
     assert checkpoint["config"]["algo"] == argv[1]
     target = checkpoint["algorithm_state"]["target_model"]
     assert target.keys() == checkpoint["model_state_dict"].keys()
-    assert checkpoint["replay"]["size"] > 0 and (run_dir / "replay.tar").is_file()
+    assert checkpoint["replay"]["tree"]["priorities"].sum() > 0
+    assert (run_dir / "replay.tar").is_file()
     assert wait_until_gone(marker) == []
     assert shm_segments() - before == set()
 
@@ -111,14 +112,14 @@ def test_r2d2_trains_checkpoints_and_tests(tmp_path):
     "argv, fragment",
     [
         (["--algo", "r2d2", "--num_actors", "auto"], "give numbers with --algo r2d2"),
-        (["--algo", "apex", "--use_lstm"], "--algo apex has a feed-forward Q-network"),
+        (["--algo", "apex", "--use_lstm"], "--algo apex trains a feed-forward Q-network"),
         (
             ["--algo", "r2d2", "--seq_len", "30", "--burn_in", "30"],
             "--burn_in must be in [0, --seq_len 30)",
         ),
         (
-            ["--algo", "apex", "--replay_size", "100", "--min_replay_size", "200"],
-            "--min_replay_size 200 exceeds --replay_size 100",
+            ["--algo", "apex", "--replay_size", "100", "--learning_starts", "200"],
+            "--learning_starts 200 exceeds --replay_size 100",
         ),
         (["--algo", "r2d2", "--frame_dedup"], "--frame_dedup does not fit CartPole-v1"),
     ],
@@ -137,7 +138,7 @@ def test_run_pieces_follow_the_algo():
     apex_config = parse_args(["--algo", "apex", "--env", "PongNoFrameskip-v4", "--n_step", "3"])
     apex = build_algorithm(apex_config, atari)
     assert r2d2.sequence_layout() == (80, 40, 40)
-    assert apex.sequence_layout() == (3, 2, 0)  # an n-step transition from every step
+    assert apex.experience().n_step == 3  # an n-step transition from every step
     assert build_checked_model(r2d2).core is not None  # R2D2 is recurrent
     assert build_checked_model(apex).core is None
     for algorithm in (r2d2, apex):
@@ -147,9 +148,10 @@ def test_run_pieces_follow_the_algo():
         cpu = torch.device("cpu")
         assert select_precision(algorithm.config, cpu, atari, type(algorithm)) == "fp32"
     small = build_algorithm(
-        dataclasses.replace(apex_config, replay_size=10, min_replay_size=5), atari
+        dataclasses.replace(apex_config, replay_size=160, learning_starts=5), atari
     )
     model = build_checked_model(small)
     sink, _ = build_experience(small.config, small, small.policy(), model, torch.device("cpu"), 1)
-    assert sink.replay.spec["obs"].shape == (4, 4, 84, 84)  # n_step + 1 rows
-    assert "frames" in sink.replay.tensors  # frame dedup, from configs/apex/atari.yaml
+    assert sink.replay.spec["obs"].shape == (4, 84, 84)  # each step once, in its env's ring
+    # Frame dedup (configs/apex/atari.yaml): the newest frame of each step's stack.
+    assert sink.replay.tensors["frames"].shape == (8, 20, 84, 84)

@@ -16,9 +16,10 @@ With gamma = 0.9 the targets of the episode's steps x = 2, 1, 0 are
     x = 1:  1 + 0.9 * 28.9              = 27.01
     x = 0:  1 + 0.9 * 27.01             = 25.309
 
-(V-trace with rho = c = 1 on policy; R2D2's and Ape-X's 3-step double-Q target,
-without value rescaling, is the same sum). Treating the time limit as terminal would
-give 1, 1.9, 2.71; bootstrapping from the next episode's first observation 1.9, ...
+(V-trace with rho = c = 1 on policy; R2D2's 3-step double-Q target and the DQN family's
+on its transition replay, without value rescaling, are the same sum). Treating the time
+limit as terminal would give 1, 1.9, 2.71; bootstrapping from the next episode's first
+observation 1.9, ...
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch import nn
 
 from beast.actor import Actor, ActorSettings
 from beast.algos.base import as_outputs
+from beast.algos.dqn import n_step_returns, q_learning_targets
 from beast.algos.r2d2 import n_step_double_q_targets
 from beast.config import parse_args
 from beast.engine import build_algorithm, build_experience
@@ -86,7 +88,9 @@ FLAGS = {
     "laser": ["--entropy_cost", "0", "--baseline_cost", "1", "--replay_size", "8"],
     "r2d2": ["--seq_len", "10", "--seq_overlap", "5", "--burn_in", "0", "--n_step", "3"]
     + ["--no-value_rescaling", "--replay_size", "64", "--min_replay_size", "1"],
-    "apex": ["--n_step", "3", "--replay_size", "64", "--min_replay_size", "1"],
+    "apex": ["--n_step", "3", "--replay_size", "64", "--learning_starts", "1"],
+    "dqn": ["--n_step", "3", "--replay_size", "64", "--learning_starts", "1"]
+    + ["--exploration", "per_env"],  # KnownValues has no schedule
 }
 
 
@@ -170,7 +174,7 @@ def test_vtrace_targets_bootstrap_from_the_final_observation(algo):
     assert (baseline.grad[:-1][data["truncated"][:-1]] == 0).all()
 
 
-@pytest.mark.parametrize("algo", ["r2d2", "apex"])
+@pytest.mark.parametrize("algo", ["r2d2"])
 def test_n_step_double_q_targets_bootstrap_from_the_final_observation(algo):
     algorithm, model, actor, source = run_actor(algo)
     with torch.no_grad():
@@ -197,3 +201,27 @@ def test_n_step_double_q_targets_bootstrap_from_the_final_observation(algo):
     obs = data["obs"][..., 0]
     assert check_targets(obs, targets.targets, targets.valid, data["truncated"]) > 0
     assert not (targets.valid & data["truncated"]).any()  # a final observation trains nothing
+
+
+@pytest.mark.parametrize("algo", ["apex", "dqn"])
+def test_transition_targets_bootstrap_from_the_final_observation(algo):
+    """The transition replay (beast/transition_replay.py): a window that reaches the
+    truncated row stops there (k = 3, 2, 1 from x = 0, 1, 2), and its bootstrap row is the
+    final observation [3]; no transition starts at it."""
+    algorithm, model, actor, source = run_actor(algo)
+    with torch.no_grad():
+        for _ in range(40):
+            actor.step()
+    actor.close()
+    replay = source.replay
+    data = replay.sample(4 * replay.capacity).batch
+    obs = data["obs"][..., 0]  # [2, B]: x_s and x_{s+k}
+    q = as_outputs(model(data)[0])["q_values"].detach()
+    returns = n_step_returns(data["n_step_rewards"], data["n_steps"], GAMMA)
+    targets = q_learning_targets(returns, data["terminal"], q[1], q[1])
+    assert (obs[0] != LIMIT).all()  # a final observation starts nothing
+    assert (obs[1] == LIMIT).all() and not data["terminal"].any()
+    for x, expected in EXPECTED.items():
+        assert (data["n_steps"][obs[0] == x] == LIMIT - x).all()
+        assert torch.allclose(targets[obs[0] == x], torch.tensor(expected), rtol=1e-6)
+    assert set(obs[0].tolist()) == set(EXPECTED)
