@@ -74,9 +74,7 @@ def train_and_test(tmp_path, argv, xpid, total_steps=3000):
     # between two updates: the checkpoint has the final count, logs.csv the last update's.
     assert checkpoint["step"] >= total_steps
     assert 0 < int(rows[-1]["step"]) <= checkpoint["step"]
-    assert {"total_loss", "mean_q", "grad_norm", f"inserted_{unit}", "replay_fill"} <= set(
-        rows[0]
-    )
+    assert {"total_loss", "mean_q", "grad_norm", f"inserted_{unit}", "replay_fill"} <= set(rows[0])
     # Env steps (the step column) come from the actors, not from the batches.
     assert int(rows[-1][f"inserted_{unit}"]) > 0 and int(rows[-1]["num_updates"]) > 0
     assert len(read_csv(run_dir / "episodes.csv")) > 0

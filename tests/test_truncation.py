@@ -196,7 +196,7 @@ def test_n_step_double_q_targets_bootstrap_from_the_final_observation(algo):
         n_step=algorithm.config.n_step,
         discounting=GAMMA,
         rescale_eps=None,
-        truncate_at_end=algorithm.truncate_at_end,
+        truncate_at_end=True,
     )
     obs = data["obs"][..., 0]
     assert check_targets(obs, targets.targets, targets.valid, data["truncated"]) > 0

@@ -1,4 +1,5 @@
-"""R2D2 and Ape-X: n-step double Q-learning on replayed sequences.
+"""R2D2: n-step double Q-learning on replayed sequences (Ape-X, the feed-forward
+member of the family, trains on single transitions: beast/algos/apex.py).
 
 R2D2: Kapturowski et al. 2019, "Recurrent Experience Replay in Distributed
 Reinforcement Learning", section 2 and 3. Ape-X: Horgan et al. 2018,
@@ -457,7 +458,7 @@ def unroll_with_burn_in(
 
 @dataclass(frozen=True)
 class QLearningArgs:
-    """Flags of the n-step double-Q family on a prioritized replay (R2D2, Ape-X)."""
+    """Flags of n-step double Q-learning on a prioritized replay of sequences (R2D2)."""
 
     discounting: float = flag(0.99, "Discount factor gamma.")
     reward_clipping: str = flag(
@@ -465,7 +466,7 @@ class QLearningArgs:
     )
     replay_size: int = flag(
         1000,
-        "Sequences the prioritized replay keeps (seq_len+1 steps each; Ape-X: n_step+1),"
+        "Sequences the prioritized replay keeps (seq_len+1 steps each),"
         " in shared memory; the startup line prints the total.",
     )
     n_step: int = flag(5, "Rewards summed before bootstrapping from the target network.")
@@ -617,10 +618,6 @@ class R2D2(Algorithm):
     # Q-values regress onto targets whose TD errors, late in training, are as small as
     # bf16's resolution near them (8 mantissa bits: 0.016 at Q = 3).
     bf16_auto = False
-    use_lstm = True
-    # A step in a sequence's last n rows is burn-in in the next sequence, so it trains
-    # here with the shorter return there is (see n_step_double_q_targets).
-    truncate_at_end = True
 
     @classmethod
     def validate(cls, config: Any) -> None:
@@ -650,7 +647,7 @@ class R2D2(Algorithm):
             self.config.model,
             self.spec.obs_shape,
             self.spec.num_actions,
-            use_lstm=self.use_lstm,
+            use_lstm=True,
             hidden_size=self.config.hidden_size,
         )
 
@@ -686,7 +683,9 @@ class R2D2(Algorithm):
             n_step=config.n_step,
             discounting=config.discounting,
             rescale_eps=DEFAULT_RESCALE_EPS if config.value_rescaling else None,
-            truncate_at_end=self.truncate_at_end,
+            # A step in a sequence's last n rows is burn-in in the next sequence, so it
+            # trains here with the shorter return there is (n_step_double_q_targets).
+            truncate_at_end=True,
         )
         return SequenceQUpdate(
             model,
