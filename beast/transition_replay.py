@@ -414,9 +414,10 @@ class TransitionSink(ReplaySink):
         replay = self.replay
         per_step = ring_footprint(replay.spec, replay.frame_dedup)
         kind = "prioritized" if replay.prioritized else "uniform"
+        rings = f"{replay.num_envs} ring{'s' if replay.num_envs > 1 else ''}"
         return (
-            f"{kind} replay of {replay.capacity:,} transitions ({replay.num_envs}"
-            f" ring{'s' if replay.num_envs > 1 else ''} of {replay.ring:,} steps, {self.nbytes() / 2**20:,.0f} MiB, {per_step:,} B per"
+            f"{kind} replay of {replay.capacity:,} transitions ({rings} of {replay.ring:,}"
+            f" steps, {self.nbytes() / 2**20:,.0f} MiB, {per_step:,} B per"
             f" step{', frame dedup' if replay.frame_dedup else ''}), {replay.n_step}-step"
             f" windows, learning from {self.min_replay_size:,}"
         )
