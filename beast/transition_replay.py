@@ -287,7 +287,15 @@ class RingReplay:
     def contents(self) -> tuple[dict[str, Tensor], dict[str, object]]:
         """A checkpoint in two parts, as `PrioritizedReplay.contents`: the rings (views, to
         be written first) and the small state; `settle` the state once they are written."""
-        tensors = {**self.tensors, "written": self.written.clone()}
+        written = self.written.clone()
+        # Only the ring positions some env has written: a replay that is still filling
+        # saves what it holds, not its capacity.
+        size = min(self.ring, int(written.max()))
+        tensors = {
+            key: tensor if size == self.ring else tensor[:, :size].clone()
+            for key, tensor in self.tensors.items()
+        }
+        tensors["written"] = written
         return tensors, {"capacity": self.capacity, "tree": self.tree.state_dict()}
 
     def settle(self, state: dict[str, object]) -> dict[str, object]:
@@ -309,15 +317,18 @@ class RingReplay:
             raise ValueError(
                 f"the saved replay's fields {sorted(tensors)} differ from {sorted(mine)}"
             )
+        size = min(self.ring, int(tensors["written"].max()))
         for key, tensor in mine.items():
             saved = tensors[key]
-            if saved.shape != tensor.shape or saved.dtype != tensor.dtype:
+            shape = tensor.shape if key == "written" else (self.num_envs, size, *tensor.shape[2:])
+            if saved.shape != shape or saved.dtype != tensor.dtype:
                 raise ValueError(
                     f"the saved replay's {key} is {saved.dtype} {tuple(saved.shape)}, this one"
-                    f" {tensor.dtype} {tuple(tensor.shape)}"
+                    f" holds {tensor.dtype} {tuple(shape)}"
                 )
-        for key, tensor in mine.items():
-            tensor.copy_(tensors[key])
+        self.written.copy_(tensors["written"])
+        for key, tensor in self.tensors.items():
+            tensor[:, :size] = tensors[key]
         self.tree.load_state_dict(state["tree"])
 
 
