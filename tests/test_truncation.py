@@ -90,7 +90,7 @@ FLAGS = {
     + ["--no-value_rescaling", "--replay_size", "64", "--min_replay_size", "1"],
     "apex": ["--n_step", "3", "--replay_size", "64", "--learning_starts", "1"],
     "dqn": ["--n_step", "3", "--replay_size", "64", "--learning_starts", "1"]
-    + ["--exploration", "per_env"],  # KnownValues has no schedule
+    + ["--exploration", "per_env", "--samples_per_insert", "0"],  # no schedule, no learner
 }
 
 
