@@ -54,7 +54,7 @@ from beast.compile import CompiledForward
 from beast.config import Config, ConfigError
 from beast.fields import Field, core_state_shapes
 from beast.learner import Learner, Stepper, TrainingProgress, UpdateStats
-from beast.models import ModelError, check_model, copy_weights
+from beast.models import ModelError, WeightCopier, check_model, copy_weights
 from beast.normalize import DISCOUNTED_RETURN_KEY, RewardScaler, find_observation_normalizer
 from beast.replay import PrioritizedReplay, replay_footprint, sequence_spec
 from beast.replay_sink import ReplaySink, ReplaySource, SequenceSink
@@ -533,7 +533,7 @@ def build_run(
         progress=progress,
         total_steps=total_steps,
         num_learner_threads=config.num_learner_threads,
-        publish=functools.partial(copy_weights, actor_model, model),
+        publish=WeightCopier(actor_model, model),
         on_update=on_update,
         observers=observers,
     )

