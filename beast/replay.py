@@ -66,8 +66,11 @@ __all__ = [
     "ReplaySample",
     "SequenceBuilder",
     "importance_weights",
+    "new_priority",
     "replay_footprint",
+    "scaled_priorities",
     "sequence_spec",
+    "settle_tree",
     "step_keys",
     "storage_spec",
     "stratified_draws",
@@ -205,6 +208,41 @@ def importance_weights(probabilities: Tensor, beta: float) -> Tensor:
     if not bool((probabilities > 0).all()):
         raise ValueError("probabilities must be positive")
     return (probabilities / probabilities.min()).pow(-beta).float()
+
+
+def scaled_priorities(td_priorities: Tensor, alpha: float, min_priority: float) -> Tensor:
+    """``max(p, min_priority) ** alpha`` in float64 on the CPU, what a sum tree stores for
+    priorities p from a loss; ValueError for a negative or non-finite one."""
+    td_priorities = torch.as_tensor(td_priorities).detach().cpu().double()
+    if not bool(torch.isfinite(td_priorities).all()) or bool((td_priorities < 0).any()):
+        raise ValueError("td_priorities must be finite and >= 0")
+    return td_priorities.clamp(min=min_priority).pow(alpha)
+
+
+def new_priority(
+    tree: SumTree, default_priority: float, alpha: float, min_priority: float
+) -> float:
+    """A new item's priority after the exponent (PER): the largest in the tree, or
+    `default_priority` scaled while every priority is still 0."""
+    scaled = tree.max()
+    if scaled > 0.0:
+        return scaled
+    return float(
+        scaled_priorities(
+            torch.tensor([default_priority], dtype=torch.float64), alpha, min_priority
+        )[0]
+    )
+
+
+def settle_tree(state: dict[str, object], tree: SumTree) -> dict[str, object]:
+    """A replay checkpoint's small state (its "tree": `SumTree.state_dict()` taken when the
+    contents were) with priority 0 for every slot whose generation has changed since:
+    writers may overwrite slots while the contents are written out, and a restored
+    replay must never sample one that is half overwritten in the file."""
+    saved = dict(state["tree"])
+    changed = saved["generations"] != tree.state_dict()["generations"]
+    saved["priorities"] = torch.where(changed, 0.0, saved["priorities"])
+    return {**state, "tree": saved}
 
 
 class SequenceBuilder:
@@ -427,12 +465,6 @@ class PrioritizedReplay:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
-    def _scaled(self, priorities: Tensor) -> Tensor:
-        return priorities.double().clamp(min=self.min_priority).pow(self.alpha)
-
-    def _scaled_one(self, priority: float) -> float:
-        return float(self._scaled(torch.tensor([float(priority)], dtype=torch.float64))[0])
-
     def add(self, sequence: Mapping[str, Tensor], priority: float | None = None) -> int:
         """Store one sequence (fields as in the spec); returns its slot.
 
@@ -455,11 +487,10 @@ class PrioritizedReplay:
             self.tree.commit(index, generation, 0.0)  # released, never sampled
             raise
         if priority is None:
-            scaled = self.tree.max()
-            if scaled <= 0.0:
-                scaled = self._scaled_one(self.default_priority)
+            scaled = new_priority(self.tree, self.default_priority, self.alpha, self.min_priority)
         else:
-            scaled = self._scaled_one(priority)
+            given = torch.tensor([float(priority)], dtype=torch.float64)
+            scaled = float(scaled_priorities(given, self.alpha, self.min_priority)[0])
         self.tree.commit(index, generation, scaled)
         return index
 
@@ -525,10 +556,8 @@ class PrioritizedReplay:
         overwritten since they were sampled). Returns how many were. Raises
         ValueError for a negative or non-finite priority.
         """
-        td_priorities = torch.as_tensor(td_priorities).detach().cpu().double()
-        if not bool(torch.isfinite(td_priorities).all()) or bool((td_priorities < 0).any()):
-            raise ValueError("td_priorities must be finite and >= 0")
-        return self.tree.update(indices, self._scaled(td_priorities), generations)
+        scaled = scaled_priorities(td_priorities, self.alpha, self.min_priority)
+        return self.tree.update(indices, scaled, generations)
 
     def contents(self) -> tuple[dict[str, Tensor], dict[str, object]]:
         """A checkpoint of the replay in two parts: the stored sequences (views of the
@@ -548,10 +577,7 @@ class PrioritizedReplay:
 
     def settle(self, state: dict[str, object]) -> dict[str, object]:
         """`state` (from `contents`) with the slots overwritten since then made unsampleable."""
-        tree = dict(state["tree"])
-        changed = tree["generations"] != self.tree.state_dict()["generations"]
-        tree["priorities"] = torch.where(changed, 0.0, tree["priorities"])
-        return {**state, "tree": tree}
+        return settle_tree(state, self.tree)
 
     def restore(self, tensors: Mapping[str, Tensor], state: Mapping[str, object]) -> None:
         """Load `contents`' two parts into this (empty, same-layout) replay, before any

@@ -59,6 +59,7 @@ from beast.threads import process_alive
 
 __all__ = [
     "EPISODE_RING_SIZE",
+    "ReplayRow",
     "ReplaySink",
     "ReplaySource",
     "SequenceSink",
@@ -68,9 +69,9 @@ __all__ = [
 ]
 
 # How often an actor checks that the learner still exists.
-PARENT_CHECK_SECONDS = 1.0
+_PARENT_CHECK_SECONDS = 1.0
 # How long a rate-limited writer sleeps between looks at the learner's progress.
-RATE_LIMIT_POLL_SECONDS = 0.002
+_RATE_LIMIT_POLL_SECONDS = 0.002
 # How long the learner waits for the replay to fill before looking at the stop flag.
 _POLL_SECONDS = 0.2
 # Finished episodes each actor's ring holds. The learner drains it at every update;
@@ -189,13 +190,13 @@ class ReplaySink(abc.ABC):
         """Add a staged payload (rate-limited), its steps and episodes, as row `row`; False
         when `stop` was set while waiting."""
 
-    def wait_for_room(self, count: int, stop: threading.Event | None = None) -> bool:
+    def wait_for_room(self, count: int, give_up: Callable[[], bool]) -> bool:
         """Wait until `count` more inserts are allowed (the rate limit); False when the
-        sink was closed (or `stop` set) meanwhile."""
+        sink was closed, or `give_up()` said so, meanwhile."""
         while self.writers_wait and not self.insert_allowed(count):
-            if self.closed or (stop is not None and stop.is_set()):
+            if self.closed or give_up():
                 return False
-            time.sleep(RATE_LIMIT_POLL_SECONDS)
+            time.sleep(_RATE_LIMIT_POLL_SECONDS)
         return True
 
     # The learner's side.
@@ -267,7 +268,7 @@ class SequenceSink(ReplaySink):
             self.seq_len,
             self.seq_overlap,
             sources,
-            _SharedReplayRow(self, owner, learner_pid),
+            ReplayRow(self, owner, learner_pid),
             clock=clock,
         )
 
@@ -281,7 +282,7 @@ class SequenceSink(ReplaySink):
         sequences = payload["sequences"]
         count = len(next(iter(sequences.values()))) if sequences else 0
         for i in range(count):
-            if not self.wait_for_room(1, stop):
+            if not self.wait_for_room(1, stop.is_set):
                 return False
             self.replay.add({key: torch.from_numpy(value[i]) for key, value in sequences.items()})
             self.inserted[row] += 1
@@ -293,25 +294,37 @@ class SequenceSink(ReplaySink):
         return True
 
 
-class _SharedReplayRow:
-    """A `SequenceWriter`'s destination in an actor: the shared replay, as row `owner`."""
+class ReplayRow:
+    """An actor's row of a `ReplaySink`: its inserts (rate-limited), env steps and
+    episodes, and the checks that end its loop (the run closing, the learner gone). The
+    destination of a `SequenceWriter` in an actor, and what a transition writer counts
+    through."""
 
-    def __init__(self, sink: SequenceSink, owner: int, learner_pid: int) -> None:
+    def __init__(self, sink: ReplaySink, owner: int, learner_pid: int) -> None:
         self.sink, self.owner, self.learner_pid = sink, owner, learner_pid
         self._env_steps = sink.env_steps.numpy()
         self._inserted = sink.inserted.numpy()
         self._last_check = time.monotonic()
 
-    def add(self, sequence: dict[str, torch.Tensor], clock: PhaseClock | None) -> bool:
-        sink = self.sink
-        while sink.writers_wait and not sink.insert_allowed():
-            if sink.closed or not process_alive(self.learner_pid):
-                return False
-            time.sleep(RATE_LIMIT_POLL_SECONDS)
+    def _learner_gone(self) -> bool:
+        return not process_alive(self.learner_pid)
+
+    def wait_for_room(self, count: int, clock: PhaseClock | None) -> bool:
+        """Wait until `count` more inserts are allowed; False when the run is ending."""
+        if not self.sink.wait_for_room(count, self._learner_gone):
+            return False
         if clock is not None:
             clock.mark("wait_slots")
-        sink.replay.add(sequence)
-        self._inserted[self.owner] += 1
+        return True
+
+    def count_inserts(self, count: int) -> None:
+        self._inserted[self.owner] += count
+
+    def add(self, sequence: dict[str, torch.Tensor], clock: PhaseClock | None) -> bool:
+        if not self.wait_for_room(1, clock):
+            return False
+        self.sink.replay.add(sequence)
+        self.count_inserts(1)
         return True
 
     def step(self, num_envs: int, episodes: Sequence[tuple[float, int]]) -> bool:
@@ -321,7 +334,7 @@ class _SharedReplayRow:
         if self.sink.closed:
             return False
         now = time.monotonic()
-        if now - self._last_check >= PARENT_CHECK_SECONDS:
+        if now - self._last_check >= _PARENT_CHECK_SECONDS:
             self._last_check = now
             return process_alive(self.learner_pid)
         return True
@@ -410,7 +423,7 @@ class SequenceWriter:
         seq_len: int,
         seq_overlap: int,
         sources: Mapping[str, np.ndarray],
-        destination: _SharedReplayRow | SequenceStaging,
+        destination: ReplayRow | SequenceStaging,
         clock: PhaseClock | None = None,
     ) -> None:
         self.destination = destination

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,9 +60,16 @@ from beast.buffers import env_step_spec
 from beast.fields import Field, shared_zeros
 from beast.native import SumTree
 from beast.profile import PhaseClock
-from beast.replay import ENV_KEYS, ReplaySample, importance_weights, stratified_draws
-from beast.replay_sink import PARENT_CHECK_SECONDS, RATE_LIMIT_POLL_SECONDS, ReplaySink
-from beast.threads import process_alive
+from beast.replay import (
+    ENV_KEYS,
+    ReplaySample,
+    importance_weights,
+    new_priority,
+    scaled_priorities,
+    settle_tree,
+    stratified_draws,
+)
+from beast.replay_sink import ReplayRow, ReplaySink
 
 __all__ = [
     "RingAppender",
@@ -222,14 +228,11 @@ class RingReplay:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
     def new_priority(self) -> float:
-        """A new transition's priority after the exponent: 1 in a uniform replay, else the
-        largest in the tree (PER), or the default while every priority is 0."""
+        """A new transition's priority after the exponent: 1 in a uniform replay, else
+        PER's (`beast.replay.new_priority`)."""
         if not self.prioritized:
             return 1.0
-        scaled = self.tree.max()
-        if scaled > 0.0:
-            return scaled
-        return max(self.default_priority, self.min_priority) ** self.alpha
+        return new_priority(self.tree, self.default_priority, self.alpha, self.min_priority)
 
     def observations(self, envs: Tensor, positions: Tensor) -> Tensor:
         """The observations of steps (envs[i], positions[i]): [N, *obs_shape]."""
@@ -278,10 +281,7 @@ class RingReplay:
         its priorities (returns 0)."""
         if not self.prioritized:
             return 0
-        td_priorities = torch.as_tensor(td_priorities).detach().cpu().double()
-        if not bool(torch.isfinite(td_priorities).all()) or bool((td_priorities < 0).any()):
-            raise ValueError("td_priorities must be finite and >= 0")
-        scaled = td_priorities.clamp(min=self.min_priority).pow(self.alpha)
+        scaled = scaled_priorities(td_priorities, self.alpha, self.min_priority)
         return self.tree.update(indices, scaled, generations)
 
     def contents(self) -> tuple[dict[str, Tensor], dict[str, object]]:
@@ -300,10 +300,7 @@ class RingReplay:
 
     def settle(self, state: dict[str, object]) -> dict[str, object]:
         """`state` with the slots invalidated since `contents` made unsampleable."""
-        tree = dict(state["tree"])
-        changed = tree["generations"] != self.tree.state_dict()["generations"]
-        tree["priorities"] = torch.where(changed, 0.0, tree["priorities"])
-        return {**state, "tree": tree}
+        return settle_tree(state, self.tree)
 
     def restore(self, tensors: Mapping[str, Tensor], state: Mapping[str, object]) -> None:
         """Load `contents`' two parts into this (empty, same-layout) replay, before any
@@ -446,7 +443,7 @@ class TransitionSink(ReplaySink):
     ) -> TransitionWriter:
         num_envs = len(sources["reward"])
         appender = RingAppender(self.replay, lane * num_envs, num_envs)
-        return TransitionWriter(self, owner, appender, sources, learner_pid, clock)
+        return TransitionWriter(ReplayRow(self, owner, learner_pid), appender, sources, clock)
 
     def staging_recipe(self) -> TransitionStagingRecipe:
         return TransitionStagingRecipe(tuple(self.replay.spec))
@@ -461,7 +458,7 @@ class TransitionSink(ReplaySink):
                     self.replay, row * num_envs, num_envs
                 )
             for w in range(len(steps["reward"])):
-                if not self.wait_for_room(num_envs, stop):
+                if not self.wait_for_room(num_envs, stop.is_set):
                     return False
                 appender.append({key: value[w] for key, value in steps.items()})
                 self.inserted[row] += num_envs
@@ -475,58 +472,42 @@ class TransitionSink(ReplaySink):
 
 class TransitionWriter:
     """An actor's side of a `TransitionSink`: one step of its n envs at a time, from the
-    arrays the env batch and the policy fill in place, rate-limited as a sequence writer
-    is (beast/replay_sink.py); `write(state)` ignores the recurrent state (feed-forward
-    models only)."""
+    arrays the env batch and the policy fill in place, rate-limited and counted through
+    the actor's `ReplayRow` as a sequence writer is; `write(state)` ignores the recurrent
+    state (feed-forward models only)."""
 
     def __init__(
         self,
-        sink: TransitionSink,
-        owner: int,
+        row: ReplayRow,
         appender: RingAppender,
         sources: Mapping[str, np.ndarray],
-        learner_pid: int,
         clock: PhaseClock | None,
     ) -> None:
-        self.sink, self.owner, self.appender = sink, owner, appender
-        self.learner_pid, self.clock = learner_pid, clock
+        self.row, self.appender, self.clock = row, appender, clock
         self.num_envs = len(sources["reward"])
-        self._step = {key: sources[key] for key in sink.replay.spec}
+        self._step = {key: sources[key] for key in row.sink.replay.spec}
         self._episode_end = sources["episode_end"]
         self._episode_return = sources["episode_return"]
         self._episode_step = sources["episode_step"]
-        self._env_steps = sink.env_steps.numpy()
-        self._inserted = sink.inserted.numpy()
         self._first = True
-        self._last_check = time.monotonic()
 
     def write(self, state: Sequence[Tensor] = ()) -> bool:
         """Write the current step; False when the run is shutting down."""
-        sink, n = self.sink, self.num_envs
-        while sink.writers_wait and not sink.insert_allowed(n):
-            if sink.closed or not process_alive(self.learner_pid):
-                return False
-            time.sleep(RATE_LIMIT_POLL_SECONDS)
-        if self.clock is not None:
-            self.clock.mark("wait_slots")
+        n = self.num_envs
+        if not self.row.wait_for_room(n, self.clock):
+            return False
         self.appender.append(self._step)
-        self._inserted[self.owner] += n
+        self.row.count_inserts(n)
         # The first write is the envs' reset observations: no env step led to it.
-        self._env_steps[self.owner] += 0 if self._first else n
+        steps = 0 if self._first else n
         self._first = False
-        for i in np.flatnonzero(self._episode_end).tolist():
-            sink.record_episode(
-                self.owner, float(self._episode_return[i]), int(self._episode_step[i])
-            )
+        episodes = [
+            (float(self._episode_return[i]), int(self._episode_step[i]))
+            for i in np.flatnonzero(self._episode_end).tolist()
+        ]
         if self.clock is not None:
             self.clock.mark("slot_write")
-        if sink.closed:
-            return False
-        now = time.monotonic()
-        if now - self._last_check >= PARENT_CHECK_SECONDS:
-            self._last_check = now
-            return process_alive(self.learner_pid)
-        return True
+        return self.row.step(steps, episodes)
 
 
 @dataclass(frozen=True)
