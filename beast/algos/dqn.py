@@ -51,7 +51,12 @@ from beast.algos.base import (
 )
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
 from beast.algos.policies import EpsilonGreedyPolicy
-from beast.algos.r2d2 import DEFAULT_RESCALE_EPS, inverse_value_rescaling, value_rescaling
+from beast.algos.r2d2 import (
+    DEFAULT_RESCALE_EPS,
+    TargetNetworkUpdate,
+    inverse_value_rescaling,
+    value_rescaling,
+)
 from beast.config import ConfigError, flag
 from beast.models import MODEL_INPUT_KEYS, build_q_model, copy_weights, polyak_update
 from beast.optim import build_optimizer
@@ -432,7 +437,7 @@ class RainbowArgs(C51Args):
     )
 
 
-class TransitionQUpdate(Update):
+class TransitionQUpdate(TargetNetworkUpdate):
     """One update of the DQN family on a batch of transitions:
 
     1. the online network's forward pass over x_s (with gradient), and over x_{s+k}
@@ -494,18 +499,6 @@ class TransitionQUpdate(Update):
         if self.num_updates % self.target_update_period == 0:
             polyak_update(self.target_model, self.model, self.tau)
         return UpdateInfo(stats=stats, priorities=loss.priorities if self.prioritized else None)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "target_model": self.target_model.state_dict(),
-            "num_updates": self.num_updates,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.target_model.load_state_dict(state["target_model"])
-        self.num_updates = int(state["num_updates"])
 
 
 def _scaled_returns(

@@ -85,6 +85,7 @@ __all__ = [
     "R2D2",
     "R2D2Args",
     "SequenceQUpdate",
+    "TargetNetworkUpdate",
     "R2D2LossOutput",
     "double_q_values",
     "inverse_value_rescaling",
@@ -537,7 +538,28 @@ class R2D2Args(QLearningArgs):
     )
 
 
-class SequenceQUpdate(Update):
+class TargetNetworkUpdate(Update):
+    """What a Q-learner's checkpoint keeps: its optimizer, its target network and the count
+    of applied updates that times the target's updates (R2D2, the DQN family)."""
+
+    optimizer: torch.optim.Optimizer
+    target_model: nn.Module
+    num_updates: int
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "target_model": self.target_model.state_dict(),
+            "num_updates": self.num_updates,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.target_model.load_state_dict(state["target_model"])
+        self.num_updates = int(state["num_updates"])
+
+
+class SequenceQUpdate(TargetNetworkUpdate):
     """R2D2's update: burn-in unroll, target network, n-step double-Q loss, priorities.
 
     1. burn-in: the online network unrolls the first `burn_in` rows from the sequence's
@@ -592,18 +614,6 @@ class SequenceQUpdate(Update):
         if self.num_updates % self.target_update_period == 0:
             copy_weights(self.target_model, self.model)
         return UpdateInfo(stats=loss.stats, priorities=loss.priorities)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "target_model": self.target_model.state_dict(),
-            "num_updates": self.num_updates,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.target_model.load_state_dict(state["target_model"])
-        self.num_updates = int(state["num_updates"])
 
 
 class R2D2(Algorithm):
