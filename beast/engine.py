@@ -370,9 +370,7 @@ def build_experience(
             min_replay_size=experience.min_size,
             batch_size=config.batch_size,
         )
-        source = ReplaySource(sink, batch_size=config.batch_size, device=device, seed=config.seed)
-        return sink, source
-    if isinstance(experience, TransitionReplay):
+    elif isinstance(experience, TransitionReplay):
         if states:
             raise ConfigError(
                 f"--algo {config.algo} trains on single transitions: it needs a feed-forward"
@@ -399,9 +397,10 @@ def build_experience(
             min_replay_size=experience.min_size,
             batch_size=config.batch_size,
         )
-        source = ReplaySource(sink, batch_size=config.batch_size, device=device, seed=config.seed)
-        return sink, source
-    raise TypeError(f"{algorithm.name}'s experience() returned {experience!r}")
+    else:
+        raise TypeError(f"{algorithm.name}'s experience() returned {experience!r}")
+    source = ReplaySource(sink, batch_size=config.batch_size, device=device, seed=config.seed)
+    return sink, source
 
 
 @dataclass
