@@ -184,6 +184,13 @@ def build_algorithm(config: Config, spec: envs.EnvSpec) -> Algorithm:
             f" {spec.describe_actions()}; for continuous actions use --algo"
             f" {', '.join(able)}"
         )
+    if not spec.continuous and not algorithm.discrete_actions:
+        able = [name for name in ALGORITHMS if algorithm_class(name).discrete_actions]
+        raise ConfigError(
+            f"--algo {config.algo} needs a continuous (Box) action space, and {config.env}"
+            f" has {spec.describe_actions()} (Discrete); for discrete actions use --algo"
+            f" {', '.join(able)}"
+        )
     if config.normalize_obs and np.dtype(spec.obs_dtype).kind != "f":
         raise ConfigError(
             f"--normalize_obs is for float vector observations, and {config.env}'s are"

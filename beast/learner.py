@@ -140,14 +140,20 @@ class Stepper:
     def __call__(
         self,
         loss: torch.Tensor,
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
         parameters: Iterable[torch.Tensor],
     ) -> bool:
         """Backward `loss` and step `optimizer` over `parameters` (the ones it optimizes);
-        True when the step was taken, False when it was skipped as non-finite."""
+        True when the step was taken, False when it was skipped as non-finite.
+
+        Several optimizers (an actor's, a critic's, a temperature's: beast/algos/qpg) share
+        one backward pass of the sum of their losses, one clipping norm and one finiteness
+        verdict, and each steps the parameters it holds that received a gradient."""
         self._mark("forward")  # what the algorithm did since: forward pass and loss
+        optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else optimizer
         params = [p for p in parameters if p.requires_grad]
-        optimizer.zero_grad(set_to_none=True)
+        for each in optimizers:
+            each.zero_grad(set_to_none=True)
         loss.backward()
         # clip_grad_norm_ with an infinite bound just measures the norm.
         max_norm = self.grad_norm_clipping if self.grad_norm_clipping > 0 else float("inf")
@@ -158,7 +164,8 @@ class Stepper:
             finite = self.reduce_gradients(params, finite)
         self.grad_norm = float(grad_norm)
         if not finite:
-            optimizer.zero_grad(set_to_none=True)
+            for each in optimizers:
+                each.zero_grad(set_to_none=True)
             self.progress.skipped_updates += 1
             self._consecutive_nonfinite += 1
             if self._consecutive_nonfinite >= self.max_nonfinite_updates:
@@ -171,11 +178,12 @@ class Stepper:
             return False
         self._consecutive_nonfinite = 0
         multiplier = lr_multiplier(self.lr_schedule, self.progress.step, self.total_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = group[INITIAL_LR] * multiplier
-        self.learning_rate = optimizer.param_groups[0]["lr"]
-        optimizer.step()
-        self._stepped[id(optimizer)] = params
+        for each in optimizers:
+            for group in each.param_groups:
+                group["lr"] = group[INITIAL_LR] * multiplier
+            each.step()
+        self.learning_rate = optimizers[0].param_groups[0]["lr"]
+        self._stepped[id(optimizers[0])] = params
         self.steps_applied += 1
         self._mark("optimizer")
         return True

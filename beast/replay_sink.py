@@ -27,9 +27,10 @@ actor processes:
 Each counter row has one writer (an actor, or the learner for `sampled`), and a
 replacement actor keeps its predecessor's row, so counts survive restarts. With
 ``samples_per_insert > 0`` actors pause before an insert that would put them more than
-one batch of slack ahead of the learner (a rate limiter, as Acme's SampleToInsertRatio,
-one-sided): how much the learner trains per env step then does not depend on how the
-two share the machine's cores.
+one batch of slack ahead of the learner, and the learner pauses before a batch that
+would put it more than one batch (plus one actor write) ahead of them (a rate limiter, as
+Acme's SampleToInsertRatio): how much the learner trains per env step then does not
+depend on how the two share the machine's cores, nor on which of them is faster.
 
     ReplaySource     the learner's side: prioritized (or uniform) batches, new
                      priorities back, the actors' step counts and episodes.
@@ -72,6 +73,9 @@ __all__ = [
 _PARENT_CHECK_SECONDS = 1.0
 # How long a rate-limited writer sleeps between looks at the learner's progress.
 _RATE_LIMIT_POLL_SECONDS = 0.002
+# The learner's pause when it is ahead of the actors: short, as an actor step is (a
+# MuJoCo step and one forward pass take a fraction of a millisecond).
+_LEARNER_WAIT_SECONDS = 0.0002
 # How long the learner waits for the replay to fill before looking at the stop flag.
 _POLL_SECONDS = 0.2
 # Finished episodes each actor's ring holds. The learner drains it at every update;
@@ -110,6 +114,9 @@ class ReplaySink(abc.ABC):
         self.min_replay_size = min_replay_size
         self.batch_size = batch_size
         self.insert_slack = max(1.0, batch_size / samples_per_insert) if samples_per_insert else 0
+        # The most items one actor write inserts at once (its envs' steps): the learner's
+        # slack covers it, so that neither side can wait for the other forever.
+        self.largest_insert = 1
         # Writers wait for the learner (the rate limit) unless it runs in their own thread,
         # taking turns with them (--serial, where `ReplaySource.poll` keeps the ratio).
         self.writers_wait = True
@@ -168,6 +175,15 @@ class ReplaySink(abc.ABC):
         allowed = self.min_replay_size + self.insert_slack
         allowed += int(self.sampled[0]) / self.samples_per_insert
         return int(self.inserted.sum()) + count - 1 < allowed
+
+    def sample_allowed(self) -> bool:
+        """False while one more batch would put the learner more than one batch and one
+        actor write ahead of `samples_per_insert` samples per item inserted beyond
+        `min_replay_size` (the other side of the rate limit)."""
+        if not self.samples_per_insert or not self.writers_wait:
+            return True
+        inserted = self.total_inserted() - self.min_replay_size + self.largest_insert
+        return int(self.sampled[0]) < self.samples_per_insert * inserted + self.batch_size
 
     def record_episode(self, row: int, episode_return: float, length: int) -> None:
         """Append a finished episode to row `row`'s ring (its one writer only)."""
@@ -521,6 +537,9 @@ class ReplaySource:
         """A sampled batch, or None (after `timeout`) while the replay is still filling."""
         if not self._ready():
             time.sleep(timeout)
+            return None
+        if not self.sink.sample_allowed():
+            time.sleep(_LEARNER_WAIT_SECONDS)
             return None
         return self._sample()
 

@@ -415,6 +415,8 @@ class TransitionSink(ReplaySink):
 
     def __init__(self, replay: RingReplay, **kwargs: Any) -> None:
         super().__init__(replay, **kwargs)
+        # An actor writes one step of each of its envs at once (at most all of them).
+        self.largest_insert = replay.num_envs
         # polybeast: the learner's appender per env server row (its envs' open windows).
         self._appenders: dict[int, RingAppender] = {}
 

@@ -247,6 +247,7 @@ class Algorithm(abc.ABC):
         bf16_auto: whether --precision auto may pick bf16 for it (image models only).
         continuous_actions: whether it acts in continuous (Box) action spaces; the engine
             refuses such an env for an algorithm that does not, in one line.
+        discrete_actions: whether it acts in Discrete action spaces (likewise).
         core_defaults: core flags (beast/config.py `Config`) whose defaults differ for it
             (PPO's optimizer and rollout length, say): what a run gets with no config file
             for its env (custom envs) and no flag; a family's configs/<algo>/ file and the
@@ -258,6 +259,7 @@ class Algorithm(abc.ABC):
     Args: ClassVar[type]
     bf16_auto: ClassVar[bool] = True
     continuous_actions: ClassVar[bool] = False
+    discrete_actions: ClassVar[bool] = True
     core_defaults: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, config: Config, spec: EnvSpec) -> None:

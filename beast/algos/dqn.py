@@ -72,6 +72,7 @@ __all__ = [
     "Rainbow",
     "RainbowArgs",
     "TransitionQUpdate",
+    "bootstrap_targets",
     "categorical_loss",
     "categorical_projection",
     "linear_epsilon",
@@ -110,6 +111,15 @@ def n_step_returns(rewards: Tensor, n_steps: Tensor, discounting: float) -> NSte
     return NStepReturns(returns.float(), discounts.float())
 
 
+def bootstrap_targets(returns: NStepReturns, terminal: Tensor, values: Tensor) -> Tensor:
+    """``y = G + gamma^k v`` per transition, ``G`` alone when the window ended in a terminal
+    state: float [B]. `values` [B] is what the target bootstraps from at x_{s+k}: Q of the
+    greedy action (DQN), the clipped double-Q of the next action (TD3), with SAC's entropy
+    bonus (beast/algos/qpg)."""
+    continuing = returns.discounts * values
+    return returns.returns + torch.where(terminal, torch.zeros_like(continuing), continuing)
+
+
 def _greedy_actions(next_online: Tensor | None, next_target: Tensor) -> Tensor:
     """a* [B]: the online network's greedy action (double Q), else the target's."""
     chooser = next_target if next_online is None else next_online
@@ -140,8 +150,7 @@ def q_learning_targets(
     bootstrap = next_target_q.gather(-1, best.unsqueeze(-1)).squeeze(-1).float()
     if rescale_eps is not None:
         bootstrap = inverse_value_rescaling(bootstrap, rescale_eps)
-    continuing = returns.discounts * bootstrap
-    targets = returns.returns + torch.where(terminal, torch.zeros_like(continuing), continuing)
+    targets = bootstrap_targets(returns, terminal, bootstrap)
     if rescale_eps is not None:
         targets = value_rescaling(targets, rescale_eps)
     return targets

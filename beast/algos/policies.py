@@ -9,6 +9,8 @@
     EpsilonGreedyPolicy  argmax_a Q(x, a), replaced by a uniform action with each env's
                          own probability epsilon (Ape-X's spread of epsilons, or a
                          schedule). R2D2, Ape-X, the DQN family.
+    SquashedPolicy       tanh of a Gaussian draw (SAC) or of a deterministic action plus
+                         Gaussian noise (DDPG, TD3), scaled to the env's bounds.
 
 Both write into the engine's fixed arrays: float32 outputs are copied by numpy when
 they are float32 CPU tensors (cheaper than torch's dispatch, which runs cold after
@@ -32,6 +34,7 @@ __all__ = [
     "CategoricalPolicy",
     "EpsilonGreedyPolicy",
     "GaussianPolicy",
+    "SquashedPolicy",
     "actor_epsilons",
     "copy_output",
 ]
@@ -127,6 +130,81 @@ class GaussianPolicy(Policy):
             np.exp(log_std, out=actions)
             np.multiply(actions, noise, out=actions)
             np.add(actions, mean, out=actions)
+
+        return act
+
+
+class SquashedPolicy(Policy):
+    """Actions squashed into the unit box by tanh, then scaled to the env's bounds.
+
+    Model outputs: action_mean [1, n, d] (before the tanh), with `stochastic` also
+    action_log_std [1, n, d], and with `scheduled` an epsilon [1, n]
+    (`beast.algos.dqn.ExplorationSchedule`): the probability of a uniform random action in
+    the box instead (1 while --learning_starts fills the replay, then 0). Record: action
+    float32 [d], in the env's units.
+
+    In the unit box, exploring:
+        stochastic (SAC)     a = tanh(m + s * eps)
+        deterministic        a = clip(tanh(m) + noise * eps, -1, 1)   (DDPG, TD3)
+    with eps standard normal; not exploring (--mode test): a = tanh(m). The env then gets
+    ``low + (a + 1) (high - low) / 2`` (beast/algos/qpg/functions.py `from_unit_actions`).
+    Random numbers come from a numpy generator seeded from torch's, as the other policies'.
+    """
+
+    def __init__(
+        self,
+        low: tuple[float, ...],
+        high: tuple[float, ...],
+        *,
+        stochastic: bool,
+        noise: float = 0.0,
+        scheduled: bool = False,
+        explore: bool = True,
+    ) -> None:
+        self.low, self.high = low, high
+        self.stochastic, self.noise = stochastic, noise
+        self.scheduled, self.explore = scheduled and explore, explore
+
+    def record_spec(self) -> dict[str, Field]:
+        return {"action": Field((len(self.low),), torch.float32)}
+
+    def bind(
+        self, record: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray]
+    ) -> Callable[[Mapping[str, Tensor]], None]:
+        actions = record["action"]
+        n, dim = actions.shape
+        low = np.asarray(self.low, dtype=np.float32)
+        half_range = 0.5 * (np.asarray(self.high, dtype=np.float32) - low)
+        mean = np.zeros((n, dim), dtype=np.float32)
+        log_std = np.zeros((n, dim), dtype=np.float32)
+        noise = np.zeros((n, dim), dtype=np.float32)
+        epsilon = np.zeros(n, dtype=np.float32)
+        stochastic, scale = self.stochastic, self.noise
+        explore, scheduled = self.explore, self.scheduled
+        rng = np.random.default_rng(_seed_from_torch())
+
+        def act(outputs: Mapping[str, Tensor]) -> None:
+            copy_output(mean, outputs["action_mean"][0])
+            unit = mean
+            if explore and stochastic:
+                copy_output(log_std, outputs["action_log_std"][0])
+                rng.standard_normal(out=noise, dtype=np.float32)
+                np.exp(log_std, out=log_std)
+                np.multiply(log_std, noise, out=noise)
+                np.add(mean, noise, out=noise)
+                unit = noise
+            np.tanh(unit, out=actions)
+            if explore and not stochastic and scale > 0:
+                rng.standard_normal(out=noise, dtype=np.float32)
+                actions[...] = np.clip(actions + scale * noise, -1.0, 1.0)
+            if scheduled:
+                copy_output(epsilon, outputs["epsilon"][0])
+                uniform = rng.random(n) < epsilon
+                if uniform.any():
+                    actions[uniform] = rng.uniform(-1.0, 1.0, size=(int(uniform.sum()), dim))
+            np.add(actions, 1.0, out=actions)
+            np.multiply(actions, half_range, out=actions)
+            np.add(actions, low, out=actions)
 
         return act
 

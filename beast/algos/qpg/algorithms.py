@@ -1,0 +1,644 @@
+"""DDPG, TD3 and SAC as plug-ins (beast/algos/base.py): flags, network, acting, replay and
+update. The equations are beast/algos/qpg/functions.py's; the network contract is
+beast/algos/qpg/networks.py's.
+
+All three train on the transition replay (beast/transition_replay.py, uniform, with
+optional n-step returns), at `--utd_ratio` gradient updates per env step: the replay's
+rate limit (`samples_per_insert` = utd_ratio x batch_size) holds it whichever of the
+actors and the learner is faster. The first `--learning_starts` env steps are uniform
+random actions: the network's exploration rate (`beast.algos.dqn.ExplorationSchedule`,
+travelling with the weights) is 1 until the learner's first update sets it to 0.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from beast.algos.base import (
+    Algorithm,
+    Batch,
+    Experience,
+    LearnerContext,
+    Policy,
+    TransitionReplay,
+    Update,
+    UpdateInfo,
+)
+from beast.algos.dqn import ExplorationSchedule, NStepReturns, n_step_returns
+from beast.algos.policies import SquashedPolicy
+from beast.algos.qpg.functions import (
+    critic_loss,
+    sample_tanh_gaussian,
+    smoothed_target_actions,
+    soft_q_targets,
+    td3_targets,
+    temperature_loss,
+    to_unit_actions,
+)
+from beast.algos.qpg.networks import ActorCriticQNet
+from beast.config import ConfigError, flag
+from beast.models import MODEL_INPUT_KEYS, ModelError, PolyakAverager
+from beast.normalize import find_observation_normalizer
+from beast.optim import build_optimizer
+
+__all__ = [
+    "DDPG",
+    "SAC",
+    "TD3",
+    "ActorCriticQUpdate",
+    "DDPGArgs",
+    "SACArgs",
+    "SACUpdate",
+    "TD3Args",
+    "TD3Update",
+    "parse_net_arch",
+]
+
+AUTO = "auto"
+
+
+def parse_net_arch(text: str) -> tuple[int, ...]:
+    """ "256,256" -> (256, 256); ConfigError for anything but positive integers."""
+    try:
+        sizes = tuple(int(part) for part in str(text).split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f"--net_arch {text!r} is not a list of layer widths; write it as 256,256")
+    return sizes
+
+
+def _auto_or_float(name: str, text: str) -> float | None:
+    """None for "auto", else the float; ConfigError otherwise."""
+    if str(text) == AUTO:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--{name} must be auto or a number, got {text!r}") from None
+
+
+@dataclass(frozen=True)
+class DDPGArgs:
+    """What DDPG, TD3 and SAC share; defaults as Stable-Baselines3's."""
+
+    discounting: float = flag(0.99, "Discount factor gamma.")
+    replay_size: int = flag(
+        1_000_000,
+        "Transitions the replay keeps (each env step once, in its env's ring, in shared"
+        " memory); the startup line prints the total.",
+    )
+    learning_starts: int = flag(
+        100,
+        "Env steps of uniform random actions, in the replay before the learner samples.",
+    )
+    n_step: int = flag(1, "Rewards summed before bootstrapping from the target critics.")
+    utd_ratio: float = flag(
+        1.0,
+        "Gradient updates per env step (update-to-data ratio; SB3's gradient_steps /"
+        " train_freq): actors wait when they run ahead and the learner when it does.",
+    )
+    tau: float = flag(0.005, "Polyak averaging of the target networks after each update.")
+    net_arch: str = flag("256,256", "Hidden layer widths of the built-in actor and of each critic.")
+    action_noise: float = flag(
+        0.1,
+        "Exploration: std of the Gaussian noise added to the actor's action, in units of"
+        " half the action range (SB3's NormalActionNoise on its scaled actions).",
+    )
+
+    # Fixed per algorithm (DDPG: one critic, actor and targets updated every update,
+    # no target smoothing); TD3 turns them into flags.
+    num_critics: ClassVar[int] = 1
+    policy_delay: ClassVar[int] = 1
+    target_noise: ClassVar[float] = 0.0
+    target_noise_clip: ClassVar[float] = 0.0
+
+    @staticmethod
+    def check(config: Any) -> None:
+        for name in ("n_step", "replay_size", "batch_size"):
+            if getattr(config, name) <= 0:
+                raise ConfigError(f"--{name} must be positive, got {getattr(config, name)}")
+        if config.n_step > 255:
+            raise ConfigError(f"--n_step must be at most 255, got {config.n_step}")
+        if not config.utd_ratio > 0:
+            raise ConfigError(
+                f"--utd_ratio must be > 0 (gradient updates per env step), got"
+                f" {config.utd_ratio}; 1 is SB3's train_freq 1, gradient_steps 1"
+            )
+        if config.learning_starts < 0:
+            raise ConfigError(f"--learning_starts must be >= 0, got {config.learning_starts}")
+        if config.learning_starts > config.replay_size:
+            raise ConfigError(
+                f"--learning_starts {config.learning_starts} exceeds --replay_size"
+                f" {config.replay_size}: learning would never start"
+            )
+        if not 0.0 <= config.discounting <= 1.0:
+            raise ConfigError(f"--discounting must be in [0, 1], got {config.discounting}")
+        if not 0.0 < config.tau <= 1.0:
+            raise ConfigError(f"--tau must be in (0, 1], got {config.tau}")
+        if config.action_noise < 0:
+            raise ConfigError(f"--action_noise must be >= 0, got {config.action_noise}")
+        parse_net_arch(config.net_arch)
+        if config.use_lstm:
+            raise ConfigError(
+                f"--algo {config.algo} trains feed-forward networks on single transitions;"
+                " drop --use_lstm"
+            )
+
+
+@dataclass(frozen=True)
+class TD3Args(DDPGArgs):
+    """TD3 (Fujimoto et al. 2018): twin critics, target policy smoothing, delayed actor."""
+
+    policy_delay: int = flag(2, "Critic updates per actor update (and per target-network update).")
+    target_noise: float = flag(
+        0.2, "Target policy smoothing: std of the noise on the target action (unit box)."
+    )
+    target_noise_clip: float = flag(0.5, "Target policy smoothing: the noise's clip.")
+    num_critics: ClassVar[int] = 2
+
+    @staticmethod
+    def check(config: Any) -> None:
+        DDPGArgs.check(config)
+        if config.policy_delay < 1:
+            raise ConfigError(f"--policy_delay must be >= 1, got {config.policy_delay}")
+        if config.target_noise < 0 or config.target_noise_clip < 0:
+            raise ConfigError("--target_noise and --target_noise_clip must be >= 0")
+
+
+@dataclass(frozen=True)
+class SACArgs(DDPGArgs):
+    """SAC (Haarnoja et al. 2018): a tanh-Gaussian policy, twin critics, learned temperature."""
+
+    ent_coef: str = flag(
+        AUTO,
+        "The temperature alpha (SB3's ent_coef; --alpha is RMSprop's): auto learns it"
+        " towards --target_entropy from --ent_coef_init; a number fixes it.",
+    )
+    ent_coef_init: float = flag(1.0, "--ent_coef auto: alpha's starting value.")
+    target_entropy: str = flag(
+        AUTO, "--ent_coef auto: the policy entropy alpha steers to; auto is -dim(actions)."
+    )
+    num_critics: ClassVar[int] = 2
+
+    @staticmethod
+    def check(config: Any) -> None:
+        DDPGArgs.check(config)
+        alpha = _auto_or_float("ent_coef", config.ent_coef)
+        _auto_or_float("target_entropy", config.target_entropy)
+        if alpha is not None and alpha < 0:
+            raise ConfigError(f"--ent_coef must be auto or >= 0, got {config.ent_coef}")
+        if not config.ent_coef_init > 0:
+            raise ConfigError(f"--ent_coef_init must be > 0, got {config.ent_coef_init}")
+
+
+def find_actor_critic(model: nn.Module) -> nn.Module:
+    """The network inside the engine's wrappers (observation normaliser, exploration
+    schedule): the outermost module with a `critic` submodule."""
+    for module in model.modules():
+        if isinstance(getattr(module, "critic", None), nn.Module):
+            return module
+    raise ModelError("the network has no critic submodule (beast/algos/qpg/networks.py)")
+
+
+class ActorCriticQUpdate(Update):
+    """What DDPG, TD3 and SAC share in the learner:
+
+    1. the batch's inputs, rows [2, B] (x_s and x_{s+k}), observations normalised as the
+       actors saw them (--normalize_obs), stored actions mapped to the unit box, n-step
+       returns from the (scaled) rewards;
+    2. the losses (`losses`, per algorithm), summed: the critics', and the actor's (and
+       the temperature's) where this update trains them; the actor's loss sees the
+       critics as constants (their parameters' gradients are not taken), so one backward
+       pass serves every optimizer;
+    3. one `context.step` over the optimizers the losses train (separate states, all in
+       the checkpoint);
+    4. the target networks' Polyak averaging (`--tau`) after every actor update, and the
+       end of the random warm-up (the exploration rate to 0) at the first update.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        context: LearnerContext,
+        config: Any,
+        *,
+        action_low: tuple[float, ...],
+        action_high: tuple[float, ...],
+        average_actor: bool,
+    ) -> None:
+        self.model, self.context, self.config = model, context, config
+        self.net = find_actor_critic(model)
+        self.normalizer = find_observation_normalizer(model)
+        self.schedule = next(
+            (m for m in model.modules() if isinstance(m, ExplorationSchedule)), None
+        )
+        self.target = copy.deepcopy(self.net).requires_grad_(False)
+        self.critic_params = list(self.net.critic.parameters())
+        critic_ids = {id(p) for p in self.critic_params}
+        self.actor_params = [p for p in self.net.parameters() if id(p) not in critic_ids]
+        self.critic_optimizer = build_optimizer(config, self.critic_params)
+        self.actor_optimizer = build_optimizer(config, self.actor_params)
+        # SAC has no target actor: only the critics are averaged.
+        self.averager = (
+            PolyakAverager(self.target, self.net)
+            if average_actor
+            else PolyakAverager(self.target.critic, self.net.critic)
+        )
+        device = context.device
+        self.low = torch.tensor(action_low, dtype=torch.float32, device=device)
+        self.high = torch.tensor(action_high, dtype=torch.float32, device=device)
+        self.num_updates = 0  # applied updates (critic steps)
+
+    @abc.abstractmethod
+    def losses(
+        self,
+        inputs: Mapping[str, Tensor],
+        actions: Tensor,
+        targets_from: tuple[NStepReturns, Tensor],
+        weights: Tensor | None,
+    ) -> tuple[Tensor, list[torch.optim.Optimizer], dict[str, Any], bool]:
+        """The update's losses on inputs [2, B] (x_s, x_{s+k}), the stored actions [B, d]
+        in the unit box, the n-step returns and terminal flags [B]: (the summed loss, the
+        optimizers it trains, stats, whether the actor trained)."""
+
+    def critic_values(
+        self, inputs: Mapping[str, Tensor], actions: Tensor, *, frozen: bool
+    ) -> Tensor:
+        """The online critics at (x_s, actions [B, d]): [C, B]. `frozen`: as constants,
+        so that the actor's loss sends gradients to the actions only."""
+        if not frozen:
+            return self.net.critic(inputs, actions.unsqueeze(0))[:, 0]
+        for p in self.critic_params:
+            p.requires_grad_(False)
+        try:
+            return self.net.critic(inputs, actions.unsqueeze(0))[:, 0]
+        finally:
+            for p in self.critic_params:
+                p.requires_grad_(True)
+
+    def __call__(self, batch: Batch) -> UpdateInfo:
+        data, context, config = batch.data, self.context, self.config
+        inputs = {key: data[key] for key in MODEL_INPUT_KEYS}
+        if self.normalizer is not None:
+            inputs["obs"] = self.normalizer.normalize(inputs["obs"])
+        rewards = context.scale_rewards({**data, "reward": data["n_step_rewards"]})
+        returns = n_step_returns(rewards, data["n_steps"], config.discounting)
+        actions = to_unit_actions(data["action"][0].float(), self.low, self.high)
+        total, optimizers, stats, actor_trained = self.losses(
+            inputs, actions, (returns, data["terminal"]), batch.weights
+        )
+        stats["total_loss"] = total.detach()
+        params = self.critic_params + (self.actor_params if actor_trained else [])
+        params += self.extra_parameters()
+        if not context.step(total, optimizers, params):
+            return UpdateInfo(stats=stats)
+        self.num_updates += 1
+        if actor_trained:
+            self.averager(config.tau)
+        if self.schedule is not None and float(self.schedule.epsilon) != 0.0:
+            self.schedule.epsilon.fill_(0.0)  # the random warm-up is over
+        return UpdateInfo(stats=stats)
+
+    def extra_parameters(self) -> list[Tensor]:
+        """Parameters besides the actor's and the critics' (SAC's log alpha)."""
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "target": self.target.state_dict(),
+            "num_updates": self.num_updates,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.target.load_state_dict(state["target"])
+        self.num_updates = int(state["num_updates"])
+
+
+def _rows(inputs: Mapping[str, Tensor], row: int) -> dict[str, Tensor]:
+    return {key: value[row : row + 1] for key, value in inputs.items()}
+
+
+class TD3Update(ActorCriticQUpdate):
+    """TD3's losses (DDPG's with one critic, no smoothing and no delay)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        policy_delay: int,
+        target_noise: float,
+        target_noise_clip: float,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.policy_delay = policy_delay
+        self.target_noise, self.target_noise_clip = target_noise, target_noise_clip
+
+    def losses(
+        self,
+        inputs: Mapping[str, Tensor],
+        actions: Tensor,
+        targets_from: tuple[NStepReturns, Tensor],
+        weights: Tensor | None,
+    ) -> tuple[Tensor, list[torch.optim.Optimizer], dict[str, Any], bool]:
+        net = self.net
+        step, bootstrap = _rows(inputs, 0), _rows(inputs, 1)
+        returns, terminal = targets_from
+        with torch.no_grad():
+            target_actions = torch.tanh(self.target(bootstrap, ())[0]["action_mean"][0].float())
+            smoothed = smoothed_target_actions(
+                target_actions,
+                torch.randn_like(target_actions),
+                self.target_noise,
+                self.target_noise_clip,
+            )
+            next_q = self.target.critic(bootstrap, smoothed.unsqueeze(0))[:, 0].float()
+            targets = td3_targets(returns, terminal, next_q)
+        q = self.critic_values(step, actions, frozen=False)
+        total = critic_loss(q, targets, weights)
+        stats: dict[str, Any] = {
+            "critic_loss": total.detach(),
+            "mean_q": q.detach().mean(),
+            "mean_target": targets.mean(),
+        }
+        optimizers = [self.critic_optimizer]
+        train_actor = (self.num_updates + 1) % self.policy_delay == 0
+        if train_actor:
+            mu = torch.tanh(net(step, ())[0]["action_mean"][0].float())
+            actor_loss = -self.critic_values(step, mu, frozen=True)[0].mean()
+            total = total + actor_loss
+            optimizers.append(self.actor_optimizer)
+            stats["actor_loss"] = actor_loss.detach()
+        return total, optimizers, stats, train_actor
+
+
+class SACUpdate(ActorCriticQUpdate):
+    """SAC's losses, with the temperature learned (`target_entropy`) or fixed (`alpha`)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        alpha: float | None,
+        alpha_init: float,
+        target_entropy: float,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        device = self.context.device
+        self.target_entropy = target_entropy
+        self.learn_alpha = alpha is None
+        start = alpha_init if alpha is None else max(alpha, 1e-30)
+        self.log_alpha = torch.tensor(
+            math.log(start), device=device, requires_grad=self.learn_alpha
+        )
+        self.fixed_alpha = alpha
+        self.alpha_optimizer = (
+            build_optimizer(self.config, [self.log_alpha]) if self.learn_alpha else None
+        )
+
+    def extra_parameters(self) -> list[Tensor]:
+        return [self.log_alpha] if self.learn_alpha else []
+
+    def draw(self, inputs: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """A reparametrised a ~ pi(.|x) for one row of inputs: ([B, d], log pi [B])."""
+        outputs = self.net(inputs, ())[0]
+        mean = outputs["action_mean"][0].float()
+        log_std = outputs["action_log_std"][0].float()
+        return sample_tanh_gaussian(mean, log_std, torch.randn_like(mean))
+
+    def losses(
+        self,
+        inputs: Mapping[str, Tensor],
+        actions: Tensor,
+        targets_from: tuple[NStepReturns, Tensor],
+        weights: Tensor | None,
+    ) -> tuple[Tensor, list[torch.optim.Optimizer], dict[str, Any], bool]:
+        step, bootstrap = _rows(inputs, 0), _rows(inputs, 1)
+        returns, terminal = targets_from
+        alpha = (
+            self.log_alpha.detach().exp()
+            if self.learn_alpha
+            else torch.tensor(self.fixed_alpha, device=actions.device)
+        )
+        # The next action a' ~ pi(.|x_{s+k}) without gradient (half the actor's backward).
+        with torch.no_grad():
+            next_action, next_log_prob = self.draw(bootstrap)
+            next_q = self.target.critic(bootstrap, next_action.unsqueeze(0))[:, 0].float()
+            targets = soft_q_targets(returns, terminal, next_q, next_log_prob, alpha)
+        q = self.critic_values(step, actions, frozen=False)
+        loss_critic = critic_loss(q, targets, weights)
+        drawn, log_prob = self.draw(step)
+        q_pi = self.critic_values(step, drawn, frozen=True)
+        loss_actor = (alpha * log_prob - q_pi.min(dim=0).values).mean()
+        total = loss_critic + loss_actor
+        optimizers = [self.critic_optimizer, self.actor_optimizer]
+        if self.alpha_optimizer is not None:
+            total = total + temperature_loss(self.log_alpha, log_prob, self.target_entropy)
+            optimizers.append(self.alpha_optimizer)
+        stats = {
+            "critic_loss": loss_critic.detach(),
+            "actor_loss": loss_actor.detach(),
+            "alpha": alpha,
+            "entropy": -log_prob.detach().mean(),
+            "mean_q": q.detach().mean(),
+            "mean_target": targets.mean(),
+        }
+        return total, optimizers, stats, True
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["log_alpha"] = self.log_alpha.detach().clone()
+        if self.alpha_optimizer is not None:
+            state["alpha_optimizer"] = self.alpha_optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        if self.alpha_optimizer is not None:
+            self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+
+
+class DDPG(Algorithm):
+    """DDPG: a deterministic actor with Gaussian exploration noise, one critic, Polyak targets."""
+
+    name = "ddpg"
+    summary = (
+        "DDPG (Lillicrap et al. 2016): deterministic actor, one critic, Polyak target"
+        " networks, on transition replay; continuous actions."
+    )
+    Args: ClassVar[type] = DDPGArgs
+    bf16_auto = False
+    continuous_actions = True
+    discrete_actions = False
+    stochastic: ClassVar[bool] = False
+    core_defaults: Mapping[str, Any] = {
+        "optimizer": "adam",
+        "learning_rate": 1e-3,
+        "epsilon": 1e-8,
+        "lr_schedule": "constant",
+        "grad_norm_clipping": 0.0,
+        "batch_size": 256,
+        "num_actors": 1,
+        "num_envs_per_actor": 1,
+    }
+
+    @classmethod
+    def validate(cls, config: Any) -> None:
+        cls.Args.check(config)
+
+    def model_outputs(self) -> dict[str, tuple[int, ...]]:
+        d = (self.spec.action_dim,)
+        return {"action_mean": d, "action_log_std": d} if self.stochastic else {"action_mean": d}
+
+    def builtin_model(self) -> nn.Module:
+        config, spec = self.config, self.spec
+        if config.model not in ("auto", "mlp") or len(spec.obs_shape) != 1:
+            raise ModelError(
+                f"--algo {config.algo}'s built-in network is an MLP on vector observations"
+                f" (--model auto or mlp), and --env {config.env} has {spec.obs_shape}"
+                f" observations with --model {config.model}; pass --model"
+                " package.module:Name (beast/algos/qpg/networks.py says what it returns)"
+            )
+        return ActorCriticQNet(
+            spec.obs_shape,
+            spec.action_dim,
+            hidden_sizes=parse_net_arch(config.net_arch),
+            num_critics=self.Args.num_critics,
+            stochastic=self.stochastic,
+        )
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        critic = getattr(model, "critic", None)
+        if not isinstance(critic, nn.Module):
+            raise ModelError(
+                f"--model {self.config.model} has no critic submodule; --algo"
+                f" {self.config.algo} needs critic(inputs, actions) -> [C, T, B] beside the"
+                " actor's forward (beast/algos/qpg/networks.py)"
+            )
+        if self.config.learning_starts > 0:
+            return ExplorationSchedule(model, 1.0)
+        return model
+
+    def policy(self, explore: bool = True) -> Policy:
+        config = self.config
+        return SquashedPolicy(
+            self.spec.action_low,
+            self.spec.action_high,
+            stochastic=self.stochastic,
+            noise=config.action_noise,
+            scheduled=config.learning_starts > 0,
+            explore=explore,
+        )
+
+    def experience(self) -> Experience:
+        config = self.config
+        return TransitionReplay(
+            capacity=config.replay_size,
+            min_size=config.learning_starts,
+            n_step=config.n_step,
+            prioritized=False,
+            priority_exponent=0.0,
+            importance_sampling_exponent=0.0,
+            samples_per_insert=config.utd_ratio * config.batch_size,
+            frame_dedup=False,
+        )
+
+    def learner(self, model: nn.Module, context: LearnerContext) -> Update:
+        config, args = self.config, self.Args
+        # DDPG's are the Args' fixed class values; TD3's are flags.
+        return TD3Update(
+            model,
+            context,
+            config,
+            action_low=self.spec.action_low,
+            action_high=self.spec.action_high,
+            average_actor=True,
+            policy_delay=getattr(config, "policy_delay", args.policy_delay),
+            target_noise=getattr(config, "target_noise", args.target_noise),
+            target_noise_clip=getattr(config, "target_noise_clip", args.target_noise_clip),
+        )
+
+    def describe(self) -> str:
+        config, args = self.config, self.Args
+        critics = "one critic" if args.num_critics == 1 else f"{args.num_critics} critics"
+        parts = [critics, *self.describe_extra()]
+        parts.append(f"Polyak tau {config.tau:g}, {config.n_step}-step")
+        parts.append(f"{config.utd_ratio:g} updates per env step")
+        parts.append(f"{config.learning_starts:,} random steps first")
+        return ", ".join(parts)
+
+    def describe_extra(self) -> list[str]:
+        return [f"action noise {self.config.action_noise:g}"]
+
+
+class TD3(DDPG):
+    """TD3: DDPG with twin critics, target policy smoothing and delayed actor updates."""
+
+    name = "td3"
+    summary = (
+        "TD3 (Fujimoto et al. 2018): twin critics, target policy smoothing, delayed actor"
+        " updates, on transition replay; continuous actions."
+    )
+    Args = TD3Args
+
+    def describe_extra(self) -> list[str]:
+        config = self.config
+        return [
+            f"action noise {config.action_noise:g}",
+            f"target noise {config.target_noise:g} clipped to {config.target_noise_clip:g}",
+            f"actor every {config.policy_delay} updates",
+        ]
+
+
+class SAC(DDPG):
+    """SAC: a tanh-Gaussian policy, twin critics and a learned (or fixed) temperature."""
+
+    name = "sac"
+    summary = (
+        "SAC (Haarnoja et al. 2018): tanh-squashed Gaussian policy, twin critics, learned"
+        " temperature, on transition replay; continuous actions."
+    )
+    Args = SACArgs
+    stochastic = True
+    core_defaults: Mapping[str, Any] = {**DDPG.core_defaults, "learning_rate": 3e-4}
+
+    def target_entropy(self) -> float:
+        value = _auto_or_float("target_entropy", self.config.target_entropy)
+        return -float(self.spec.action_dim) if value is None else value
+
+    def learner(self, model: nn.Module, context: LearnerContext) -> Update:
+        config = self.config
+        return SACUpdate(
+            model,
+            context,
+            config,
+            action_low=self.spec.action_low,
+            action_high=self.spec.action_high,
+            average_actor=False,
+            alpha=_auto_or_float("ent_coef", config.ent_coef),
+            alpha_init=config.ent_coef_init,
+            target_entropy=self.target_entropy(),
+        )
+
+    def describe_extra(self) -> list[str]:
+        alpha = _auto_or_float("ent_coef", self.config.ent_coef)
+        if alpha is None:
+            return [
+                f"alpha learned from {self.config.ent_coef_init:g} towards entropy"
+                f" {self.target_entropy():g}"
+            ]
+        return [f"alpha fixed at {alpha:g}"]
