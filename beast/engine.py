@@ -159,7 +159,11 @@ def learner_threads(
 
     A small model (under SMALL_MODEL_PARAMETERS: the MLPs of classic control and MuJoCo)
     gets 1 thread too: its matrices are too small for a second thread to pay for the
-    hand-off. PPO on CartPole-v1 took 30 s with 2 threads and 18 s with 1 on 2 cores.
+    hand-off. PPO on CartPole-v1 took 30 s with 2 threads and 18 s with 1 on 2 cores. Even
+    beside one actor that mostly waits (SAC on HalfCheetah, one actor with one env), a
+    second thread lost: 55 env steps/s against 74 with 1, though alone a 2-thread update
+    took 9.0 ms and a 1-thread one 12.5 (the actor's few wake-ups preempt the second
+    thread, and the first waits for it at every parallel region).
     """
     if config.num_threads:
         return config.num_threads

@@ -27,7 +27,7 @@ actor processes:
 Each counter row has one writer (an actor, or the learner for `sampled`), and a
 replacement actor keeps its predecessor's row, so counts survive restarts. With
 ``samples_per_insert > 0`` actors pause before an insert that would put them more than
-one batch of slack ahead of the learner, and the learner pauses before a batch that
+two batches of slack ahead of the learner, and the learner pauses before a batch that
 would put it more than one batch (plus one actor write) ahead of them (a rate limiter, as
 Acme's SampleToInsertRatio): how much the learner trains per env step then does not
 depend on how the two share the machine's cores, nor on which of them is faster.
@@ -93,8 +93,8 @@ class ReplaySink(abc.ABC):
         samples_per_insert: rate limit, learner samples per inserted item;
             0 turns it off.
         min_replay_size: inserts allowed before the learner samples at all.
-        batch_size: the learner's batch; the slack of the rate limit is one
-            batch's worth of inserts.
+        batch_size: the learner's batch; the actors' slack is two batches' worth of
+            inserts (at least 4), the learner's one batch.
     """
 
     def __init__(
@@ -113,7 +113,13 @@ class ReplaySink(abc.ABC):
         self.samples_per_insert = samples_per_insert
         self.min_replay_size = min_replay_size
         self.batch_size = batch_size
-        self.insert_slack = max(1.0, batch_size / samples_per_insert) if samples_per_insert else 0
+        # Two batches' worth of inserts (at least 4): the actors keep the next batch's
+        # steps ready while the learner updates, rather than stepping in lock-step with it
+        # (with one batch, a SAC learner at one update per step waited ~3 ms of each 15 for
+        # the actor to wake up and step).
+        self.insert_slack = (
+            max(4.0, 2 * batch_size / samples_per_insert) if samples_per_insert else 0
+        )
         # The most items one actor write inserts at once (its envs' steps): the learner's
         # slack covers it, so that neither side can wait for the other forever.
         self.largest_insert = 1

@@ -87,4 +87,4 @@ def test_every_algorithm_reaches_its_bar_in_every_mode(tmp_path, check):
     """The issue's bars (benchmarks/learning_checks.py prints the same runs as a table:
     steps to the bar, best and last means, wall-clock), seed 1."""
     outcome = run_check(check, seed=1, savedir=str(tmp_path))
-    assert outcome.best >= check.bar, outcome
+    assert outcome.passed, outcome

@@ -46,14 +46,16 @@ def test_pip_freeze_format():
     assert lines and all("==" in line for line in lines)
 
 
-def test_csv_and_tensorboard_hold_the_same_stats(tmp_path, config):
+def test_csv_and_tensorboard_hold_the_same_stats(tmp_path, config, monkeypatch):
     log = RunLog(str(tmp_path), config, 100, stream=io.StringIO())
     log.record(stats(10, returns=[1.0, 3.0], loss=2.0))
+    log.record(stats(15, returns=[5.0], loss=7.0))  # within TENSORBOARD_INTERVAL: CSV only
+    monkeypatch.setattr("beast.logs.TENSORBOARD_INTERVAL", 0.0)
     log.record(stats(20, loss=1.0))
     log.close()
     with open(tmp_path / "logs.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [row["step"] for row in rows] == ["10", "20"]
+    assert [row["step"] for row in rows] == ["10", "15", "20"]
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     tags = set(events.Tags()["scalars"])
@@ -62,7 +64,7 @@ def test_csv_and_tensorboard_hold_the_same_stats(tmp_path, config):
     assert [(e.step, e.value) for e in loss] == [(10, 2.0), (20, 1.0)]
     # An update without finished episodes has no mean return (an empty CSV cell).
     assert [(e.step, e.value) for e in events.Scalars("mean_episode_return")] == [(10, 2.0)]
-    assert [e.value for e in events.Scalars("episode_return")] == [1.0, 3.0]
+    assert [e.value for e in events.Scalars("episode_return")] == [1.0, 3.0, 5.0]
 
 
 def test_non_tty_console_gets_plain_lines_only(tmp_path, config):

@@ -22,7 +22,13 @@ from tests.test_r2d2_monobeast import R2D2_SMALL, run
 LASER_SMALL = ["--algo", "laser", *CARTPOLE_SMALL, "--replay_size", "50", "--batch_size", "4"]
 RAINBOW_SMALL = ["--algo", "rainbow", *CARTPOLE_SMALL, "--replay_size", "400"]
 RAINBOW_SMALL += ["--learning_starts", "20", "--samples_per_insert", "0.5"]
-RUNS = {"r2d2": R2D2_SMALL, "laser": LASER_SMALL, "rainbow": RAINBOW_SMALL}
+# SAC: its replay, and its learner's state (temperature, three optimizers, targets).
+SAC_SMALL = ["--algo", "sac", "--env", "Pendulum-v1", "--num_actors", "1"]
+SAC_SMALL += ["--num_envs_per_actor", "2", "--batch_size", "16", "--net_arch", "32,32"]
+SAC_SMALL += ["--replay_size", "4000", "--learning_starts", "50", "--num_threads", "1"]
+SAC_SMALL += ["--log_interval", "0.2"]
+RUNS = {"r2d2": R2D2_SMALL, "laser": LASER_SMALL, "rainbow": RAINBOW_SMALL, "sac": SAC_SMALL}
+RING_REPLAYS = ("rainbow", "sac")
 
 
 def train_then_sigterm(tmp_path, argv, xpid):
@@ -58,7 +64,7 @@ def test_sigterm_then_resume_restores_the_replay_as_saved(tmp_path, algo):
     run_, log = start_run(config)
     try:
         replay = run_.source.replay
-        if algo == "rainbow":  # per-env rings, saved whole, with their write counts
+        if algo in RING_REPLAYS:  # per-env rings, saved whole, with their write counts
             assert torch.equal(replay.written, saved["tensors"]["written"])
             assert len(replay) > 0
             size = min(replay.ring, int(replay.written.max()))
@@ -68,7 +74,7 @@ def test_sigterm_then_resume_restores_the_replay_as_saved(tmp_path, algo):
             assert len(replay) == saved_meta["size"] > 0
             for key, tensor in saved["tensors"].items():
                 assert torch.equal(replay.tensors[key][: saved_meta["size"]], tensor), key
-        if algo in ("r2d2", "rainbow"):
+        if algo in ("r2d2", *RING_REPLAYS):
             tree = replay.tree.state_dict()
             assert torch.equal(tree["priorities"], saved_meta["tree"]["priorities"])
             assert torch.equal(tree["generations"], saved_meta["tree"]["generations"])
@@ -78,6 +84,20 @@ def test_sigterm_then_resume_restores_the_replay_as_saved(tmp_path, algo):
             assert int(run_.source.sink.sampled[0]) == saved_meta["sampled"]
         else:
             assert replay._next == saved_meta["next"]
+        if algo == "sac":  # the temperature, every optimizer and the targets, as saved
+            saved_state = checkpoint["algorithm_state"]
+            state = run_.update.state_dict()
+            assert torch.equal(state["log_alpha"], saved_state["log_alpha"])
+            assert state["num_updates"] == saved_state["num_updates"] > 0
+            for name in ("actor_optimizer", "critic_optimizer", "alpha_optimizer"):
+                mine, theirs = state[name]["state"], saved_state[name]["state"]
+                assert mine.keys() == theirs.keys() and mine
+                for key, values in mine.items():
+                    for field, value in values.items():
+                        assert torch.equal(value, theirs[key][field]), (name, key, field)
+            for key, value in state["target"].items():
+                assert torch.equal(value, saved_state["target"][key]), key
+            assert float(run_.model.epsilon) == 0.0  # the warm-up stays over
     finally:
         log.close()
         run_.source.close()

@@ -71,16 +71,24 @@ def test_a_reader_more_than_half_a_ring_behind_drops_the_oldest():
     assert returns == [float(i) for i in range(total - half, total)]
 
 
-def test_rate_limit_keeps_inserts_within_a_batch_of_the_learner():
-    # 2 samples per insert, batch 4: a slack of 4 / 2 = 2 inserts beyond 10 + sampled / 2.
+def test_rate_limit_keeps_both_sides_within_their_slack():
+    # 2 samples per insert, batch 4: the actors' slack is max(4, 2 * 4 / 2) = 4 inserts
+    # beyond 10 + sampled / 2; the learner's one batch beyond 2 * (inserted - 10 + 1).
     sink = make_sink(num_actors=2, samples_per_insert=2.0, min_replay_size=10, batch_size=4)
-    sink.inserted[:] = torch.tensor([6, 5])
-    assert sink.insert_allowed()  # 11 < 12
-    sink.inserted[1] = 6
-    assert not sink.insert_allowed()  # 12 inserted, nothing sampled
+    sink.inserted[:] = torch.tensor([7, 6])
+    assert sink.insert_allowed()  # 13 < 14
+    sink.inserted[1] = 7
+    assert not sink.insert_allowed()  # 14 inserted, nothing sampled
     sink.sampled[0] = 4
-    assert sink.insert_allowed()  # 12 < 12 + 4 / 2
+    assert sink.insert_allowed()  # 14 < 14 + 4 / 2
+    # The learner: 4 sampled < 2 * (14 - 10 + 1) + 4 = 14; 14 sampled is not.
+    assert sink.sample_allowed()
+    sink.sampled[0] = 14
+    assert not sink.sample_allowed()
+    sink.inserted[0] = 8  # one more env step: 14 < 16
+    assert sink.sample_allowed()
     assert make_sink().insert_allowed()  # samples_per_insert 0: never limited
+    assert make_sink().sample_allowed()
 
 
 def test_close_and_reclaim_follow_the_buffers_protocol():
