@@ -48,7 +48,7 @@ ALGO_FLAGS = {
 ENVS = {"sac": "Pendulum-v1", "td3": "Pendulum-v1", "ddpg": "Pendulum-v1"}
 # Algorithms whose acting and experience are another's, with only their loss differing:
 # they run one cell, and the other runs them all.
-ONE_CELL = {"c51": "rainbow", "ddpg": "td3"}
+ONE_CELL = {"c51": "rainbow", "td3": "sac", "ddpg": "sac"}
 LAYOUT = {
     "monobeast.py": ["--num_actors", "2", "--num_envs_per_actor", "2"],
     "polybeast.py": ["--num_env_servers", "2", "--num_envs_per_server", "2"],

@@ -344,6 +344,7 @@ class TD3Update(ActorCriticQUpdate):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.policy_delay = policy_delay
+        self.last_actor_loss = torch.tensor(float("nan"))
         self.target_noise, self.target_noise_clip = target_noise, target_noise_clip
 
     def losses(
@@ -380,7 +381,9 @@ class TD3Update(ActorCriticQUpdate):
             actor_loss = -self.critic_values(step, mu, frozen=True)[0].mean()
             total = total + actor_loss
             optimizers.append(self.actor_optimizer)
-            stats["actor_loss"] = actor_loss.detach()
+            self.last_actor_loss = actor_loss.detach()
+        # Every update logs the same columns: the latest actor loss between actor updates.
+        stats["actor_loss"] = self.last_actor_loss
         return total, optimizers, stats, train_actor
 
 
