@@ -39,10 +39,12 @@ ALGO_FLAGS = {
     # --batch_size 4 is one rollout of each of the 2x2 envs: PPO/A2C's synchronous batch.
     "ppo": ["--num_epochs", "2", "--num_minibatches", "4"],
     "a2c": [],
-    # Continuous actions: Pendulum (ENVS), tiny networks.
-    "sac": ["--replay_size", "400", "--learning_starts", "20", "--net_arch", "32,32"],
-    "td3": ["--replay_size", "400", "--learning_starts", "20", "--net_arch", "32,32"],
-    "ddpg": ["--replay_size", "400", "--learning_starts", "20", "--net_arch", "32,32"],
+    # Continuous actions: Pendulum (ENVS), tiny networks, an update per 4 env steps.
+    **{
+        algo: ["--replay_size", "400", "--learning_starts", "20", "--net_arch", "32,32"]
+        + ["--utd_ratio", "0.25"]
+        for algo in ("sac", "td3", "ddpg")
+    },
 }
 # CartPole-v1 unless the algorithm needs continuous actions.
 ENVS = {"sac": "Pendulum-v1", "td3": "Pendulum-v1", "ddpg": "Pendulum-v1"}

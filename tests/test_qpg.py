@@ -338,6 +338,22 @@ def test_sac_update_trains_critics_actor_and_temperature_and_ends_the_warm_up():
     assert {"critic_loss", "actor_loss", "alpha", "entropy"} <= set(info.stats)
 
 
+def test_the_learner_normalises_observations_as_the_actors_do():
+    model, update = _update("sac", "--normalize_obs")
+    model.obs_rms.mean.fill_(5.0)  # statistics far from the batch's
+    seen = {}
+    forward = update.net.forward
+
+    def spy(inputs, core_state=()):
+        seen["obs"] = inputs["obs"]
+        return forward(inputs, core_state)
+
+    update.net.forward = spy
+    batch = _batch()
+    update(batch)
+    torch.testing.assert_close(seen["obs"], model.normalize(batch.data["obs"][:1]))
+
+
 def test_sac_with_a_fixed_temperature_keeps_it():
     _, update = _update("sac", "--ent_coef", "0.1")
     update(_batch())
