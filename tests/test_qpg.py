@@ -36,7 +36,7 @@ from beast.engine import build_algorithm
 from beast.envs import EnvSpec
 from beast.learner import Stepper, TrainingProgress
 from beast.models import PolyakAverager
-from tests.test_monobeast import assert_refused_in_one_line
+from tests.test_monobeast import assert_refused_in_one_line, run
 
 # 1. The numerics, against per-element loops.
 
@@ -404,7 +404,28 @@ def test_the_built_in_network_returns_the_contract():
     assert net.critic({"obs": torch.zeros(4, 5, 3)}, torch.zeros(4, 5, 2)).shape == (2, 4, 5)
 
 
-# 4. Bad input: one line, exit 2.
+# 4. The update-to-data ratio, held in a real run.
+
+
+def test_utd_ratio_holds_through_a_run(tmp_path):
+    """Two actors of two envs against one learner: updates = utd x the steps after
+    learning_starts, within the rate limit's slack (the learner at most a batch and an
+    actor write ahead, the actors at most two batches' worth)."""
+    utd, batch, starts, total = 2.0, 16, 100, 1200
+    argv = ["--algo", "sac", "--env", "Pendulum-v1", "--num_actors", "2"]
+    argv += ["--num_envs_per_actor", "2", "--batch_size", str(batch), "--net_arch", "16,16"]
+    argv += ["--utd_ratio", str(utd), "--learning_starts", str(starts), "--num_threads", "1"]
+    argv += ["--total_steps", str(total), "--savedir", str(tmp_path), "--xpid", "utd"]
+    result = run(argv)
+    assert result.returncode == 0, result.stderr
+    checkpoint = torch.load(tmp_path / "utd" / "model.tar", weights_only=True)
+    steps, updates = checkpoint["step"], checkpoint["progress"]["num_updates"]
+    expected = utd * (steps - starts)
+    slack = 2 * 2 + 4  # updates: the learner's batch and write, the actors' two batches
+    assert expected - slack <= updates <= expected + slack, (steps, updates)
+
+
+# 5. Bad input: one line, exit 2.
 
 
 @pytest.mark.parametrize(
