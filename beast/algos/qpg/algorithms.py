@@ -580,7 +580,8 @@ class DDPG(Algorithm):
         critics = "one critic" if args.num_critics == 1 else f"{args.num_critics} critics"
         parts = [critics, *self.describe_extra()]
         parts.append(f"Polyak tau {config.tau:g}, {config.n_step}-step")
-        parts.append(f"{config.utd_ratio:g} updates per env step")
+        plural = "" if config.utd_ratio == 1 else "s"
+        parts.append(f"{config.utd_ratio:g} update{plural} per env step")
         parts.append(f"{config.learning_starts:,} random steps first")
         return ", ".join(parts)
 
