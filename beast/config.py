@@ -46,6 +46,7 @@ __all__ = [
     "check_value",
     "config_for",
     "config_from_dict",
+    "config_from_flags",
     "config_to_yaml",
     "family_config_path",
     "flag",
@@ -585,13 +586,20 @@ _NOT_IN_FILES = frozenset({"config"})
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
 
-def check_value(key: str, value: Any, source: str, config_class: type[Config] = Config) -> Any:
+def check_value(
+    key: str,
+    value: Any,
+    source: str,
+    config_class: type[Config] = Config,
+    noun: str = "key",
+) -> Any:
     """`value` for the Config field `key`, in the field's type, or a one-line ConfigError.
 
-    Used for config files and sweep files, whose values arrive typed by YAML rather
-    than parsed by argparse. `source` (a file name) starts every message. Ints are
-    accepted for float fields; strings that parse as floats too, because YAML 1.1
-    reads `6e-4` (no dot) as a string.
+    Used for config files, sweep files and the Python API's keyword arguments, whose
+    values arrive typed (by YAML, by Python) rather than parsed by argparse. `source` (a
+    file name, `beast.train()`) starts every message, which calls `key` a `noun` ("key"
+    in a file, "argument" in a call). Ints are accepted for float fields; strings that
+    parse as floats too, because YAML 1.1 reads `6e-4` (no dot) as a string.
     """
     fields = {f.name: f for f in dataclasses.fields(config_class)}
     if key not in fields or key in _NOT_IN_FILES:
@@ -602,7 +610,7 @@ def check_value(key: str, value: Any, source: str, config_class: type[Config] = 
         names = [name for name in fields if name not in _NOT_IN_FILES]
         close = difflib.get_close_matches(str(key), names, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ConfigError(f"{source}: unknown key '{key}'{hint}")
+        raise ConfigError(f"{source}: unknown {noun} '{key}'{hint}")
     f = fields[key]
     if value is None and "None" in f.type:
         return None
@@ -610,7 +618,7 @@ def check_value(key: str, value: Any, source: str, config_class: type[Config] = 
         if value == AUTO or (isinstance(value, int) and not isinstance(value, bool)):
             return value
         raise ConfigError(
-            f"{source}: key '{key}' must be an integer or auto, got {value!r}"
+            f"{source}: {noun} '{key}' must be an integer or auto, got {value!r}"
             f" ({type(value).__name__})"
         )
     kind = _arg_type(f.type)
@@ -623,13 +631,13 @@ def check_value(key: str, value: Any, source: str, config_class: type[Config] = 
                 value, ok = float(value), True
     if not ok:
         raise ConfigError(
-            f"{source}: key '{key}' must be {_TYPE_NAMES[kind]}, got {value!r}"
+            f"{source}: {noun} '{key}' must be {_TYPE_NAMES[kind]}, got {value!r}"
             f" ({type(value).__name__})"
         )
     choices = f.metadata.get("choices")
     if choices is not None and value not in choices:
         raise ConfigError(
-            f"{source}: key '{key}' must be one of {', '.join(choices)}, got {value!r}"
+            f"{source}: {noun} '{key}' must be one of {', '.join(choices)}, got {value!r}"
         )
     return value
 
@@ -661,23 +669,53 @@ def config_to_yaml(config: Config) -> str:
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 
-def _chosen_algo(argv: Sequence[str]) -> str:
-    """The run's --algo: the flag, else an explicit --config file's `algo` key, else the
-    default. A name that is not registered is returned as it is (the full parser then
-    reports it as an invalid choice)."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--algo")
-    pre.add_argument("--config")
-    known, _ = pre.parse_known_args(argv)
-    if known.algo is not None:
-        return known.algo
-    if known.config is not None and known.config.lower() != "none":
+def _algo_named(algo: Any, config_file: str | None) -> Any:
+    """The run's --algo: `algo` when given, else an explicit config file's `algo` key, else
+    the default. A name that is not registered is returned as it is (the parser, or
+    check_value, then reports it as an invalid choice)."""
+    if algo is not None:
+        return algo
+    if config_file is not None and config_file.lower() != "none":
         with contextlib.suppress(OSError, yaml.YAMLError):
-            with open(_resolve_config_path(known.config)) as f:
+            with open(_resolve_config_path(config_file)) as f:
                 data = yaml.safe_load(f)
             if isinstance(data, dict) and isinstance(data.get("algo"), str):
                 return data["algo"]
     return Config.algo
+
+
+def _chosen_algo(argv: Sequence[str]) -> str:
+    """_algo_named for the command line's --algo and --config."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--algo")
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    return _algo_named(known.algo, known.config)
+
+
+def _config_file(config_file: str | None, env: str, algo: str) -> str | None:
+    """The YAML file a run's values start from: --config's (None for "none"), else the tuned
+    file of `env`'s family for `algo`, if any."""
+    if config_file is not None and config_file.lower() == "none":
+        return None
+    if config_file is not None:
+        return _resolve_config_path(config_file)
+    return family_config_path(env, algo)
+
+
+def _validated(
+    config: Config, path: str | None, file_values: Mapping[str, Any], given: set[str]
+) -> Config:
+    """`config` after validate(); an error about a value that came from the file at `path`
+    rather than from the `given` flags names the file."""
+    try:
+        config.validate()
+    except ConfigError as error:
+        bad = str(error).split()[0].removeprefix("--")
+        if path is not None and bad in file_values and bad not in given:
+            raise ConfigError(f"{error} (set in {path})") from None
+        raise
+    return config
 
 
 def parse_args(
@@ -700,12 +738,8 @@ def parse_args(
     # file is read); the second lets the file's values replace the defaults while the
     # flags given still win.
     namespace = parser.parse_args(argv)
-    if namespace.config is not None and namespace.config.lower() == "none":
-        path = None
-    elif namespace.config is not None:
-        path = _resolve_config_path(namespace.config)
-    else:
-        path = family_config_path(namespace.env, namespace.algo)
+    path = _config_file(namespace.config, namespace.env, namespace.algo)
+    file_values: dict[str, Any] = {}
     if path is not None:
         file_values = load_config_file(path, run_class)
         parser.set_defaults(**file_values)
@@ -713,21 +747,40 @@ def parse_args(
     values = vars(namespace)
     print_config = values.pop("print_config")
     values["config"] = path
-    config = run_class(**values)
-    try:
-        config.validate()
-    except ConfigError as error:
-        # Name the file when the value at fault came from it rather than from a flag.
-        bad = str(error).split()[0].removeprefix("--")
-        if path is not None and bad in file_values and f"--{bad}" not in argv:
-            raise ConfigError(f"{error} (set in {path})") from None
-        raise
+    given = {arg[2:].split("=")[0] for arg in argv if arg.startswith("--")}
+    config = _validated(run_class(**values), path, file_values, given)
     if print_config:
         # Before finalize(): derived values stay unset, so the output works as a
         # --config file for new runs (no timestamp xpid pinned into it).
         sys.stdout.write(config_to_yaml(config))
         raise SystemExit(0)
     return config.finalize()
+
+
+def config_from_flags(
+    flags: Mapping[str, Any], config_class: type[Config] = Config, source: str = "beast.train()"
+) -> Config:
+    """`parse_args` for typed values, the Python API's keyword arguments: the same layers
+    (defaults < the `config` file, or the tuned family file for `env` and `algo` < `flags`),
+    the same validation, a finalized config of the chosen algorithm. Each value is checked
+    as a config file's is (check_value): a wrong name or type is a one-line ConfigError
+    that starts with `source` and names the argument."""
+    flags = dict(flags)
+    config_file = flags.pop("config", None)
+    if config_file is not None and not isinstance(config_file, str):
+        raise ConfigError(
+            f"{source}: argument 'config' must be a YAML file name or 'none', got {config_file!r}"
+        )
+    algo = _algo_named(flags.get("algo"), config_file)
+    run_class = config_for(algo if algo in ALGORITHMS else Config.algo, config_class)
+    values = {
+        key: check_value(key, value, source, run_class, noun="argument")
+        for key, value in flags.items()
+    }
+    path = _config_file(config_file, values.get("env", run_class.env), run_class.algo)
+    file_values = load_config_file(path, run_class) if path is not None else {}
+    config = run_class(**{**file_values, **values, "config": path})
+    return _validated(config, path, file_values, set(values)).finalize()
 
 
 def config_from_dict(values: Mapping[str, Any], base: type[Config] = Config) -> Config:
