@@ -32,11 +32,29 @@ from beast.config import Config, ConfigError, config_from_dict
 from beast.engine import build_algorithm, build_checked_model
 from beast.inference import LocalPolicy
 
-__all__ = ["test", "VIDEO_NAME"]
+__all__ = ["EvalResult", "test", "VIDEO_NAME"]
 
 VIDEO_NAME = "episode.mp4"
 # An agent step is 4 emulator frames at 60 Hz for Atari: 15 agent steps a second.
 _VIDEO_FPS = 15
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    """What `test` measured: one entry per episode, in the order they ended."""
+
+    run_dir: str
+    step: int  # agent steps the evaluated checkpoint had trained for
+    returns: list[float]  # undiscounted, unclipped episode returns
+    lengths: list[int]  # agent steps per episode
+
+    @property
+    def mean_return(self) -> float:
+        return statistics.fmean(self.returns)
+
+    @property
+    def median_return(self) -> float:
+        return statistics.median(self.returns)
 
 
 class _VideoRecorder:
@@ -68,8 +86,9 @@ class _VideoRecorder:
         self._writer.close()
 
 
-def test(config: Config) -> list[float]:
-    """Returns the episode returns; prints each one and a summary."""
+def test(config: Config) -> EvalResult:
+    """Play the run's checkpoint; prints each episode's return and a summary, writes
+    test.json, and returns the episodes' returns and lengths."""
     if not has_checkpoint(config.run_dir):
         raise ConfigError(
             f"no checkpoint at {os.path.join(config.run_dir, CHECKPOINT_NAME)}: train first,"
@@ -98,6 +117,7 @@ def test(config: Config) -> list[float]:
     )
 
     returns: list[float] = []
+    lengths: list[int] = []
     obs, _ = env.reset()
     video = (
         _VideoRecorder(env, os.path.join(config.run_dir, VIDEO_NAME))
@@ -125,22 +145,24 @@ def test(config: Config) -> list[float]:
                 video.capture()
             if "episode" in info:
                 returns.append(float(info["episode"]["r"]))
+                lengths.append(int(info["episode"]["l"]))
                 if video is not None:
                     video.close()
                     print(f"[beast] wrote {video.path}", flush=True)
                     video = None
                 print(
                     f"[beast] episode {len(returns)}/{config.num_test_episodes}: return"
-                    f" {returns[-1]:.2f}, {int(info['episode']['l'])} steps",
+                    f" {returns[-1]:.2f}, {lengths[-1]} steps",
                     flush=True,
                 )
             if terminated or truncated:
                 obs, _ = env.reset()
     env.close()
+    result = EvalResult(config.run_dir, int(checkpoint["step"]), returns, lengths)
     summary = {
         "episodes": len(returns),
-        "mean_return": statistics.fmean(returns),
-        "median_return": statistics.median(returns),
+        "mean_return": result.mean_return,
+        "median_return": result.median_return,
         "returns": returns,
     }
     with open(os.path.join(config.run_dir, "test.json"), "w") as f:
@@ -150,4 +172,4 @@ def test(config: Config) -> list[float]:
         f" {summary['median_return']:.2f} over {len(returns)} episodes",
         flush=True,
     )
-    return returns
+    return result

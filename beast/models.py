@@ -48,7 +48,6 @@ without one (Ape-X) the head reads the torso features alone, as in the Ape-X pap
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Mapping, Sequence
@@ -59,6 +58,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from beast.fields import torch_dtype
+from beast.references import import_module
 
 __all__ = [
     "MODEL_INPUT_KEYS",
@@ -838,7 +838,7 @@ def _import_model(path: str) -> Any:
     if not module_name or not attribute:
         raise ModelError(f"--model {path!r} is not an import path; write package.module:Name")
     try:
-        module = importlib.import_module(module_name)
+        module = import_module(module_name)
     except ImportError as error:
         missing = getattr(error, "name", None)
         if missing and (module_name == missing or module_name.startswith(missing + ".")):

@@ -20,6 +20,7 @@ algorithm's state (optimizers, target networks), step counters, RNG state and, w
 from __future__ import annotations
 
 import signal
+import threading
 import time
 import traceback
 from typing import Any
@@ -52,6 +53,7 @@ __all__ = [
     "open_run_log",
     "raise_keyboard_interrupt",
     "start_run",
+    "stop_on_signals",
     "train",
 ]
 
@@ -69,6 +71,22 @@ class TrainingError(RuntimeError):
 
 def raise_keyboard_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
+
+
+def stop_on_signals() -> dict[int, Any]:
+    """Make SIGINT and SIGTERM raise KeyboardInterrupt; returns the handlers they replace.
+
+    Installed explicitly: a shell starts background jobs with SIGINT ignored, and `kill
+    -INT` must still stop the run cleanly. Only the main thread may set handlers: a run
+    started from another thread (a Ray Tune trial, beast.train in a thread) keeps the
+    process's own and returns {}; it ends at total_steps or on an error.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {
+        signum: signal.signal(signum, raise_keyboard_interrupt)
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    }
 
 
 def open_run_log(config: Config) -> RunLog:
@@ -208,12 +226,7 @@ def train(config: Config) -> None:
         max_restarts=config.max_actor_restarts,
         log=log.print,
     )
-    # Installed explicitly: a shell starts background jobs with SIGINT ignored,
-    # and `kill -INT` must still stop the run cleanly.
-    previous_handlers = {
-        signum: signal.signal(signum, raise_keyboard_interrupt)
-        for signum in (signal.SIGINT, signal.SIGTERM)
-    }
+    previous_handlers = stop_on_signals()
     failure: str | None = None
     try:
         if server is not None:

@@ -37,9 +37,9 @@ from beast.profile import ACTOR_PHASES, PhaseClock
 from beast.runner import (
     TrainingError,
     actor_settings,
-    raise_keyboard_interrupt,
     report,
     start_run,
+    stop_on_signals,
 )
 
 __all__ = ["train_serial"]
@@ -79,10 +79,7 @@ def train_serial(config: Config) -> None:
         run.sink.writers_wait = False
     progress, learner, source = run.progress, run.learner, run.source
     clock = PhaseClock(torch.zeros(len(ACTOR_PHASES), dtype=torch.float64), ACTOR_PHASES)
-    previous = {
-        signum: signal.signal(signum, raise_keyboard_interrupt)
-        for signum in (signal.SIGINT, signal.SIGTERM)
-    }
+    previous = stop_on_signals()
     failure: str | None = None
     actor = None
     try:

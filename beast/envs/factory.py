@@ -5,7 +5,8 @@ Names:
     - `package.module:ClassName` or `package.module:factory_function`, called with no
       arguments; a result that is not a `gymnasium.Env` is taken to speak the old gym
       API and wrapped in `OldGymAdapter`. (`package.module:EnvId-v0`, Gymnasium's own
-      "import this module, then make this id" form, works too.)
+      "import this module, then make this id" form, works too.) The running script's
+      own module name finds the running script (`beast.references.import_module`).
 
 Atari: a Gymnasium id whose entry point is ale_py's `AtariEnv` gets the DeepMind
 preprocessing (see `beast.envs.atari`). Its AtariEnv is always created with
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import inspect
 import sys
 from typing import Any
@@ -51,6 +51,7 @@ from beast.envs.atari import (
 )
 from beast.envs.spec import EnvError
 from beast.envs.wrappers import EpisodeStatistics, Float32Observation, SeedFirstReset
+from beast.references import import_module
 
 __all__ = ["env_family", "make"]
 
@@ -198,7 +199,7 @@ def _make_from_path(name: str) -> tuple[gymnasium.Env, int | None]:
     if not module_name or not attr:
         raise EnvError(f"'{name}' is not a valid custom env path; write 'package.module:ClassName'")
     try:
-        module = importlib.import_module(module_name)
+        module = import_module(module_name)
     except ImportError as err:
         missing = getattr(err, "name", None)
         if missing and (module_name == missing or module_name.startswith(missing + ".")):

@@ -56,6 +56,7 @@ from beast.runner import (
     open_run_log,
     raise_keyboard_interrupt,
     report,
+    stop_on_signals,
 )
 
 __all__ = ["LearnerNode", "train"]
@@ -397,17 +398,13 @@ def train(config: PolyConfig) -> None:
     # Fail on a bad env before starting Ray (seconds) and any process.
     probe = envs.make(config.env, seed=config.seed, episodic_life=config.episodic_life)
     probe.close()
-    # Installed explicitly: a shell starts background jobs with SIGINT ignored, and
-    # `kill -INT` must still stop the run cleanly.
-    previous = {
-        signum: signal.signal(signum, raise_keyboard_interrupt)
-        for signum in (signal.SIGINT, signal.SIGTERM)
-    }
+    previous = stop_on_signals()
     failure: str | None = None
     try:
         with ray_session(config) as where:
-            # ray.init installs a SIGTERM handler that exits without a checkpoint.
-            signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
+            if previous:
+                # ray.init installs a SIGTERM handler that exits without a checkpoint.
+                signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
             try:
                 print(
                     f"[beast] polybeast on {where}: {config.servers} env servers x"
