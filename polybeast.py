@@ -20,14 +20,9 @@ PROG = "polybeast.py"
 
 def main(argv: Sequence[str] | None = None) -> int:
     from beast.cli import run_entry_point
-    from beast.config import ConfigError
     from beast.poly.config import parse_poly_args
 
     def train(config) -> None:
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            raise ConfigError("polybeast needs Ray: pip install -e '.[ray]'") from None
         from beast.poly.trainer import train as train_polybeast
 
         train_polybeast(config)

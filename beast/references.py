@@ -68,8 +68,9 @@ def import_module(name: str) -> ModuleType:
 
 
 def _described(obj: Any) -> str:
+    """The object's qualified name, or its type's: a repr can span lines (an nn.Module's)."""
     name = getattr(obj, "__qualname__", None)
-    return name if isinstance(name, str) else repr(obj)
+    return name if isinstance(name, str) else f"a {type(obj).__name__} object"
 
 
 def reference(obj: Any, argument: str) -> str:

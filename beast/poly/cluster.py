@@ -26,6 +26,7 @@ import os
 import sys
 from collections.abc import Iterator
 
+from beast.config import ConfigError
 from beast.poly.config import PolyConfig
 
 __all__ = ["ray_session", "LOOPBACK_SWITCH"]
@@ -58,10 +59,14 @@ def _private_cpus(config: PolyConfig) -> int:
 
 @contextlib.contextmanager
 def ray_session(config: PolyConfig) -> Iterator[str]:
-    """Start (or join) Ray for one run; yields a description of the cluster."""
+    """Start (or join) Ray for one run; yields a description of the cluster. ConfigError
+    when Ray is not installed."""
     if config.ray_address is None:
         _keep_local()
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("polybeast needs Ray: pip install -e '.[ray]'") from None
 
     kwargs = dict(
         include_dashboard=False,
