@@ -18,4 +18,3 @@ class Holder:
     class Nested(gymnasium.Wrapper):
         def __init__(self) -> None:
             super().__init__(gymnasium.make("CartPole-v1"))
-
