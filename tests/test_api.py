@@ -37,8 +37,9 @@ def episode_returns(run_dir) -> list[float]:
         return [float(row["return"]) for row in csv.DictReader(f)]
 
 
-def run_script(path, *args, timeout=180, marker=None):
-    """`python path args` as a user runs a script, with this checkout importable."""
+def run_script(path, *args, timeout=180, marker=None, cwd=None):
+    """`python path args` as a user runs a script, with this checkout importable, from the
+    script's directory unless `cwd` says otherwise."""
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
@@ -51,7 +52,7 @@ def run_script(path, *args, timeout=180, marker=None):
         text=True,
         timeout=timeout,
         env=env,
-        cwd=os.path.dirname(str(path)),
+        cwd=cwd or os.path.dirname(str(path)),
     )
 
 
@@ -299,8 +300,10 @@ if __name__ == "__main__":
 def test_the_issue_acceptance_script(tmp_path):
     script = tmp_path / "accept.py"
     script.write_text(ACCEPTANCE_SCRIPT)
-    out = run_script(script, tmp_path / "runs")
+    marker = uuid.uuid4().hex
+    out = run_script(script, tmp_path / "runs", marker=marker)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert wait_until_gone(marker) == []  # no actor or forkserver left behind
     reported = last_json_line(out.stdout)
     assert reported["run_dir"] == str(tmp_path / "runs" / "accept") and reported["step"] >= 2000
     assert len(reported["returns"]) == 3
@@ -344,7 +347,7 @@ class Net(nn.Module):
 if __name__ == "__main__":
     result = beast.train(env=make_env, model=Net, total_steps=2000, savedir=sys.argv[1],
                          xpid="main", num_actors=2, num_envs_per_actor=2, unroll_length=10,
-                         batch_size=2)
+                         batch_size=2, polybeast=sys.argv[2] == "polybeast")
     evaluation = beast.evaluate(result, episodes=2)
     print(json.dumps({"env": result.config.env, "model": result.config.model,
                       "returns": evaluation.returns}))
@@ -354,7 +357,7 @@ if __name__ == "__main__":
 def test_a_script_passes_its_own_functions_and_classes(tmp_path):
     script = tmp_path / "train_cartpole.py"
     script.write_text(MAIN_SCRIPT)
-    out = run_script(script, tmp_path / "runs")
+    out = run_script(script, tmp_path / "runs", "monobeast")
     assert out.returncode == 0, out.stderr[-3000:]
     reported = last_json_line(out.stdout)
     # Recorded under the script's module name, which any process can import.
@@ -379,6 +382,21 @@ def test_a_script_passes_its_own_functions_and_classes(tmp_path):
     )
     assert tested.returncode == 0, tested.stderr[-3000:]
     assert "on train_cartpole:make_env for 2 episodes" in tested.stdout
+
+
+def test_a_script_passes_its_own_functions_and_classes_to_polybeast(tmp_path):
+    # Ray's env servers import the script by its module name: Ray puts the script's
+    # directory on their sys.path (the run starts elsewhere, in tmp_path's parent).
+    script = tmp_path / "train_cartpole.py"
+    script.write_text(MAIN_SCRIPT)
+    marker = uuid.uuid4().hex
+    out = run_script(script, tmp_path / "runs", "polybeast", cwd=tmp_path.parent, marker=marker)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert wait_until_gone(marker, timeout=15) == []  # no Ray process left behind
+    reported = last_json_line(out.stdout)
+    assert reported["env"] == "train_cartpole:make_env"
+    assert reported["model"] == "train_cartpole:Net"
+    assert len(reported["returns"]) == 2
 
 
 def test_a_script_that_starts_training_unguarded_is_refused_in_one_line(tmp_path):
