@@ -11,8 +11,6 @@ that `import beast` stays cheap for the actor processes, which import beast's mo
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -37,23 +35,10 @@ def __getattr__(name: str) -> Any:
     module = _API.get(name)
     if module is None:
         raise AttributeError(f"module 'beast' has no attribute {name!r}")
+    # First beast.api, which binds `beast.evaluate` to its function (see there).
+    importlib.import_module("beast.api")
     return getattr(importlib.import_module(module), name)
 
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_API})
-
-
-class _Package(types.ModuleType):
-    """The type of the `beast` module: `beast.evaluate` stays the API's function although
-    the submodule beast/evaluate.py (`--mode test`) has its name, and Python binds every
-    submodule to its package's attribute when it is first imported. (`from beast.evaluate
-    import test` still finds the submodule, in sys.modules.)"""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _API and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

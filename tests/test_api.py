@@ -248,6 +248,32 @@ def test_env_callable_and_model_class_train_evaluate_and_resume(tmp_path):
         beast.train(env=Holder.Nested, savedir=tmp_path, xpid="objects", **SMALL)
 
 
+@pytest.mark.parametrize("mode", [{"serial": True}, {"policy": "central"}])
+def test_env_and_model_objects_reach_serial_runs_and_central_inference(tmp_path, mode):
+    result = beast.train(
+        env=make_cartpole,
+        model=TinyActorCritic,
+        total_steps=1000,
+        savedir=tmp_path,
+        xpid="mode",
+        **{**SMALL, **mode},
+    )
+    assert result.finished and result.num_updates > 0
+    assert result.config.env == "tests.api_objects:make_cartpole"
+
+
+def test_evaluate_takes_the_saved_runs_algorithm_flags(tmp_path):
+    # --test_epsilon is DQN's: accepted because the run's config.yaml says --algo dqn (the
+    # run has no checkpoint, so the error that follows is about that, not the flag).
+    run_dir = tmp_path / "dqn-run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("algo: dqn\nenv: CartPole-v1\n")
+    with pytest.raises(ConfigError, match="no checkpoint at"):
+        beast.evaluate(run_dir, episodes=2, test_epsilon=0.0)
+    with pytest.raises(ConfigError, match="'test_epsilon' is a flag of --algo r2d2, not of impala"):
+        beast.evaluate(xpid="elsewhere", savedir=tmp_path, test_epsilon=0.0)
+
+
 def test_train_from_another_thread_keeps_the_signal_handlers(tmp_path):
     # Ray Tune runs a trial's function in a thread: no signal handler can be set there.
     results, errors = [], []
@@ -491,6 +517,43 @@ def test_an_interrupt_stops_the_run_cleanly_and_train_returns(tmp_path):
     assert (tmp_path / "stopped" / "model.tar").is_file()
     assert wait_until_gone(marker) == []
     assert shm_entries() - before == set()
+
+
+TUNE_SCRIPT = """
+import sys
+
+from ray import tune
+
+import beast
+
+SAVEDIR = sys.argv[1]  # read here: a trial's own sys.argv is its Ray worker's
+
+
+def trial(params):
+    result = beast.train(env="CartPole-v1", total_steps=3000, learning_rate=params["lr"],
+                         savedir=SAVEDIR, xpid=f"lr{params['lr']}", num_actors=1)
+    return {"mean_return": result.mean_return, "finished": result.finished}
+
+
+if __name__ == "__main__":
+    space = {"lr": tune.grid_search([0.001, 0.003])}
+    results = tune.Tuner(trial, param_space=space,
+                         tune_config=tune.TuneConfig(max_concurrent_trials=1)).fit()
+    print(sorted(r.metrics["finished"] for r in results), results.errors)
+"""
+
+
+@pytest.mark.slow
+def test_ray_tune_trials_train(tmp_path):
+    # Tune runs a trial function in a thread of a Ray actor (no signal handlers there).
+    pytest.importorskip("ray.tune", exc_type=ImportError)  # pip install "ray[tune]"
+    script = tmp_path / "tune_beast.py"
+    script.write_text(TUNE_SCRIPT)
+    out = run_script(script, tmp_path / "runs", timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # Ray forwards its workers' output to stdout too, and may do so after the script's line.
+    assert "[True, True] []" in out.stdout.splitlines(), out.stdout[-3000:]
+    assert (tmp_path / "runs" / "lr0.003" / "model.tar").is_file()
 
 
 def test_a_model_class_learns_cartpole(tmp_path):
