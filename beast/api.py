@@ -122,7 +122,7 @@ def _check_main_guard() -> None:
     (what `_refuse_in_worker` would otherwise find in every actor)."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    if not path or not path.endswith(".py"):
+    if not path:
         return  # an interactive session, python -c: actors do not run it again
     frame = sys._getframe(1)
     while frame is not None and not (
@@ -136,7 +136,7 @@ def _check_main_guard() -> None:
         with open(path) as f:
             tree = ast.parse(f.read())
     except (OSError, SyntaxError, ValueError):
-        return
+        return  # not Python source (IPython syntax, say): actors will tell
     guarded = any(
         isinstance(node, ast.If)
         and _is_main_guard(node.test)
@@ -147,8 +147,8 @@ def _check_main_guard() -> None:
         return
     raise ConfigError(
         f'{path}:{line} starts beast.train() outside `if __name__ == "__main__":`; actor'
-        " processes import this script to find its env and model, so put the training code"
-        " under that guard"
+        " processes import this script when they start, so put the training code under that"
+        " guard"
     )
 
 

@@ -436,8 +436,8 @@ def test_a_script_that_starts_training_unguarded_is_refused_in_one_line(tmp_path
     last = out.stderr.strip().splitlines()[-1]
     assert last.endswith(
         f'{script}:3 starts beast.train() outside `if __name__ == "__main__":`; actor'
-        " processes import this script to find its env and model, so put the training code"
-        " under that guard"
+        " processes import this script when they start, so put the training code under that"
+        " guard"
     ), out.stderr[-2000:]
     assert not (tmp_path / "x").exists()
 
