@@ -16,7 +16,8 @@ field values (`--config FILE`, or when none is given the tuned
 `configs/<algo>/<family>.yaml` that `--env` picks: Atari ids get atari.yaml, classic
 control gets classic.yaml), then the command-line flags. A file's unknown keys and
 mistyped values are ConfigErrors naming the key and the file. `--print_config` prints the
-merged config as YAML and exits.
+merged config as YAML and exits. The Python API's keyword arguments (`beast.train(env=...)`)
+go through `config_from_flags`: the same layers and checks, for values that arrive typed.
 """
 
 from __future__ import annotations

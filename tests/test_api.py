@@ -219,15 +219,21 @@ def test_train_then_evaluate_in_this_process(tmp_path):
     assert again.returns == evaluation.returns
 
 
-def test_env_callable_and_model_class_train_evaluate_and_resume(tmp_path):
-    result = beast.train(
+def train_objects(tmp_path, xpid, total_steps, **flags):
+    """A short run of the env factory and the model class of tests/api_objects.py and
+    tests/user_models.py."""
+    return beast.train(
         env=make_cartpole,
         model=TinyActorCritic,
-        total_steps=3000,
+        total_steps=total_steps,
         savedir=tmp_path,
-        xpid="objects",
-        **SMALL,
+        xpid=xpid,
+        **{**SMALL, **flags},
     )
+
+
+def test_env_callable_and_model_class_train_evaluate_and_resume(tmp_path):
+    result = train_objects(tmp_path, "objects", 3000)
     assert result.finished and result.step >= 3000 and result.episodes > 0
     # Recorded as readable import paths that --mode test and a resume read back.
     recorded = yaml.safe_load((tmp_path / "objects" / "config.yaml").read_text())
@@ -250,14 +256,7 @@ def test_env_callable_and_model_class_train_evaluate_and_resume(tmp_path):
 
 @pytest.mark.parametrize("mode", [{"serial": True}, {"policy": "central"}])
 def test_env_and_model_objects_reach_serial_runs_and_central_inference(tmp_path, mode):
-    result = beast.train(
-        env=make_cartpole,
-        model=TinyActorCritic,
-        total_steps=1000,
-        savedir=tmp_path,
-        xpid="mode",
-        **{**SMALL, **mode},
-    )
+    result = train_objects(tmp_path, "mode", 1000, **mode)
     assert result.finished and result.num_updates > 0
     assert result.config.env == "tests.api_objects:make_cartpole"
 
