@@ -249,6 +249,14 @@ class EnvBatch(abc.ABC):
                 f"expected {self.num_envs} integer actions for {self.env_name}, "
                 f"got an array of shape {actions.shape} and dtype {actions.dtype}"
             )
+        # The C++ backends index their action sets with it unchecked: the ALE vector env's
+        # worker skips a bad action and never answers (a hang), EnvPool's reads past the
+        # end. Refused here, for every backend alike.
+        if actions.min() < 0 or actions.max() >= spec.num_actions:
+            raise ValueError(
+                f"actions for {self.env_name} must be in 0..{spec.num_actions - 1}, "
+                f"got {actions.reshape(-1).tolist()}"
+            )
         return actions.reshape(self.num_envs).astype(np.int64, copy=False)
 
     def __enter__(self) -> Self:
@@ -256,6 +264,76 @@ class EnvBatch(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class EpisodeTotals:
+    """Each env's running return and length of its current real episode, for the backends
+    whose envs do not report them (what `EpisodeStatistics` does in `make`'s stack).
+
+    Returns are summed in float64, so a long game's sum of small rewards is exact, as in
+    EpisodeStatistics' Python float.
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+
+    def count(self, reward: np.ndarray, steps: np.ndarray | int = 1) -> None:
+        """Add a step's rewards [K] and its agent steps (1, or int/bool [K] per env)."""
+        self.returns += reward
+        self.lengths += steps
+
+    def finish(self, batch: EnvBatch, ended: np.ndarray) -> None:
+        """Report the episodes that `ended` (bool [K]) in the batch's `episode_end`,
+        `episode_return` and `episode_step`, and restart their totals."""
+        np.copyto(batch.episode_end, ended)
+        if ended.any():
+            batch.episode_return[ended] = self.returns[ended]
+            batch.episode_step[ended] = self.lengths[ended]
+            self.restart(ended)
+
+    def restart(self, rows: np.ndarray) -> None:
+        """Start new totals for `rows` (bool [K]) without reporting the old ones."""
+        self.returns[rows] = 0.0
+        self.lengths[rows] = 0
+
+
+class FrameStackAges:
+    """Steps since each env's frame stack (re)started, for the C++ backends whose stacks
+    hold older frames there: beast's `FrameStack` holds copies of the first frame after a
+    reset (and after `EpisodicLife`'s soft reset), which `pad` writes over them.
+
+    At age a the newest a + 1 frames of a stack are this episode's; the older slots
+    become copies of the oldest of those. Ages start at 0: every stack has just started.
+    """
+
+    def __init__(self, num_envs: int, num_frames: int) -> None:
+        self.ages = np.zeros(num_envs, dtype=np.int64)
+        self._last = num_frames - 1
+
+    def tick(self) -> None:
+        self.ages += 1
+
+    def restart(self, rows: np.ndarray) -> None:
+        """The stacks of `rows` (bool [K]) start again from their newest frame."""
+        self.ages[rows] = 0
+
+    def pad(self, obs: np.ndarray, skip: np.ndarray | None = None) -> None:
+        """Overwrite the slots of `obs` [K, num_frames, H, W] older than each stack's age
+        with its oldest frame of this episode; rows in `skip` (bool [K]) are left as
+        they are."""
+        young = self.ages < self._last
+        if skip is not None:
+            young &= ~skip
+        for i in np.flatnonzero(young).tolist():
+            first = self._last - int(self.ages[i])
+            obs[i, :first] = obs[i, first]
+
+
+def lost_a_life(lives: np.ndarray, previous: np.ndarray, game_over: np.ndarray) -> np.ndarray:
+    """beast's `EpisodicLife` rule, per env (int [K], int [K], bool [K] -> bool [K]): the
+    lives went down, some are left, and the game is not over."""
+    return ~game_over & (lives > 0) & (lives < previous)
 
 
 class LoopEnvBatch(EnvBatch):
@@ -463,13 +541,10 @@ class AleVectorEnvBatch(EnvBatch):
         )
         self._allocate(env_name, num_envs, spec)
         self._episodic_life = episodic_life
-        # Running totals of the current real episode: float64 so a long game's sum of
-        # small rewards is exact, as in EpisodeStatistics' Python float.
-        self._running_return = np.zeros(num_envs, dtype=np.float64)
-        self._running_length = np.zeros(num_envs, dtype=np.int64)
-        # Steps since each env's stack was (re)started; frames older than that are the
-        # ALE's zero padding (or, after a lost life, the previous life's frames).
-        self._age = np.zeros(num_envs, dtype=np.int64)
+        self._totals = EpisodeTotals(num_envs)
+        # Frames older than a stack's age are the ALE's zero padding (or, after a lost
+        # life, the previous life's frames).
+        self._stacks = FrameStackAges(num_envs, spec.obs_shape[0])
 
         seeds = None
         if first_seed is not None:
@@ -483,17 +558,10 @@ class AleVectorEnvBatch(EnvBatch):
             )
         np.copyto(self.obs, obs)
         self._lives = info["lives"].copy()
-        self._pad_young_stacks()
+        self._stacks.pad(self.obs)
 
     def step(self, actions: np.ndarray) -> None:
         actions = self._actions(actions)
-        # The C++ worker skips an out-of-range action with a log line and never answers,
-        # which would hang the batch: refuse it here.
-        if actions.min() < 0 or actions.max() >= self._num_actions:
-            raise ValueError(
-                f"actions for {self.env_name} must be in 0..{self._num_actions - 1}, "
-                f"got {actions.tolist()}"
-            )
         obs, reward, terminated, truncated, info = self._vector_env.step(actions)
         # Envs whose previous row was a truncated game's final observation: the ALE
         # restarted them then, so this row is the new game's (module docstring).
@@ -503,23 +571,16 @@ class AleVectorEnvBatch(EnvBatch):
         # The ALE's own episodic life is off, so these are real episode ends (the game is
         # over or hit its frame limit), and `obs` is already the next game's first frame.
         game_over = terminated | truncated
-        self._running_return += reward
-        self._running_length += 1
-        self._age += 1
-        np.copyto(self.episode_end, game_over)
-        if game_over.any():
-            self.episode_return[game_over] = self._running_return[game_over]
-            self.episode_step[game_over] = self._running_length[game_over]
-            self._running_return[game_over] = 0.0
-            self._running_length[game_over] = 0
-            self._age[game_over] = 0
+        self._totals.count(reward)
+        self._totals.finish(self, game_over)
+        self._stacks.tick()
+        self._stacks.restart(game_over)
         lives = info["lives"]
         ended = terminated.copy()
         if self._episodic_life:
-            # beast's EpisodicLife rule: lives went down, some are left, game not over.
             # After a game over `lives` is the new game's, so the comparison restarts.
-            life_lost = ~game_over & (lives > 0) & (lives < self._lives)
-            self._age[life_lost] = 0
+            life_lost = lost_a_life(lives, self._lives, game_over)
+            self._stacks.restart(life_lost)
             ended |= life_lost
         np.copyto(self.terminated, ended)
         np.logical_or(ended, restarted, out=self.done)
@@ -527,21 +588,9 @@ class AleVectorEnvBatch(EnvBatch):
         if self.truncated.any():
             self.obs[self.truncated] = info["final_obs"][self.truncated]
         self._lives[:] = lives
-        self._pad_young_stacks()
-        self._track_discounted_return()
-
-    def _pad_young_stacks(self) -> None:
-        """Fill stack slots older than the env's (re)start with its first frame.
-
-        At age a (steps since the reset or lost life) the newest a + 1 frames are this
-        episode's; the older ones become copies of the oldest of those, as beast's
-        FrameStack holds copies of the first frame after a reset.
-        """
-        last = self.obs_shape[0] - 1
         # A truncated row holds the old game's final stack, not the new game's frames.
-        for i in np.flatnonzero((self._age < last) & ~self.truncated).tolist():
-            first = last - int(self._age[i])
-            self.obs[i, :first] = self.obs[i, first]
+        self._stacks.pad(self.obs, skip=self.truncated)
+        self._track_discounted_return()
 
     def close(self) -> None:
         vector_env, self._vector_env = getattr(self, "_vector_env", None), None
