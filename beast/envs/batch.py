@@ -106,16 +106,27 @@ except ImportError:  # pragma: no cover - depends on the installed ale-py
 
 __all__ = [
     "AUTO_PREFERS_ALE_VECTOR",
+    "AUTO_PREFERS_ENVPOOL",
     "AleVectorEnvBatch",
     "Backend",
-    "DEFAULT_ALE_THREADS",
+    "BACKENDS",
+    "DEFAULT_NATIVE_THREADS",
+    "AtariSettings",
+    "EpisodeTotals",
+    "FrameStackAges",
+    "atari_settings",
+    "folded_seeds",
+    "lost_a_life",
+    "resolve_backend",
     "EnvBatch",
     "LoopEnvBatch",
     "ale_vector_supports",
     "make_env_batch",
 ]
 
-Backend = Literal["auto", "loop", "ale_vector"]
+Backend = Literal["auto", "loop", "ale_vector", "envpool"]
+# Every value of `Backend`, for flags and messages.
+BACKENDS: tuple[str, ...] = ("auto", "loop", "ale_vector", "envpool")
 
 # Whether backend="auto" picks "ale_vector" for the Atari ids it supports: no, because it
 # was not faster. `python -m benchmarks.env_batch --repeats 7 --seconds 3 --warmup 1
@@ -132,19 +143,24 @@ Backend = Literal["auto", "loop", "ale_vector"]
 # turning this on.
 AUTO_PREFERS_ALE_VECTOR = False
 
-# C++ worker threads per AtariVectorEnv. One: with one actor process per core, a second
-# thread adds no core (2 processes x 2 threads: 1.03x the loop's CPU time per step, the
-# same as 1 thread). A second thread only pays for a lone process with an idle core,
-# where it steps the K games in parallel.
-DEFAULT_ALE_THREADS = 1
+# Env families (`factory.env_family`) for which backend="auto" picks "envpool" when it is
+# installed and runs the id: those where it measured faster per CPU-second than "loop"
+# (see benchmarks/RESULTS.md, "EnvPool").
+AUTO_PREFERS_ENVPOOL: dict[str, bool] = {"atari": False, "mujoco": False}
 
-# The ALE reads seeds as C int; larger seeds are folded into range.
-_ALE_SEED_MODULUS = 2**31 - 1
+# C++ worker threads per AtariVectorEnv or EnvPool. One: with one actor process per core,
+# a second thread adds no core (AtariVectorEnv, 2 processes x 2 threads: 1.03x the loop's
+# CPU time per step, the same as 1 thread). A second thread only pays for a lone process
+# with an idle core, where it steps the K envs in parallel.
+DEFAULT_NATIVE_THREADS = 1
+
+# The ALE and EnvPool read seeds as C int; larger seeds are folded into range.
+_SEED_MODULUS = 2**31 - 1
 # Frame limit passed when an id sets none: effectively unlimited, and `limit + 1`
 # (the ALE's initial step count) still fits a C int.
 _NO_FRAME_LIMIT = 2**30
-# AtariEnv keyword arguments whose values `ale_vector_supports` can reproduce: each
-# name maps to the values allowed (None: any value).
+# AtariEnv keyword arguments whose values the C++ Atari batches (ale_vector, envpool) can
+# reproduce: each name maps to the values allowed (None: any value).
 _SUPPORTED_ATARI_KWARGS: dict[str, tuple[Any, ...] | None] = {
     "game": None,
     "obs_type": ("rgb", "grayscale"),  # beast reads the ALE's grayscale screen for both
@@ -330,6 +346,14 @@ class FrameStackAges:
             obs[i, :first] = obs[i, first]
 
 
+def folded_seeds(first_seed: int | None, num_envs: int) -> np.ndarray | None:
+    """Env i's seed `first_seed + i`, folded into the C int range the ALE and EnvPool
+    read (int64 [K]); None for None."""
+    if first_seed is None:
+        return None
+    return (first_seed + np.arange(num_envs, dtype=np.int64)) % _SEED_MODULUS
+
+
 def lost_a_life(lives: np.ndarray, previous: np.ndarray, game_over: np.ndarray) -> np.ndarray:
     """beast's `EpisodicLife` rule, per env (int [K], int [K], bool [K] -> bool [K]): the
     lives went down, some are left, and the game is not over."""
@@ -420,8 +444,17 @@ class LoopEnvBatch(EnvBatch):
 
 
 @dataclass(frozen=True)
-class _AleVectorConfig:
-    """What `AtariVectorEnv` needs from a Gymnasium Atari id, read from its registration."""
+class AtariSettings:
+    """What a C++ Atari batch (ale-py's AtariVectorEnv, EnvPool) needs from a Gymnasium
+    Atari id to play it as `make` does, read from its registration.
+
+    Attributes:
+        game: the ALE's ROM name ("pong").
+        repeat_action_probability: sticky actions, per frame (0.25 for v5 ids).
+        full_action_space: all 18 actions rather than the game's minimal set.
+        max_num_frames_per_episode: the tighter of the id's frame limit and its
+            TimeLimit (in agent steps of FRAME_SKIP frames), in frames.
+    """
 
     game: str
     repeat_action_probability: float
@@ -429,10 +462,10 @@ class _AleVectorConfig:
     max_num_frames_per_episode: int
 
 
-def _ale_vector_config(env_name: str) -> _AleVectorConfig | str:
-    """The id's settings for `AtariVectorEnv`, or a reason it cannot reproduce `make`."""
-    if AtariVectorEnv is None:
-        return "the installed ale-py has no AtariVectorEnv (needs ale-py >= 0.11)"
+def atari_settings(env_name: str, batch: str) -> AtariSettings | str:
+    """The id's `AtariSettings`, or why `batch` (named in the reason) cannot reproduce
+    `make` for it: an id that is not a pixel Atari id made by ale_py's `AtariEnv` itself
+    with a game mode, difficulty or option a C++ batch does not take."""
     if ":" in env_name or factory.env_family(env_name) != "atari":
         return f"'{env_name}' is not a registered Gymnasium Atari id with pixel observations"
     spec = gymnasium.spec(env_name)
@@ -448,22 +481,29 @@ def _ale_vector_config(env_name: str) -> _AleVectorConfig | str:
     kwargs = {**defaults, **spec.kwargs}
     for name, value in kwargs.items():
         if name not in _SUPPORTED_ATARI_KWARGS:
-            return f"'{env_name}' sets {name}={value!r}, which AtariVectorEnv does not take"
+            return f"'{env_name}' sets {name}={value!r}, which {batch} does not take"
         allowed = _SUPPORTED_ATARI_KWARGS[name]
         if allowed is not None and value not in allowed:
-            return f"'{env_name}' sets {name}={value!r}, which AtariVectorEnv cannot reproduce"
+            return f"'{env_name}' sets {name}={value!r}, which {batch} cannot reproduce"
     # The id's frame limit, and its TimeLimit (agent steps of FRAME_SKIP frames) if any:
     # `make` applies both, so the tighter one ends the game.
     limits = [kwargs["max_num_frames_per_episode"]]
     if spec.max_episode_steps is not None:
         limits.append(spec.max_episode_steps * factory.FRAME_SKIP)
     limits = [int(limit) for limit in limits if limit is not None and limit > 0]
-    return _AleVectorConfig(
+    return AtariSettings(
         game=kwargs["game"],
         repeat_action_probability=float(kwargs["repeat_action_probability"]),
         full_action_space=bool(kwargs["full_action_space"]),
         max_num_frames_per_episode=min(limits, default=_NO_FRAME_LIMIT),
     )
+
+
+def _ale_vector_config(env_name: str) -> AtariSettings | str:
+    """The id's settings for `AtariVectorEnv`, or a reason it cannot reproduce `make`."""
+    if AtariVectorEnv is None:
+        return "the installed ale-py has no AtariVectorEnv (needs ale-py >= 0.11)"
+    return atari_settings(env_name, "AtariVectorEnv")
 
 
 def ale_vector_supports(env_name: str) -> bool:
@@ -473,7 +513,7 @@ def ale_vector_supports(env_name: str) -> bool:
     observations and default game mode and difficulty (every `*NoFrameskip-v4`, `*-v4`
     and `ALE/*-v5` id), when the installed ale-py has `AtariVectorEnv`.
     """
-    return isinstance(_ale_vector_config(env_name), _AleVectorConfig)
+    return isinstance(_ale_vector_config(env_name), AtariSettings)
 
 
 class AleVectorEnvBatch(EnvBatch):
@@ -502,7 +542,7 @@ class AleVectorEnvBatch(EnvBatch):
         first_seed: int | None,
         episodic_life: bool,
         *,
-        num_threads: int = DEFAULT_ALE_THREADS,
+        num_threads: int = DEFAULT_NATIVE_THREADS,
         noop_max: int | None = None,
     ) -> None:
         if num_envs < 1:
@@ -546,10 +586,7 @@ class AleVectorEnvBatch(EnvBatch):
         # life, the previous life's frames).
         self._stacks = FrameStackAges(num_envs, spec.obs_shape[0])
 
-        seeds = None
-        if first_seed is not None:
-            seeds = (first_seed + np.arange(num_envs, dtype=np.int64)) % _ALE_SEED_MODULUS
-        obs, info = self._vector_env.reset(seed=seeds)
+        obs, info = self._vector_env.reset(seed=folded_seeds(first_seed, num_envs))
         if obs.shape != self.obs.shape:
             self.close()
             raise EnvError(
@@ -601,6 +638,38 @@ class AleVectorEnvBatch(EnvBatch):
             del vector_env
 
 
+def resolve_backend(env_name: str, backend: Backend) -> str:
+    """The backend `make_env_batch` uses for `env_name`: `backend` itself, or for "auto"
+    the measured choice (module docstring).
+
+    Raises:
+        EnvError: an explicit "ale_vector" or "envpool" that cannot run `env_name` (or,
+            for "envpool", is not installed: the message says how to install it).
+        ValueError: an unknown backend.
+    """
+    # envpool_batch builds on this module, so it is imported when used.
+    from beast.envs.envpool_batch import envpool_support
+
+    if backend == "auto":
+        family = factory.env_family(env_name)
+        if AUTO_PREFERS_ENVPOOL.get(family or "", False) and envpool_support(env_name) is None:
+            return "envpool"
+        if AUTO_PREFERS_ALE_VECTOR and ale_vector_supports(env_name):
+            return "ale_vector"
+        return "loop"
+    if backend == "ale_vector":
+        config = _ale_vector_config(env_name)
+        if isinstance(config, str):
+            raise EnvError(f"the ale_vector env backend cannot run this env: {config}")
+    elif backend == "envpool":
+        reason = envpool_support(env_name)
+        if reason is not None:
+            raise EnvError(reason)
+    elif backend != "loop":
+        raise ValueError(f"unknown env batch backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    return backend
+
+
 def make_env_batch(
     env_name: str,
     num_envs: int,
@@ -608,7 +677,7 @@ def make_env_batch(
     episodic_life: bool,
     backend: Backend = "auto",
     *,
-    num_threads: int = DEFAULT_ALE_THREADS,
+    num_threads: int = DEFAULT_NATIVE_THREADS,
     return_discount: float | None = None,
 ) -> EnvBatch:
     """K envs of `env_name` as one batch (see the module docstring for the contract).
@@ -619,19 +688,17 @@ def make_env_batch(
         first_seed: env i is seeded with `first_seed + i`; None leaves seeds to entropy.
         episodic_life: Atari only; a lost life ends the agent's episode (`done`) but not
             the game (`episode_end`).
-        backend: "loop", "ale_vector" or "auto" ("ale_vector" for the Atari ids it
-            supports when `AUTO_PREFERS_ALE_VECTOR`, else "loop"; non-Atari envs always
-            use "loop").
-        num_threads: C++ worker threads of the "ale_vector" backend.
+        backend: "loop", "ale_vector", "envpool" or "auto" (`resolve_backend`: the
+            backend measured fastest per CPU-second among those that preprocess the id
+            as "loop" does; anything else always uses "loop").
+        num_threads: C++ worker threads of the "ale_vector" and "envpool" backends.
         return_discount: gamma of the `discounted_return` the batch keeps; None: none.
 
     Raises:
-        EnvError: the env cannot be made, or backend="ale_vector" for an env it cannot run.
+        EnvError: the env cannot be made, or an explicit backend cannot run it.
         ValueError: unknown backend, num_envs < 1.
     """
-    if backend == "auto":
-        use_ale = AUTO_PREFERS_ALE_VECTOR and ale_vector_supports(env_name)
-        backend = "ale_vector" if use_ale else "loop"
+    backend = resolve_backend(env_name, backend)
     batch: EnvBatch
     if backend == "loop":
         batch = LoopEnvBatch(env_name, num_envs, first_seed, episodic_life)
@@ -640,8 +707,10 @@ def make_env_batch(
             env_name, num_envs, first_seed, episodic_life, num_threads=num_threads
         )
     else:
-        raise ValueError(
-            f"unknown env batch backend {backend!r}; use 'auto', 'loop' or 'ale_vector'"
+        from beast.envs.envpool_batch import EnvPoolEnvBatch
+
+        batch = EnvPoolEnvBatch(
+            env_name, num_envs, first_seed, episodic_life, num_threads=num_threads
         )
     batch.return_discount = return_discount
     return batch
