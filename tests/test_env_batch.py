@@ -84,21 +84,6 @@ def path(name: str) -> str:
     return f"{__name__}:{name}"
 
 
-@pytest.fixture
-def register_id():
-    """Register Gymnasium ids for one test; they are removed from the registry after it."""
-    added: list[str] = []
-
-    def register(env_id: str, **kwargs) -> str:
-        gymnasium.register(env_id, **kwargs)
-        added.append(env_id)
-        return env_id
-
-    yield register
-    for env_id in added:
-        gymnasium.registry.pop(env_id, None)
-
-
 def register_atari(register, env_id: str, game: str, **kwargs) -> str:
     """A NoFrameskip-v4-style id (no sticky actions, 108000-frame limit) with overrides."""
     defaults = dict(
