@@ -244,11 +244,11 @@ class EnvPoolEnvBatch(EnvBatch):
             self._atari = task.atari
             self._episodic_life = episodic_life
             self._totals = EpisodeTotals(num_envs)
-            self._all_envs = np.ones(num_envs, dtype=bool)
+            self._env_ids = np.arange(num_envs, dtype=np.int32)
             if self._atari:
                 self._lives = np.zeros(num_envs, dtype=np.int64)
                 self._stacks = FrameStackAges(num_envs, self.obs_shape[0])
-            self._reset(self._all_envs)
+            self._reset(np.ones(num_envs, dtype=bool))
         except BaseException:
             self.close()
             raise
@@ -256,40 +256,41 @@ class EnvPoolEnvBatch(EnvBatch):
     def step(self, actions: np.ndarray) -> None:
         actions = self._actions(actions)
         obs, reward, terminated, truncated, info = self._pool.step(actions)
-        # Envs whose previous row was a truncated episode's final observation: EnvPool
-        # reset them in this step (action ignored, reward 0), as beast's contract has it.
-        restarted = self.truncated.copy()
-        order = info["env_id"]
-        self.obs[order] = obs
-        self.reward[order] = reward
+        lives = info["lives"] if self._atari else None
         if self._atari:
             # The ALE's game over, not EnvPool's `terminated`, which is False whenever its
             # step limit is reached, even at a game over (beast reports a termination).
-            game_over = _in_env_order(info["terminated"].astype(bool), order)
-            limit = _in_env_order(truncated, order) & ~game_over
-        else:
-            game_over = _in_env_order(terminated, order)
-            limit = _in_env_order(truncated, order)
+            terminated = info["terminated"].astype(bool)
+            truncated = truncated & ~terminated
+        # A synchronous pool answers in env order (measured); any other is put back in it.
+        order = info["env_id"]
+        if not np.array_equal(order, self._env_ids):
+            by_env = np.argsort(order)
+            obs, reward = obs[by_env], reward[by_env]
+            terminated, truncated = terminated[by_env], truncated[by_env]
+            if lives is not None:
+                lives = lives[by_env]
+        # Envs whose previous row was a truncated episode's final observation: EnvPool
+        # reset them in this step (action ignored, reward 0), as beast's contract has it.
+        restarted = self.truncated.copy()
+        np.copyto(self.obs, obs, casting="same_kind")
+        np.copyto(self.reward, reward)
         self._totals.count(self.reward, ~restarted)
-        self._totals.finish(self, game_over | limit)
-        ended = game_over.copy()
+        self._totals.finish(self, terminated | truncated)
+        ended = terminated.copy()
         if self._atari:
             self._stacks.tick()
-            lives = _in_env_order(info["lives"], order)
-            if self._episodic_life:
-                life_lost = lost_a_life(lives, self._lives, game_over | limit)
-                self._lives[:] = lives
-                if life_lost.any():
-                    self._soft_reset(life_lost)
-                ended |= life_lost
-            else:
-                self._lives[:] = lives
             self._stacks.restart(restarted)
-        if game_over.any():
-            self._reset(game_over)
+            life_lost = lost_a_life(lives, self._lives, terminated | truncated)
+            self._lives[:] = lives
+            if self._episodic_life and life_lost.any():
+                self._soft_reset(life_lost)
+                ended |= life_lost
+        if terminated.any():
+            self._reset(terminated)
         np.copyto(self.terminated, ended)
         np.logical_or(ended, restarted, out=self.done)
-        np.copyto(self.truncated, limit)
+        np.copyto(self.truncated, truncated)
         if self._atari:
             self._stacks.pad(self.obs)
         self._track_discounted_return()
@@ -330,10 +331,3 @@ class EnvPoolEnvBatch(EnvBatch):
         pool, self._pool = getattr(self, "_pool", None), None
         if pool is not None:
             pool.close()  # stops and joins EnvPool's worker threads
-
-
-def _in_env_order(values: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """`values` [K] of envs `order` (EnvPool's `env_id`s) rearranged into env order."""
-    out = np.empty_like(values)
-    out[order] = values
-    return out
