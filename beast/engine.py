@@ -52,7 +52,7 @@ from beast.checkpoint import (
 )
 from beast.compile import CompiledForward
 from beast.config import Config, ConfigError
-from beast.envs.batch import resolve_backend
+from beast.envs.batch import check_backend
 from beast.fields import Field, core_state_shapes
 from beast.learner import Learner, Stepper, TrainingProgress, UpdateStats
 from beast.models import ModelError, WeightCopier, check_model, copy_weights
@@ -230,7 +230,7 @@ def prepare(config: Config) -> tuple[Config, envs.EnvSpec, torch.device, str]:
     spec = envs.env_spec(probe)
     probe.close()
     # An --env_backend that cannot run --env (or is not installed) stops here, in one line.
-    resolve_backend(config.env, config.env_backend)
+    check_backend(config.env, config.env_backend)
     algorithm = build_algorithm(config, spec)
     # Fail here, in one line, on a model that does not fit.
     model = build_checked_model(algorithm)

@@ -375,12 +375,12 @@ def _summary(variants: list[Variant], runs: dict[Variant, list[Measurement]]) ->
     return lines
 
 
-def _write_results(path: Path, command: str, lines: list[str]) -> None:
+def _write_results(path: Path, command: str, lines: list[str], title: str) -> None:
     """Append the report to RESULTS.md under a dated heading."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     header, body = lines[:2], lines[2:]
     with open(path, "a") as f:
-        f.write(f"\n## {stamp}: env batch backends\n\nCommand: `{command}`\n\n")
+        f.write(f"\n## {stamp}: {title}\n\nCommand: `{command}`\n\n")
         f.write("\n\n".join(header) + "\n\n")
         f.write("\n".join(f"- {line}" if line.startswith("repeat") else line for line in body))
         f.write("\n")
@@ -415,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--paired_rounds", type=int, default=20, help="Rounds of the paired figure; 0: skip."
     )
     p.add_argument("--write_results", action="store_true", help="append to RESULTS.md")
+    p.add_argument("--title", default="env batch backends", help="RESULTS.md heading.")
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     return p
 
@@ -426,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         command = "python -m benchmarks.env_batch " + " ".join(
             sys.argv[1:] if argv is None else argv
         )
-        _write_results(args.results, command.strip(), lines)
+        _write_results(args.results, command.strip(), lines, args.title)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import pytest
 
 from beast.envs import EnvError, envpool_batch, factory
 from beast.envs import batch as env_batch
-from beast.envs.batch import EnvBatch, make_env_batch, resolve_backend
+from beast.envs.batch import EnvBatch, check_backend, make_env_batch, resolve_backend
 from tests.test_env_batch import (
     outputs,
     play_games,
@@ -93,7 +93,7 @@ def test_supported_ids(name, supported):
     assert envpool_batch.envpool_supports(name) is supported
     if not supported:
         with pytest.raises(EnvError, match="envpool env backend cannot run this env"):
-            resolve_backend(name, "envpool")
+            check_backend(name, "envpool")
 
 
 @requires_envpool
@@ -119,22 +119,32 @@ def test_episodic_life_is_refused_outside_atari():
         make_env_batch("HalfCheetah-v5", 1, 0, True, backend="envpool")
 
 
-def test_auto_follows_the_measured_preference_per_family(monkeypatch):
+def test_auto_picks_envpool_for_mujoco_from_8_envs():
+    """The measured rule (beast/envs/batch.py, AUTO_ENVPOOL_MIN_ENVS): EnvPool for MuJoCo
+    batches of 8 envs or more, where it was faster per CPU-second; never for Atari,
+    where it was slower; never without EnvPool."""
+    cheetah = "envpool" if envpool is not None else "loop"
+    assert resolve_backend("HalfCheetah-v5", "auto", 8) == cheetah
+    assert resolve_backend("HalfCheetah-v5", "auto", 4) == "loop"
+    assert resolve_backend("PongNoFrameskip-v4", "auto", 64) == "loop"
+    assert resolve_backend("CartPole-v1", "auto", 64) == "loop"
+
+
+def test_auto_follows_the_table_per_family(monkeypatch):
     monkeypatch.setattr(env_batch, "AUTO_PREFERS_ALE_VECTOR", False)
-    for family, name in (("atari", "PongNoFrameskip-v4"), ("mujoco", "HalfCheetah-v5")):
-        for prefers in (False, True):
-            monkeypatch.setitem(env_batch.AUTO_PREFERS_ENVPOOL, family, prefers)
-            use_envpool = prefers and envpool is not None
-            assert resolve_backend(name, "auto") == ("envpool" if use_envpool else "loop")
-    monkeypatch.setattr(env_batch, "AUTO_PREFERS_ENVPOOL", {"atari": True, "mujoco": True})
-    assert resolve_backend("CartPole-v1", "auto") == "loop"
+    monkeypatch.setattr(env_batch, "AUTO_ENVPOOL_MIN_ENVS", {"atari": 4, "mujoco": 2})
+    use_envpool = "envpool" if envpool is not None else "loop"
+    for name, fewest in (("PongNoFrameskip-v4", 4), ("HalfCheetah-v5", 2)):
+        assert resolve_backend(name, "auto", fewest) == use_envpool
+        assert resolve_backend(name, "auto", fewest - 1) == "loop"
+    assert resolve_backend("CartPole-v1", "auto", 64) == "loop"
 
 
 def test_without_envpool_auto_uses_the_loop_and_envpool_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(env_batch, "AUTO_PREFERS_ENVPOOL", {"atari": True, "mujoco": True})
+    monkeypatch.setattr(env_batch, "AUTO_ENVPOOL_MIN_ENVS", {"atari": 1, "mujoco": 1})
     missing = "the envpool env backend needs EnvPool, which cannot be imported (...): pip"
     monkeypatch.setattr(envpool_batch, "_import_envpool", lambda: missing)
-    assert resolve_backend("PongNoFrameskip-v4", "auto") == "loop"
+    assert resolve_backend("PongNoFrameskip-v4", "auto", 8) == "loop"
     with pytest.raises(EnvError, match="needs EnvPool.*pip"):
         make_env_batch("PongNoFrameskip-v4", 1, 0, False, backend="envpool")
 

@@ -106,7 +106,7 @@ except ImportError:  # pragma: no cover - depends on the installed ale-py
 
 __all__ = [
     "AUTO_PREFERS_ALE_VECTOR",
-    "AUTO_PREFERS_ENVPOOL",
+    "AUTO_ENVPOOL_MIN_ENVS",
     "AleVectorEnvBatch",
     "Backend",
     "BACKENDS",
@@ -117,6 +117,7 @@ __all__ = [
     "atari_settings",
     "folded_seeds",
     "lost_a_life",
+    "check_backend",
     "resolve_backend",
     "EnvBatch",
     "LoopEnvBatch",
@@ -143,10 +144,16 @@ BACKENDS: tuple[str, ...] = ("auto", "loop", "ale_vector", "envpool")
 # turning this on.
 AUTO_PREFERS_ALE_VECTOR = False
 
-# Env families (`factory.env_family`) for which backend="auto" picks "envpool" when it is
-# installed and runs the id: those where it measured faster per CPU-second than "loop"
-# (see benchmarks/RESULTS.md, "EnvPool").
-AUTO_PREFERS_ENVPOOL: dict[str, bool] = {"atari": False, "mujoco": False}
+# backend="auto" picks "envpool" for these env families (`factory.env_family`) from this
+# many envs per batch, where EnvPool is installed and runs the id: where it measured
+# faster per CPU-second than "loop", with the same preprocessing (benchmarks/RESULTS.md,
+# "EnvPool"; docs/envs.md). MuJoCo, HalfCheetah-v5, envpool / loop steps per CPU-second
+# on a shared 2-core EPYC (two runs; medians of repeats and paired rounds): 0.45 at K=1
+# and 0.78-0.88 at K=4 (a thread hand-off per batch step outweighs the Python it saves),
+# 1.03-1.11 at K=8, 1.21-1.40 at K=16, 1.25-1.32 at K=32. Not Atari: Pong 0.69 at K=1,
+# 0.85-0.91 at K=8 and 16 (EnvPool's ALE build emulates more slowly than ale-py's; the
+# frames are the same).
+AUTO_ENVPOOL_MIN_ENVS: dict[str, int] = {"mujoco": 8}
 
 # C++ worker threads per AtariVectorEnv or EnvPool. One: with one actor process per core,
 # a second thread adds no core (AtariVectorEnv, 2 processes x 2 threads: 1.03x the loop's
@@ -638,25 +645,17 @@ class AleVectorEnvBatch(EnvBatch):
             del vector_env
 
 
-def resolve_backend(env_name: str, backend: Backend) -> str:
-    """The backend `make_env_batch` uses for `env_name`: `backend` itself, or for "auto"
-    the measured choice (module docstring).
+def check_backend(env_name: str, backend: Backend) -> None:
+    """Refuse an explicit `backend` that cannot run `env_name`, in one line.
 
     Raises:
-        EnvError: an explicit "ale_vector" or "envpool" that cannot run `env_name` (or,
-            for "envpool", is not installed: the message says how to install it).
+        EnvError: "ale_vector" or "envpool" that cannot run `env_name` (or, for
+            "envpool", cannot be imported: the message says how to install it).
         ValueError: an unknown backend.
     """
     # envpool_batch builds on this module, so it is imported when used.
     from beast.envs.envpool_batch import envpool_support
 
-    if backend == "auto":
-        family = factory.env_family(env_name)
-        if AUTO_PREFERS_ENVPOOL.get(family or "", False) and envpool_support(env_name) is None:
-            return "envpool"
-        if AUTO_PREFERS_ALE_VECTOR and ale_vector_supports(env_name):
-            return "ale_vector"
-        return "loop"
     if backend == "ale_vector":
         config = _ale_vector_config(env_name)
         if isinstance(config, str):
@@ -665,9 +664,26 @@ def resolve_backend(env_name: str, backend: Backend) -> str:
         reason = envpool_support(env_name)
         if reason is not None:
             raise EnvError(reason)
-    elif backend != "loop":
+    elif backend not in BACKENDS:
         raise ValueError(f"unknown env batch backend {backend!r}; use one of {', '.join(BACKENDS)}")
-    return backend
+
+
+def resolve_backend(env_name: str, backend: Backend, num_envs: int) -> str:
+    """The backend `make_env_batch` uses for a batch of `num_envs` envs of `env_name`:
+    `backend` itself (checked by `check_backend`), or for "auto" the measured choice:
+    "envpool" for the families and batch sizes of `AUTO_ENVPOOL_MIN_ENVS` where it runs
+    the id, "ale_vector" where `AUTO_PREFERS_ALE_VECTOR`, else "loop"."""
+    from beast.envs.envpool_batch import envpool_support
+
+    if backend != "auto":
+        check_backend(env_name, backend)
+        return backend
+    fewest = AUTO_ENVPOOL_MIN_ENVS.get(factory.env_family(env_name) or "")
+    if fewest is not None and num_envs >= fewest and envpool_support(env_name) is None:
+        return "envpool"
+    if AUTO_PREFERS_ALE_VECTOR and ale_vector_supports(env_name):
+        return "ale_vector"
+    return "loop"
 
 
 def make_env_batch(
@@ -698,7 +714,7 @@ def make_env_batch(
         EnvError: the env cannot be made, or an explicit backend cannot run it.
         ValueError: unknown backend, num_envs < 1.
     """
-    backend = resolve_backend(env_name, backend)
+    backend = resolve_backend(env_name, backend, num_envs)
     batch: EnvBatch
     if backend == "loop":
         batch = LoopEnvBatch(env_name, num_envs, first_seed, episodic_life)
