@@ -48,8 +48,15 @@ Backends (`make_env_batch(..., backend=)`):
     "ale_vector"  ale-py's `AtariVectorEnv`: the K Atari games and their DeepMind
                   preprocessing run in C++ worker threads, one call per batch step.
                   Registered pixel Atari ids only (see `ale_vector_supports`).
-    "auto"        "ale_vector" where it is supported, if `AUTO_PREFERS_ALE_VECTOR`
-                  (off: it measured no faster than "loop"), else "loop".
+    "envpool"     EnvPool's C++ thread pool (`pip install envpool`): Atari ids as
+                  "ale_vector" takes them, and the MuJoCo v5 locomotion tasks
+                  (beast/envs/envpool_batch.py: how it matches "loop" and where not;
+                  its Atari frames are identical, episodic life included).
+    "auto"        `resolve_backend`: "envpool" for MuJoCo batches of 8 envs or more
+                  when it is installed (`AUTO_ENVPOOL_MIN_ENVS`: faster per CPU-second
+                  there; slower at fewer envs and on Atari), "ale_vector" where it is
+                  supported if `AUTO_PREFERS_ALE_VECTOR` (off: it measured no faster
+                  than "loop"), else "loop".
 
 How "ale_vector" matches `beast.envs.atari` (frame skip 4 with max-pool of the last two
 frames, ALE grayscale palette, INTER_AREA resize to 84x84, 4-frame stack, unclipped
