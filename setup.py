@@ -52,9 +52,11 @@ setup(
         "video": ["imageio>=2.30", "imageio-ffmpeg>=0.4.9"],
         # HalfCheetah-v5 and the other MuJoCo tasks: the mujoco wheel carries the simulator.
         "mujoco": MUJOCO,
-        # --env_backend envpool: EnvPool's C++ thread pool for Atari and MuJoCo (a ~50 MB
-        # wheel that carries its own ALE, ROMs and MuJoCo; 1.2.5 is checked against
-        # beast's preprocessing by tests/test_envpool_batch.py).
+        # --env_backend envpool: EnvPool's C++ thread pool for Atari and MuJoCo, with its
+        # own ALE, ROMs and MuJoCo (about 740 MB installed, assets of its other suites
+        # included; 1.2.5 is checked against beast's preprocessing by
+        # tests/test_envpool_batch.py). Not in "test" for that size: those tests skip
+        # themselves without it.
         "envpool": [ENVPOOL],
         # benchmarks/sb3_side_by_side.py: the peer for PPO/A2C, run beside beast.
         "bench": ["stable-baselines3>=2.3,<3", *MUJOCO],

@@ -8,7 +8,7 @@ terminations and truncations, seeds, and the user-facing paths: an unsupported e
 missing EnvPool (one line, exit 2 from monobeast.py) and a short monobeast run.
 
 Everything that needs EnvPool is skipped without it (it is the `envpool` extra, not part
-of `test`: a 50 MB wheel for an optional backend).
+of `test`: about 740 MB installed, for an optional backend).
 """
 
 from __future__ import annotations
