@@ -125,6 +125,7 @@ __all__ = [
     "folded_seeds",
     "lost_a_life",
     "check_backend",
+    "check_counts",
     "resolve_backend",
     "EnvBatch",
     "LoopEnvBatch",
@@ -360,6 +361,14 @@ class FrameStackAges:
             obs[i, :first] = obs[i, first]
 
 
+def check_counts(num_envs: int, num_threads: int = 1) -> None:
+    """Refuse a batch of no envs, or a C++ backend with no worker thread (ValueError)."""
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+    if num_threads < 1:
+        raise ValueError(f"num_threads must be at least 1, got {num_threads}")
+
+
 def folded_seeds(first_seed: int | None, num_envs: int) -> np.ndarray | None:
     """Env i's seed `first_seed + i`, folded into the C int range the ALE and EnvPool
     read (int64 [K]); None for None."""
@@ -386,8 +395,7 @@ class LoopEnvBatch(EnvBatch):
     def __init__(
         self, env_name: str, num_envs: int, first_seed: int | None, episodic_life: bool
     ) -> None:
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+        check_counts(num_envs)
         self.envs: list[gymnasium.Env] = []
         try:
             for i in range(num_envs):
@@ -559,10 +567,7 @@ class AleVectorEnvBatch(EnvBatch):
         num_threads: int = DEFAULT_NATIVE_THREADS,
         noop_max: int | None = None,
     ) -> None:
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be at least 1, got {num_envs}")
-        if num_threads < 1:
-            raise ValueError(f"num_threads must be at least 1, got {num_threads}")
+        check_counts(num_envs, num_threads)
         config = _ale_vector_config(env_name)
         if isinstance(config, str):
             raise EnvError(f"the ale_vector env backend cannot run this env: {config}")

@@ -72,6 +72,7 @@ from beast.envs.batch import (
     EpisodeTotals,
     FrameStackAges,
     atari_settings,
+    check_counts,
     folded_seeds,
     lost_a_life,
 )
@@ -210,10 +211,7 @@ class EnvPoolEnvBatch(EnvBatch):
         num_threads: int = DEFAULT_NATIVE_THREADS,
         noop_max: int | None = None,
     ) -> None:
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be at least 1, got {num_envs}")
-        if num_threads < 1:
-            raise ValueError(f"num_threads must be at least 1, got {num_threads}")
+        check_counts(num_envs, num_threads)
         noop_max = factory.NOOP_MAX if noop_max is None else noop_max
         if noop_max < 1:
             raise ValueError(f"EnvPool needs noop_max >= 1 (it crashes on 0), got {noop_max}")
