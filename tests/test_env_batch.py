@@ -15,7 +15,6 @@ ale-py has no AtariVectorEnv.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import gymnasium
@@ -36,9 +35,11 @@ from beast.envs.batch import (
 requires_ale_vector = pytest.mark.skipif(
     env_batch.AtariVectorEnv is None, reason="the installed ale-py has no AtariVectorEnv"
 )
-requires_envpool = pytest.mark.skipif(
-    importlib.util.find_spec("envpool") is None, reason="envpool is not installed"
-)
+try:
+    import envpool
+except ImportError:
+    envpool = None
+requires_envpool = pytest.mark.skipif(envpool is None, reason="envpool is not installed")
 
 # --- Hand-written environments -------------------------------------------------------
 
