@@ -227,16 +227,23 @@ class EnvPoolEnvBatch(EnvBatch):
             first_seed = secrets.randbits(31)
         seeds = folded_seeds(first_seed, num_envs)
         settings = dict(task.settings, noop_max=noop_max) if task.atari else task.settings
-        self._pool: Any = envpool.make_gymnasium(
-            task.task_id,
-            num_envs=num_envs,
-            batch_size=num_envs,  # synchronous: every step steps all K
-            num_threads=num_threads,
-            thread_affinity_offset=-1,  # no pinning: cores are shared with other actors
-            seed=int(seeds[0]),
-            env_seed=seeds.tolist(),
-            **settings,
-        )
+        try:
+            self._pool: Any = envpool.make_gymnasium(
+                task.task_id,
+                num_envs=num_envs,
+                batch_size=num_envs,  # synchronous: every step steps all K
+                num_threads=num_threads,
+                thread_affinity_offset=-1,  # no pinning: cores are shared with other actors
+                seed=int(seeds[0]),
+                env_seed=seeds.tolist(),
+                **settings,
+            )
+        except Exception as err:  # another EnvPool release may lack a task or a setting
+            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise EnvError(
+                f"EnvPool cannot make {task.task_id} for '{env_name}': {first_line}"
+                f" (beast is checked against envpool 1.2.5)"
+            ) from None
         try:
             self._allocate(env_name, num_envs, env_spec(self._pool))
             self._atari = task.atari
