@@ -9,6 +9,8 @@ from setuptools import find_packages, setup
 
 # mujoco 4.0.0 reports a solver bug fixed in 4.0.1; stay on 3.x.
 MUJOCO = ["gymnasium[mujoco]>=1.0", "mujoco>=3,<4"]
+# The API and settings beast drives (env_seed, gray_scale, use_inter_area_resize).
+ENVPOOL = "envpool>=1.2.5,<1.3"
 
 setup(
     name="beast",
@@ -50,6 +52,12 @@ setup(
         "video": ["imageio>=2.30", "imageio-ffmpeg>=0.4.9"],
         # HalfCheetah-v5 and the other MuJoCo tasks: the mujoco wheel carries the simulator.
         "mujoco": MUJOCO,
+        # --env_backend envpool: EnvPool's C++ thread pool for Atari and MuJoCo, with its
+        # own ALE, ROMs and MuJoCo (about 740 MB installed, assets of its other suites
+        # included; 1.2.5 is checked against beast's preprocessing by
+        # tests/test_envpool_batch.py). Not in "test" for that size: those tests skip
+        # themselves without it.
+        "envpool": [ENVPOOL],
         # benchmarks/sb3_side_by_side.py: the peer for PPO/A2C, run beside beast.
         "bench": ["stable-baselines3>=2.3,<3", *MUJOCO],
     },

@@ -71,6 +71,7 @@ class ActorSettings:
     num_envs: int
     episodic_life: bool
     policy: Policy  # the algorithm's acting rule
+    env_backend: str = "auto"  # make_env_batch's backend (--env_backend)
     return_discount: float | None = None  # envs keep G_t (--normalize_reward)
     bf16: bool = False  # local policy: the forward pass under bf16 autocast
     num_env_splits: int = 1  # lanes of num_envs / num_env_splits envs (see _Lane)
@@ -104,6 +105,7 @@ def _env_batch(
         count,
         first_seed + first,
         settings.episodic_life,
+        settings.env_backend,
         return_discount=settings.return_discount,
     )
 

@@ -30,7 +30,7 @@ import torch
 
 from beast.algos.base import Algorithm, Rollouts
 from beast.config import AUTO, Config, ConfigError
-from beast.envs.batch import make_env_batch
+from beast.envs.batch import LoopEnvBatch, make_env_batch
 from beast.inference import LocalPolicy
 from beast.measure import TrivialModel, learning_cost, torch_threads
 
@@ -52,7 +52,12 @@ def acting_cost(
 ) -> float:
     """CPU-seconds per agent step of an actor's loop with `num_envs` envs and `model`
     acting through the algorithm's policy (one torch thread, as actors run)."""
-    batch = make_env_batch(config.env, num_envs, config.seed, config.episodic_life)
+    batch = make_env_batch(
+        config.env, num_envs, config.seed, config.episodic_life, config.env_backend
+    )
+    # The C++ backends step the envs in worker threads: count the whole process's CPU
+    # time then (its other threads idle during the measurement), this thread's otherwise.
+    clock = time.thread_time if isinstance(batch, LoopEnvBatch) else time.process_time
     try:
         policy = LocalPolicy(model, algorithm.policy(), num_envs)
         last_action = np.zeros_like(policy.record["action"])
@@ -66,12 +71,12 @@ def acting_cost(
         with torch_threads(1), torch.no_grad():
             while True:
                 if steps == 0:
-                    start = time.thread_time()
+                    start = clock()
                 action = policy.act(inputs)["action"]
                 np.copyto(last_action, action)
                 batch.step(action)
                 steps += 1
-                elapsed = time.thread_time() - start
+                elapsed = clock() - start
                 if steps > 0 and elapsed >= seconds:
                     return elapsed / (steps * num_envs)
     finally:

@@ -119,6 +119,15 @@ class Config:
         " within 5% of the cheapest.",
     )
     episodic_life: bool = flag(False, "Atari: end the agent's episode at a life loss.")
+    env_backend: str = flag(
+        "auto",
+        "How an actor steps its K envs (beast/envs/batch.py): loop (one after the other in"
+        " Python; any env), ale_vector (ale-py's C++ AtariVectorEnv; Atari), envpool (EnvPool's"
+        " C++ thread pool; Atari and the MuJoCo v5 locomotion tasks; pip install envpool). auto:"
+        " the one measured fastest per CPU-second among those that preprocess --env exactly"
+        " as loop does (docs/envs.md).",
+        choices=("auto", "loop", "ale_vector", "envpool"),
+    )
 
     # Inference (beast/inference.py).
     policy: str = flag(

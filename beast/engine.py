@@ -52,6 +52,7 @@ from beast.checkpoint import (
 )
 from beast.compile import CompiledForward
 from beast.config import Config, ConfigError
+from beast.envs.batch import check_backend
 from beast.fields import Field, core_state_shapes
 from beast.learner import Learner, Stepper, TrainingProgress, UpdateStats
 from beast.models import ModelError, WeightCopier, check_model, copy_weights
@@ -221,13 +222,15 @@ def build_checked_model(algorithm: Algorithm) -> nn.Module:
 
 
 def prepare(config: Config) -> tuple[Config, envs.EnvSpec, torch.device, str]:
-    """Seed torch, probe the env's spec, check the model, pick device and precision,
-    measure an "auto" actor layout (beast/autosize.py), set torch threads. Returns the
-    config with the layout resolved."""
+    """Seed torch, probe the env's spec and --env_backend, check the model, pick device
+    and precision, measure an "auto" actor layout (beast/autosize.py), set torch threads.
+    Returns the config with the layout resolved."""
     torch.manual_seed(config.seed)
     probe = envs.make(config.env, seed=config.seed, episodic_life=config.episodic_life)
     spec = envs.env_spec(probe)
     probe.close()
+    # An --env_backend that cannot run --env (or is not installed) stops here, in one line.
+    check_backend(config.env, config.env_backend)
     algorithm = build_algorithm(config, spec)
     # Fail here, in one line, on a model that does not fit.
     model = build_checked_model(algorithm)

@@ -40,6 +40,7 @@ from beast.engine import (
     restore,
     select_policy,
 )
+from beast.envs.batch import resolve_backend
 from beast.inference import InferenceServer, InferenceTable
 from beast.learner import NonFiniteError
 from beast.logs import RunLog
@@ -142,6 +143,7 @@ def actor_settings(run: Run, policy: str) -> ActorSettings:
         num_envs=config.num_envs_per_actor,
         episodic_life=config.episodic_life,
         policy=run.policy,
+        env_backend=config.env_backend,
         return_discount=config.return_discount(),
         bf16=acting_bf16(run.precision, torch.device("cpu")),
         num_env_splits=config.env_splits(policy),
@@ -179,10 +181,14 @@ def start_run(config: Config) -> tuple[Run, RunLog]:
             + (f"; {replay_line}" if replay_line else "")
         )
     log.start_from(run.progress.step)
+    # An actor steps its envs in lanes of K / splits (--num_env_splits); --serial's is local.
+    policy = "local" if config.serial else select_policy(config, device)
+    lane_envs = config.num_envs_per_actor // config.env_splits(policy)
     log.print(
         f"run {config.xpid} in {config.run_dir}: env {config.env} (obs {spec.obs_shape}"
         f" {spec.obs_dtype}, {spec.describe_actions()}), {run.describe()},"
-        f" {config.num_actors} actors x {config.num_envs_per_actor} envs,"
+        f" {config.num_actors} actors x {config.num_envs_per_actor} envs"
+        f" ({resolve_backend(config.env, config.env_backend, lane_envs)} env batches),"
         f" learner on {device} in {precision} with {torch.get_num_threads()} thread(s)"
     )
     return run, log

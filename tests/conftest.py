@@ -1,8 +1,10 @@
-"""Fixtures shared by the native-code tests (test_native.py, test_batcher.py)."""
+"""Fixtures shared by tests: the native-code tests' (test_native.py, test_batcher.py) and
+the env batch tests' `register_id` (test_env_batch.py, test_envpool_batch.py)."""
 
 import multiprocessing as mp
 import signal
 
+import gymnasium
 import pytest
 
 # A test of blocking native code that hangs fails after this long instead of
@@ -49,3 +51,18 @@ def forkserver():
     # child instead of ~2 s (only effective if the server is not yet running).
     ctx.set_forkserver_preload(["torch", "beast.native"])
     return ctx
+
+
+@pytest.fixture
+def register_id():
+    """Register Gymnasium ids for one test; they are removed from the registry after it."""
+    added: list[str] = []
+
+    def register(env_id: str, **kwargs) -> str:
+        gymnasium.register(env_id, **kwargs)
+        added.append(env_id)
+        return env_id
+
+    yield register
+    for env_id in added:
+        gymnasium.registry.pop(env_id, None)

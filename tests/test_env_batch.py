@@ -35,6 +35,11 @@ from beast.envs.batch import (
 requires_ale_vector = pytest.mark.skipif(
     env_batch.AtariVectorEnv is None, reason="the installed ale-py has no AtariVectorEnv"
 )
+try:
+    import envpool
+except ImportError:
+    envpool = None
+requires_envpool = pytest.mark.skipif(envpool is None, reason="envpool is not installed")
 
 # --- Hand-written environments -------------------------------------------------------
 
@@ -82,21 +87,6 @@ class WrongShapeEnv(CountdownEnv):
 
 def path(name: str) -> str:
     return f"{__name__}:{name}"
-
-
-@pytest.fixture
-def register_id():
-    """Register Gymnasium ids for one test; they are removed from the registry after it."""
-    added: list[str] = []
-
-    def register(env_id: str, **kwargs) -> str:
-        gymnasium.register(env_id, **kwargs)
-        added.append(env_id)
-        return env_id
-
-    yield register
-    for env_id in added:
-        gymnasium.registry.pop(env_id, None)
 
 
 def register_atari(register, env_id: str, game: str, **kwargs) -> str:
@@ -536,9 +526,18 @@ def test_same_seed_same_trajectory_and_large_seeds_fold():
     assert not np.array_equal(runs[0], runs[2]), "another seed should play another game"
 
 
-@requires_ale_vector
-def test_out_of_range_actions_raise_instead_of_hanging():
-    with make_env_batch("PongNoFrameskip-v4", 2, 0, False, backend="ale_vector") as batch:
+# The C++ backends, and the threads each starts with num_threads=2 (EnvPool: one more).
+CPP_BACKENDS = [
+    pytest.param("ale_vector", 2, marks=requires_ale_vector),
+    pytest.param("envpool", 3, marks=requires_envpool),
+]
+
+
+@pytest.mark.parametrize("backend, threads_started", CPP_BACKENDS)
+def test_out_of_range_actions_raise_instead_of_hanging_or_crashing(backend, threads_started):
+    """The ALE vector env's worker would skip a bad action and never answer; EnvPool's
+    would read past its action set."""
+    with make_env_batch("PongNoFrameskip-v4", 2, 0, False, backend=backend) as batch:
         with pytest.raises(ValueError, match=r"must be in 0\.\.5"):
             batch.step(np.array([0, 6]))
         with pytest.raises(ValueError, match=r"must be in 0\.\.5"):
@@ -546,11 +545,11 @@ def test_out_of_range_actions_raise_instead_of_hanging():
         batch.step(np.array([5, 0]))
 
 
-@requires_ale_vector
-def test_arrays_are_updated_in_place_and_close_stops_the_threads():
+@pytest.mark.parametrize("backend, threads_started", CPP_BACKENDS)
+def test_arrays_are_updated_in_place_and_close_stops_the_threads(backend, threads_started):
     threads = len(os.listdir("/proc/self/task"))
-    batch = make_env_batch("PongNoFrameskip-v4", 4, 0, False, backend="ale_vector", num_threads=2)
-    assert len(os.listdir("/proc/self/task")) == threads + 2
+    batch = make_env_batch("PongNoFrameskip-v4", 4, 0, False, backend=backend, num_threads=2)
+    assert len(os.listdir("/proc/self/task")) == threads + threads_started
     ids = {name: id(getattr(batch, name)) for name in outputs(batch)}
     batch.step(np.zeros(4, dtype=np.int32))
     assert {name: id(getattr(batch, name)) for name in ids} == ids

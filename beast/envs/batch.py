@@ -48,8 +48,15 @@ Backends (`make_env_batch(..., backend=)`):
     "ale_vector"  ale-py's `AtariVectorEnv`: the K Atari games and their DeepMind
                   preprocessing run in C++ worker threads, one call per batch step.
                   Registered pixel Atari ids only (see `ale_vector_supports`).
-    "auto"        "ale_vector" where it is supported, if `AUTO_PREFERS_ALE_VECTOR`
-                  (off: it measured no faster than "loop"), else "loop".
+    "envpool"     EnvPool's C++ thread pool (`pip install envpool`): Atari ids as
+                  "ale_vector" takes them, and the MuJoCo v5 locomotion tasks
+                  (beast/envs/envpool_batch.py: how it matches "loop" and where not;
+                  its Atari frames are identical, episodic life included).
+    "auto"        `resolve_backend`: "envpool" for MuJoCo batches of 8 envs or more
+                  when it is installed (`AUTO_ENVPOOL_MIN_ENVS`: faster per CPU-second
+                  there; slower at fewer envs and on Atari), "ale_vector" where it is
+                  supported if `AUTO_PREFERS_ALE_VECTOR` (off: it measured no faster
+                  than "loop"), else "loop".
 
 How "ale_vector" matches `beast.envs.atari` (frame skip 4 with max-pool of the last two
 frames, ALE grayscale palette, INTER_AREA resize to 84x84, 4-frame stack, unclipped
@@ -106,16 +113,29 @@ except ImportError:  # pragma: no cover - depends on the installed ale-py
 
 __all__ = [
     "AUTO_PREFERS_ALE_VECTOR",
+    "AUTO_ENVPOOL_MIN_ENVS",
     "AleVectorEnvBatch",
     "Backend",
-    "DEFAULT_ALE_THREADS",
+    "BACKENDS",
+    "DEFAULT_NATIVE_THREADS",
+    "AtariSettings",
+    "EpisodeTotals",
+    "FrameStackAges",
+    "atari_settings",
+    "folded_seeds",
+    "lost_a_life",
+    "check_backend",
+    "check_counts",
+    "resolve_backend",
     "EnvBatch",
     "LoopEnvBatch",
     "ale_vector_supports",
     "make_env_batch",
 ]
 
-Backend = Literal["auto", "loop", "ale_vector"]
+Backend = Literal["auto", "loop", "ale_vector", "envpool"]
+# Every value of `Backend`, for flags and messages.
+BACKENDS: tuple[str, ...] = ("auto", "loop", "ale_vector", "envpool")
 
 # Whether backend="auto" picks "ale_vector" for the Atari ids it supports: no, because it
 # was not faster. `python -m benchmarks.env_batch --repeats 7 --seconds 3 --warmup 1
@@ -132,19 +152,30 @@ Backend = Literal["auto", "loop", "ale_vector"]
 # turning this on.
 AUTO_PREFERS_ALE_VECTOR = False
 
-# C++ worker threads per AtariVectorEnv. One: with one actor process per core, a second
-# thread adds no core (2 processes x 2 threads: 1.03x the loop's CPU time per step, the
-# same as 1 thread). A second thread only pays for a lone process with an idle core,
-# where it steps the K games in parallel.
-DEFAULT_ALE_THREADS = 1
+# backend="auto" picks "envpool" for these env families (`factory.env_family`) from this
+# many envs per batch, where EnvPool is installed and runs the id: where it measured
+# faster per CPU-second than "loop", with the same preprocessing (benchmarks/RESULTS.md,
+# "EnvPool"; docs/envs.md). MuJoCo, HalfCheetah-v5, envpool / loop steps per CPU-second
+# on a shared 2-core EPYC (two runs; medians of repeats and paired rounds): 0.45 at K=1
+# and 0.78-0.88 at K=4 (a thread hand-off per batch step outweighs the Python it saves),
+# 1.03-1.11 at K=8, 1.21-1.40 at K=16, 1.25-1.32 at K=32. Not Atari: Pong 0.69 at K=1,
+# 0.85-0.91 at K=8 and 16 (EnvPool's ALE build emulates more slowly than ale-py's; the
+# frames are the same).
+AUTO_ENVPOOL_MIN_ENVS: dict[str, int] = {"mujoco": 8}
 
-# The ALE reads seeds as C int; larger seeds are folded into range.
-_ALE_SEED_MODULUS = 2**31 - 1
+# C++ worker threads per AtariVectorEnv or EnvPool. One: with one actor process per core,
+# a second thread adds no core (AtariVectorEnv, 2 processes x 2 threads: 1.03x the loop's
+# CPU time per step, the same as 1 thread). A second thread only pays for a lone process
+# with an idle core, where it steps the K envs in parallel.
+DEFAULT_NATIVE_THREADS = 1
+
+# The ALE and EnvPool read seeds as C int; larger seeds are folded into range.
+_SEED_MODULUS = 2**31 - 1
 # Frame limit passed when an id sets none: effectively unlimited, and `limit + 1`
 # (the ALE's initial step count) still fits a C int.
 _NO_FRAME_LIMIT = 2**30
-# AtariEnv keyword arguments whose values `ale_vector_supports` can reproduce: each
-# name maps to the values allowed (None: any value).
+# AtariEnv keyword arguments whose values the C++ Atari batches (ale_vector, envpool) can
+# reproduce: each name maps to the values allowed (None: any value).
 _SUPPORTED_ATARI_KWARGS: dict[str, tuple[Any, ...] | None] = {
     "game": None,
     "obs_type": ("rgb", "grayscale"),  # beast reads the ALE's grayscale screen for both
@@ -249,6 +280,14 @@ class EnvBatch(abc.ABC):
                 f"expected {self.num_envs} integer actions for {self.env_name}, "
                 f"got an array of shape {actions.shape} and dtype {actions.dtype}"
             )
+        # The C++ backends index their action sets with it unchecked: the ALE vector env's
+        # worker skips a bad action and never answers (a hang), EnvPool's reads past the
+        # end. Refused here, for every backend alike.
+        if actions.min() < 0 or actions.max() >= spec.num_actions:
+            raise ValueError(
+                f"actions for {self.env_name} must be in 0..{spec.num_actions - 1}, "
+                f"got {actions.reshape(-1).tolist()}"
+            )
         return actions.reshape(self.num_envs).astype(np.int64, copy=False)
 
     def __enter__(self) -> Self:
@@ -256,6 +295,92 @@ class EnvBatch(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class EpisodeTotals:
+    """Each env's running return and length of its current real episode, for the backends
+    whose envs do not report them (what `EpisodeStatistics` does in `make`'s stack).
+
+    Returns are summed in float64, so a long game's sum of small rewards is exact, as in
+    EpisodeStatistics' Python float.
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+
+    def count(self, reward: np.ndarray, steps: np.ndarray | int = 1) -> None:
+        """Add a step's rewards [K] and its agent steps (1, or int/bool [K] per env)."""
+        self.returns += reward
+        self.lengths += steps
+
+    def finish(self, batch: EnvBatch, ended: np.ndarray) -> None:
+        """Report the episodes that `ended` (bool [K]) in the batch's `episode_end`,
+        `episode_return` and `episode_step`, and restart their totals."""
+        np.copyto(batch.episode_end, ended)
+        if ended.any():
+            batch.episode_return[ended] = self.returns[ended]
+            batch.episode_step[ended] = self.lengths[ended]
+            self.restart(ended)
+
+    def restart(self, rows: np.ndarray) -> None:
+        """Start new totals for `rows` (bool [K]) without reporting the old ones."""
+        self.returns[rows] = 0.0
+        self.lengths[rows] = 0
+
+
+class FrameStackAges:
+    """Steps since each env's frame stack (re)started, for the C++ backends whose stacks
+    hold older frames there: beast's `FrameStack` holds copies of the first frame after a
+    reset (and after `EpisodicLife`'s soft reset), which `pad` writes over them.
+
+    At age a the newest a + 1 frames of a stack are this episode's; the older slots
+    become copies of the oldest of those. Ages start at 0: every stack has just started.
+    """
+
+    def __init__(self, num_envs: int, num_frames: int) -> None:
+        self.ages = np.zeros(num_envs, dtype=np.int64)
+        self._last = num_frames - 1
+
+    def tick(self) -> None:
+        self.ages += 1
+
+    def restart(self, rows: np.ndarray) -> None:
+        """The stacks of `rows` (bool [K]) start again from their newest frame."""
+        self.ages[rows] = 0
+
+    def pad(self, obs: np.ndarray, skip: np.ndarray | None = None) -> None:
+        """Overwrite the slots of `obs` [K, num_frames, H, W] older than each stack's age
+        with its oldest frame of this episode; rows in `skip` (bool [K]) are left as
+        they are."""
+        young = self.ages < self._last
+        if skip is not None:
+            young &= ~skip
+        for i in np.flatnonzero(young).tolist():
+            first = self._last - int(self.ages[i])
+            obs[i, :first] = obs[i, first]
+
+
+def check_counts(num_envs: int, num_threads: int = 1) -> None:
+    """Refuse a batch of no envs, or a C++ backend with no worker thread (ValueError)."""
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+    if num_threads < 1:
+        raise ValueError(f"num_threads must be at least 1, got {num_threads}")
+
+
+def folded_seeds(first_seed: int | None, num_envs: int) -> np.ndarray | None:
+    """Env i's seed `first_seed + i`, folded into the C int range the ALE and EnvPool
+    read (int64 [K]); None for None."""
+    if first_seed is None:
+        return None
+    return (first_seed + np.arange(num_envs, dtype=np.int64)) % _SEED_MODULUS
+
+
+def lost_a_life(lives: np.ndarray, previous: np.ndarray, game_over: np.ndarray) -> np.ndarray:
+    """beast's `EpisodicLife` rule, per env (int [K], int [K], bool [K] -> bool [K]): the
+    lives went down, some are left, and the game is not over."""
+    return ~game_over & (lives > 0) & (lives < previous)
 
 
 class LoopEnvBatch(EnvBatch):
@@ -270,8 +395,7 @@ class LoopEnvBatch(EnvBatch):
     def __init__(
         self, env_name: str, num_envs: int, first_seed: int | None, episodic_life: bool
     ) -> None:
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+        check_counts(num_envs)
         self.envs: list[gymnasium.Env] = []
         try:
             for i in range(num_envs):
@@ -342,8 +466,17 @@ class LoopEnvBatch(EnvBatch):
 
 
 @dataclass(frozen=True)
-class _AleVectorConfig:
-    """What `AtariVectorEnv` needs from a Gymnasium Atari id, read from its registration."""
+class AtariSettings:
+    """What a C++ Atari batch (ale-py's AtariVectorEnv, EnvPool) needs from a Gymnasium
+    Atari id to play it as `make` does, read from its registration.
+
+    Attributes:
+        game: the ALE's ROM name ("pong").
+        repeat_action_probability: sticky actions, per frame (0.25 for v5 ids).
+        full_action_space: all 18 actions rather than the game's minimal set.
+        max_num_frames_per_episode: the tighter of the id's frame limit and its
+            TimeLimit (in agent steps of FRAME_SKIP frames), in frames.
+    """
 
     game: str
     repeat_action_probability: float
@@ -351,10 +484,10 @@ class _AleVectorConfig:
     max_num_frames_per_episode: int
 
 
-def _ale_vector_config(env_name: str) -> _AleVectorConfig | str:
-    """The id's settings for `AtariVectorEnv`, or a reason it cannot reproduce `make`."""
-    if AtariVectorEnv is None:
-        return "the installed ale-py has no AtariVectorEnv (needs ale-py >= 0.11)"
+def atari_settings(env_name: str, batch: str) -> AtariSettings | str:
+    """The id's `AtariSettings`, or why `batch` (named in the reason) cannot reproduce
+    `make` for it: an id that is not a pixel Atari id made by ale_py's `AtariEnv` itself
+    with a game mode, difficulty or option a C++ batch does not take."""
     if ":" in env_name or factory.env_family(env_name) != "atari":
         return f"'{env_name}' is not a registered Gymnasium Atari id with pixel observations"
     spec = gymnasium.spec(env_name)
@@ -370,22 +503,29 @@ def _ale_vector_config(env_name: str) -> _AleVectorConfig | str:
     kwargs = {**defaults, **spec.kwargs}
     for name, value in kwargs.items():
         if name not in _SUPPORTED_ATARI_KWARGS:
-            return f"'{env_name}' sets {name}={value!r}, which AtariVectorEnv does not take"
+            return f"'{env_name}' sets {name}={value!r}, which {batch} does not take"
         allowed = _SUPPORTED_ATARI_KWARGS[name]
         if allowed is not None and value not in allowed:
-            return f"'{env_name}' sets {name}={value!r}, which AtariVectorEnv cannot reproduce"
+            return f"'{env_name}' sets {name}={value!r}, which {batch} cannot reproduce"
     # The id's frame limit, and its TimeLimit (agent steps of FRAME_SKIP frames) if any:
     # `make` applies both, so the tighter one ends the game.
     limits = [kwargs["max_num_frames_per_episode"]]
     if spec.max_episode_steps is not None:
         limits.append(spec.max_episode_steps * factory.FRAME_SKIP)
     limits = [int(limit) for limit in limits if limit is not None and limit > 0]
-    return _AleVectorConfig(
+    return AtariSettings(
         game=kwargs["game"],
         repeat_action_probability=float(kwargs["repeat_action_probability"]),
         full_action_space=bool(kwargs["full_action_space"]),
         max_num_frames_per_episode=min(limits, default=_NO_FRAME_LIMIT),
     )
+
+
+def _ale_vector_config(env_name: str) -> AtariSettings | str:
+    """The id's settings for `AtariVectorEnv`, or a reason it cannot reproduce `make`."""
+    if AtariVectorEnv is None:
+        return "the installed ale-py has no AtariVectorEnv (needs ale-py >= 0.11)"
+    return atari_settings(env_name, "AtariVectorEnv")
 
 
 def ale_vector_supports(env_name: str) -> bool:
@@ -395,7 +535,7 @@ def ale_vector_supports(env_name: str) -> bool:
     observations and default game mode and difficulty (every `*NoFrameskip-v4`, `*-v4`
     and `ALE/*-v5` id), when the installed ale-py has `AtariVectorEnv`.
     """
-    return isinstance(_ale_vector_config(env_name), _AleVectorConfig)
+    return isinstance(_ale_vector_config(env_name), AtariSettings)
 
 
 class AleVectorEnvBatch(EnvBatch):
@@ -424,13 +564,10 @@ class AleVectorEnvBatch(EnvBatch):
         first_seed: int | None,
         episodic_life: bool,
         *,
-        num_threads: int = DEFAULT_ALE_THREADS,
+        num_threads: int = DEFAULT_NATIVE_THREADS,
         noop_max: int | None = None,
     ) -> None:
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be at least 1, got {num_envs}")
-        if num_threads < 1:
-            raise ValueError(f"num_threads must be at least 1, got {num_threads}")
+        check_counts(num_envs, num_threads)
         config = _ale_vector_config(env_name)
         if isinstance(config, str):
             raise EnvError(f"the ale_vector env backend cannot run this env: {config}")
@@ -463,18 +600,12 @@ class AleVectorEnvBatch(EnvBatch):
         )
         self._allocate(env_name, num_envs, spec)
         self._episodic_life = episodic_life
-        # Running totals of the current real episode: float64 so a long game's sum of
-        # small rewards is exact, as in EpisodeStatistics' Python float.
-        self._running_return = np.zeros(num_envs, dtype=np.float64)
-        self._running_length = np.zeros(num_envs, dtype=np.int64)
-        # Steps since each env's stack was (re)started; frames older than that are the
-        # ALE's zero padding (or, after a lost life, the previous life's frames).
-        self._age = np.zeros(num_envs, dtype=np.int64)
+        self._totals = EpisodeTotals(num_envs)
+        # Frames older than a stack's age are the ALE's zero padding (or, after a lost
+        # life, the previous life's frames).
+        self._stacks = FrameStackAges(num_envs, spec.obs_shape[0])
 
-        seeds = None
-        if first_seed is not None:
-            seeds = (first_seed + np.arange(num_envs, dtype=np.int64)) % _ALE_SEED_MODULUS
-        obs, info = self._vector_env.reset(seed=seeds)
+        obs, info = self._vector_env.reset(seed=folded_seeds(first_seed, num_envs))
         if obs.shape != self.obs.shape:
             self.close()
             raise EnvError(
@@ -483,17 +614,10 @@ class AleVectorEnvBatch(EnvBatch):
             )
         np.copyto(self.obs, obs)
         self._lives = info["lives"].copy()
-        self._pad_young_stacks()
+        self._stacks.pad(self.obs)
 
     def step(self, actions: np.ndarray) -> None:
         actions = self._actions(actions)
-        # The C++ worker skips an out-of-range action with a log line and never answers,
-        # which would hang the batch: refuse it here.
-        if actions.min() < 0 or actions.max() >= self._num_actions:
-            raise ValueError(
-                f"actions for {self.env_name} must be in 0..{self._num_actions - 1}, "
-                f"got {actions.tolist()}"
-            )
         obs, reward, terminated, truncated, info = self._vector_env.step(actions)
         # Envs whose previous row was a truncated game's final observation: the ALE
         # restarted them then, so this row is the new game's (module docstring).
@@ -503,23 +627,16 @@ class AleVectorEnvBatch(EnvBatch):
         # The ALE's own episodic life is off, so these are real episode ends (the game is
         # over or hit its frame limit), and `obs` is already the next game's first frame.
         game_over = terminated | truncated
-        self._running_return += reward
-        self._running_length += 1
-        self._age += 1
-        np.copyto(self.episode_end, game_over)
-        if game_over.any():
-            self.episode_return[game_over] = self._running_return[game_over]
-            self.episode_step[game_over] = self._running_length[game_over]
-            self._running_return[game_over] = 0.0
-            self._running_length[game_over] = 0
-            self._age[game_over] = 0
+        self._totals.count(reward)
+        self._totals.finish(self, game_over)
+        self._stacks.tick()
+        self._stacks.restart(game_over)
         lives = info["lives"]
         ended = terminated.copy()
         if self._episodic_life:
-            # beast's EpisodicLife rule: lives went down, some are left, game not over.
             # After a game over `lives` is the new game's, so the comparison restarts.
-            life_lost = ~game_over & (lives > 0) & (lives < self._lives)
-            self._age[life_lost] = 0
+            life_lost = lost_a_life(lives, self._lives, game_over)
+            self._stacks.restart(life_lost)
             ended |= life_lost
         np.copyto(self.terminated, ended)
         np.logical_or(ended, restarted, out=self.done)
@@ -527,21 +644,9 @@ class AleVectorEnvBatch(EnvBatch):
         if self.truncated.any():
             self.obs[self.truncated] = info["final_obs"][self.truncated]
         self._lives[:] = lives
-        self._pad_young_stacks()
-        self._track_discounted_return()
-
-    def _pad_young_stacks(self) -> None:
-        """Fill stack slots older than the env's (re)start with its first frame.
-
-        At age a (steps since the reset or lost life) the newest a + 1 frames are this
-        episode's; the older ones become copies of the oldest of those, as beast's
-        FrameStack holds copies of the first frame after a reset.
-        """
-        last = self.obs_shape[0] - 1
         # A truncated row holds the old game's final stack, not the new game's frames.
-        for i in np.flatnonzero((self._age < last) & ~self.truncated).tolist():
-            first = last - int(self._age[i])
-            self.obs[i, :first] = self.obs[i, first]
+        self._stacks.pad(self.obs, skip=self.truncated)
+        self._track_discounted_return()
 
     def close(self) -> None:
         vector_env, self._vector_env = getattr(self, "_vector_env", None), None
@@ -552,6 +657,47 @@ class AleVectorEnvBatch(EnvBatch):
             del vector_env
 
 
+def check_backend(env_name: str, backend: Backend) -> None:
+    """Refuse an explicit `backend` that cannot run `env_name`, in one line.
+
+    Raises:
+        EnvError: "ale_vector" or "envpool" that cannot run `env_name` (or, for
+            "envpool", cannot be imported: the message says how to install it).
+        ValueError: an unknown backend.
+    """
+    # envpool_batch builds on this module, so it is imported when used.
+    from beast.envs.envpool_batch import envpool_support
+
+    if backend == "ale_vector":
+        config = _ale_vector_config(env_name)
+        if isinstance(config, str):
+            raise EnvError(f"the ale_vector env backend cannot run this env: {config}")
+    elif backend == "envpool":
+        reason = envpool_support(env_name)
+        if reason is not None:
+            raise EnvError(reason)
+    elif backend not in BACKENDS:
+        raise ValueError(f"unknown env batch backend {backend!r}; use one of {', '.join(BACKENDS)}")
+
+
+def resolve_backend(env_name: str, backend: Backend, num_envs: int) -> str:
+    """The backend `make_env_batch` uses for a batch of `num_envs` envs of `env_name`:
+    `backend` itself (checked by `check_backend`), or for "auto" the measured choice:
+    "envpool" for the families and batch sizes of `AUTO_ENVPOOL_MIN_ENVS` where it runs
+    the id, "ale_vector" where `AUTO_PREFERS_ALE_VECTOR`, else "loop"."""
+    from beast.envs.envpool_batch import envpool_support
+
+    if backend != "auto":
+        check_backend(env_name, backend)
+        return backend
+    fewest = AUTO_ENVPOOL_MIN_ENVS.get(factory.env_family(env_name) or "")
+    if fewest is not None and num_envs >= fewest and envpool_support(env_name) is None:
+        return "envpool"
+    if AUTO_PREFERS_ALE_VECTOR and ale_vector_supports(env_name):
+        return "ale_vector"
+    return "loop"
+
+
 def make_env_batch(
     env_name: str,
     num_envs: int,
@@ -559,7 +705,7 @@ def make_env_batch(
     episodic_life: bool,
     backend: Backend = "auto",
     *,
-    num_threads: int = DEFAULT_ALE_THREADS,
+    num_threads: int = DEFAULT_NATIVE_THREADS,
     return_discount: float | None = None,
 ) -> EnvBatch:
     """K envs of `env_name` as one batch (see the module docstring for the contract).
@@ -570,19 +716,17 @@ def make_env_batch(
         first_seed: env i is seeded with `first_seed + i`; None leaves seeds to entropy.
         episodic_life: Atari only; a lost life ends the agent's episode (`done`) but not
             the game (`episode_end`).
-        backend: "loop", "ale_vector" or "auto" ("ale_vector" for the Atari ids it
-            supports when `AUTO_PREFERS_ALE_VECTOR`, else "loop"; non-Atari envs always
-            use "loop").
-        num_threads: C++ worker threads of the "ale_vector" backend.
+        backend: "loop", "ale_vector", "envpool" or "auto" (`resolve_backend`: the
+            backend measured fastest per CPU-second among those that preprocess the id
+            as "loop" does; anything else always uses "loop").
+        num_threads: C++ worker threads of the "ale_vector" and "envpool" backends.
         return_discount: gamma of the `discounted_return` the batch keeps; None: none.
 
     Raises:
-        EnvError: the env cannot be made, or backend="ale_vector" for an env it cannot run.
+        EnvError: the env cannot be made, or an explicit backend cannot run it.
         ValueError: unknown backend, num_envs < 1.
     """
-    if backend == "auto":
-        use_ale = AUTO_PREFERS_ALE_VECTOR and ale_vector_supports(env_name)
-        backend = "ale_vector" if use_ale else "loop"
+    backend = resolve_backend(env_name, backend, num_envs)
     batch: EnvBatch
     if backend == "loop":
         batch = LoopEnvBatch(env_name, num_envs, first_seed, episodic_life)
@@ -591,8 +735,10 @@ def make_env_batch(
             env_name, num_envs, first_seed, episodic_life, num_threads=num_threads
         )
     else:
-        raise ValueError(
-            f"unknown env batch backend {backend!r}; use 'auto', 'loop' or 'ale_vector'"
+        from beast.envs.envpool_batch import EnvPoolEnvBatch
+
+        batch = EnvPoolEnvBatch(
+            env_name, num_envs, first_seed, episodic_life, num_threads=num_threads
         )
     batch.return_discount = return_discount
     return batch

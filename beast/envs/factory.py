@@ -32,7 +32,7 @@ import difflib
 import functools
 import inspect
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import ale_py
 import gymnasium
@@ -53,7 +53,7 @@ from beast.envs.spec import EnvError
 from beast.envs.wrappers import EpisodeStatistics, Float32Observation, SeedFirstReset
 from beast.references import import_module
 
-__all__ = ["env_family", "make"]
+__all__ = ["env_family", "make", "refuse_episodic_life"]
 
 # Importing ale_py registers the ALE ids; this call documents that dependency.
 gymnasium.register_envs(ale_py)
@@ -96,12 +96,17 @@ def make(name: str, *, seed: int | None = None, episodic_life: bool = False) -> 
     else:
         if episodic_life:
             env.close()
-            raise EnvError(
-                f"episodic_life=True only applies to Atari games, and '{name}' is not one; "
-                "set episodic_life to false"
-            )
+            refuse_episodic_life(name)
         env = _wrap_generic(env)
     return SeedFirstReset(env, seed)
+
+
+def refuse_episodic_life(name: str) -> NoReturn:
+    """Raise the EnvError for episodic_life=True on `name`, which is not an Atari game."""
+    raise EnvError(
+        f"episodic_life=True only applies to Atari games, and '{name}' is not one; "
+        "set episodic_life to false"
+    )
 
 
 # Entry points of the "classic" and "mujoco" families' envs.

@@ -115,6 +115,7 @@ class EnvServer:
             k,
             first_seed,
             config.episodic_life,
+            config.env_backend,
             return_discount=config.return_discount(),
         )
         algorithm = build_algorithm(config, self.env_batch.spec)

@@ -45,6 +45,7 @@ from beast import envs
 from beast.checkpoint import CheckpointError
 from beast.config import ConfigError
 from beast.engine import Run, build_run, load_resume_payload, prepare, restore, select_device
+from beast.envs.batch import check_backend
 from beast.learner import UpdateStats
 from beast.poly.cluster import ray_session
 from beast.poly.config import PolyConfig
@@ -398,6 +399,7 @@ def train(config: PolyConfig) -> None:
     # Fail on a bad env before starting Ray (seconds) and any process.
     probe = envs.make(config.env, seed=config.seed, episodic_life=config.episodic_life)
     probe.close()
+    check_backend(config.env, config.env_backend)
     previous = stop_on_signals()
     failure: str | None = None
     try:
