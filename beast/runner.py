@@ -15,6 +15,10 @@ algorithm's state (optimizers, target networks), step counters, RNG state and, w
 
 --serial runs the same components with no actor process and no thread
 (beast/serial.py).
+
+With --eval_interval an evaluator process (beast/evaluator.py) plays the evaluation
+policy on snapshots the learner hands it; it is supervised with the actors, and a run
+that reaches total_steps waits for its last evaluation before shutting down.
 """
 
 from __future__ import annotations
@@ -39,11 +43,13 @@ from beast.engine import (
     restore,
     select_policy,
 )
+from beast.evaluator import Evaluator, InlineEvaluator, build_evaluator, describe_evaluation
 from beast.inference import InferenceServer, InferenceTable
-from beast.learner import NonFiniteError
+from beast.learner import NonFiniteError, UpdateStats
 from beast.logs import RunLog
 from beast.profile import format_profile
 from beast.supervisor import ActorPool
+from beast.wandb_log import WandbSettings
 
 __all__ = [
     "TrainingError",
@@ -73,7 +79,13 @@ def raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 
 def open_run_log(config: Config) -> RunLog:
     try:
-        return RunLog(config.run_dir, config.to_dict(), config.total_steps)
+        return RunLog(
+            config.run_dir,
+            config.to_dict(),
+            config.total_steps,
+            evaluation=config.eval_interval > 0,
+            wandb=WandbSettings.from_config(config),
+        )
     except OSError as error:
         raise ConfigError(
             f"cannot write the run directory {config.run_dir}: {error.strerror or error}"
@@ -130,12 +142,21 @@ def actor_settings(run: Run, policy: str) -> ActorSettings:
     )
 
 
-def start_run(config: Config) -> tuple[Run, RunLog]:
+def start_run(config: Config) -> tuple[Run, RunLog, Evaluator | InlineEvaluator | None]:
     """Build the run's components, resume it if its directory holds a checkpoint, open its
-    log and print the start-up line (shared by `train` and --serial)."""
+    log, build its evaluator (--eval_interval; not started) and print the start-up line
+    (shared by `train` and --serial). The learner's `on_update` records each update and
+    hands the evaluator its snapshots."""
     config, spec, device, precision = prepare(config)
     resumed = load_resume_payload(config)  # a checkpoint that does not fit stops us here
     log = open_run_log(config)
+    evaluator: Evaluator | InlineEvaluator | None = None
+
+    def on_update(stats: UpdateStats) -> None:
+        log.record(stats)
+        if evaluator is not None:
+            evaluator.after_update(stats)
+
     try:
         run = build_run(
             config,
@@ -143,7 +164,7 @@ def start_run(config: Config) -> tuple[Run, RunLog]:
             device,
             precision,
             num_writers=config.num_actors,
-            on_update=log.record,
+            on_update=on_update,
             log=log.print,
         )
     except BaseException:
@@ -167,7 +188,14 @@ def start_run(config: Config) -> tuple[Run, RunLog]:
         f" {config.num_actors} actors x {config.num_envs_per_actor} envs,"
         f" learner on {device} in {precision} with {torch.get_num_threads()} thread(s)"
     )
-    return run, log
+    try:
+        evaluator = build_evaluator(run, log, run.progress.step)
+    except BaseException:
+        log.close()
+        raise
+    if evaluator is not None:
+        log.print(describe_evaluation(config))
+    return run, log, evaluator
 
 
 def _save(run: Run, log: RunLog) -> None:
@@ -182,10 +210,12 @@ def train(config: Config) -> None:
 
         train_serial(config)
         return
-    run, log = start_run(config)
+    run, log, evaluator = start_run(config)
     config = run.config
     if run.progress.step >= config.total_steps:
         log.print(f"already at total_steps {config.total_steps:,}; raise --total_steps to go on")
+        if evaluator is not None:
+            evaluator.close()
         log.close()
         return
     learner = run.learner
@@ -219,8 +249,12 @@ def train(config: Config) -> None:
         if server is not None:
             server.start()
         actors.start()
+        if evaluator is not None:
+            evaluator.start()
         learner.start()
-        failure = _monitor(run, actors, server, log)
+        failure = _monitor(run, actors, server, evaluator, log)
+        if failure is None and evaluator is not None:
+            evaluator.finish()
     except KeyboardInterrupt:
         log.print("interrupted: stopping actors and learner, writing a final checkpoint")
     except CheckpointError as error:
@@ -236,6 +270,8 @@ def train(config: Config) -> None:
             if table is not None:
                 table.close()
             actors.stop(_ACTOR_JOIN_SECONDS)
+            if evaluator is not None:
+                evaluator.close()
             if server is not None:
                 server.stop(_LEARNER_STOP_SECONDS)
             _save(run, log)
@@ -286,13 +322,18 @@ def report(run: Run, log: RunLog) -> None:
 
 
 def _monitor(
-    run: Run, actors: ActorPool, server: InferenceServer | None, log: RunLog
+    run: Run,
+    actors: ActorPool,
+    server: InferenceServer | None,
+    evaluator: Evaluator | None,
+    log: RunLog,
 ) -> str | None:
-    """Main-thread loop: actor supervision, progress lines, periodic checkpoints."""
+    """Main-thread loop: actor and evaluator supervision, evaluation results, progress
+    lines, periodic checkpoints."""
     config, learner = run.config, run.learner
     last_line = last_checkpoint = time.monotonic()
     while not learner.finished.wait(_MONITOR_SECONDS):
-        failure = actors.check()
+        failure = actors.check() or (evaluator.check() if evaluator is not None else None)
         if failure:
             return failure
         if server is not None and server.failed.is_set():

@@ -15,6 +15,8 @@ serial sampler). It is slower than the parallel run, and it is the same algorith
 
 The run is one actor (`--num_actors` is taken as 1) with `--policy local`; the rollout
 slots are at least 2K + B, so the actor never waits for a slot the learner would free.
+With --eval_interval, the evaluation runs inline too, right after the update that passes
+each multiple (beast/evaluator.py `InlineEvaluator`): training waits for it.
 Ctrl-C stops it with a final checkpoint, as a parallel run.
 """
 
@@ -63,13 +65,15 @@ def serial_config(config: Config) -> Config:
 
 def train_serial(config: Config) -> None:
     """Train until total_steps in this process; returns after a clean stop."""
-    run, log = start_run(serial_config(config))
+    run, log, evaluator = start_run(serial_config(config))
     config = run.config
     experience = run.algorithm.experience()
     if (
         isinstance(experience, SequenceReplay | TransitionReplay)
         and not experience.samples_per_insert
     ):
+        if evaluator is not None:
+            evaluator.close()
         log.close()
         raise ConfigError(
             "--serial with a replay needs --samples_per_insert > 0: the learner's updates"
@@ -93,7 +97,7 @@ def train_serial(config: Config) -> None:
         while progress.step < config.total_steps:
             batch = source.poll()
             if batch is not None:
-                log.record(learner.step(batch))
+                learner.on_update(learner.step(batch))  # the run log, and the evaluator
             else:
                 with torch.no_grad():
                     if not actor.step():
@@ -122,6 +126,8 @@ def train_serial(config: Config) -> None:
         try:
             if actor is not None:
                 actor.close()
+            if evaluator is not None:
+                evaluator.close()
             run.source.close()
             if not run.save():
                 log.print("the model has non-finite weights: keeping the previous checkpoint")
