@@ -318,7 +318,7 @@ class RunLog:
             )
             self._progress.start()
         if wandb_run is not None:
-            where = wandb_run.url or os.path.join(run_dir, "wandb")
+            where = wandb_run.settings.sync_dir if wandb_run.offline else wandb_run.url
             self.print(f"W&B run {wandb_run.id} ({wandb_run.settings.mode}): {where}")
 
     def _write_run_files(self, config: dict[str, Any]) -> None:

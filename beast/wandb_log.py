@@ -16,6 +16,7 @@ with `wandb sync RUN_DIR/wandb/offline-run-*`.
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,15 +52,16 @@ class WandbSettings:
         )
 
 
-def _run_id(run_dir: str, wandb: Any) -> str:
-    """The W&B run id of `run_dir`: the one it already has, or a new one, kept there."""
+def _run_id(run_dir: str) -> str:
+    """The W&B run id of `run_dir`: the one it already has, or a new one (8 random hex
+    digits, W&B's own length), kept there."""
     path = os.path.join(run_dir, WANDB_ID_NAME)
     if os.path.isfile(path):
         with open(path) as f:
             run_id = f.read().strip()
         if run_id:
             return run_id
-    run_id = wandb.util.generate_id()
+    run_id = secrets.token_hex(4)
     with open(path, "w") as f:
         f.write(run_id + "\n")
     return run_id
@@ -74,6 +76,7 @@ def start_wandb_run(
         import wandb
     except ImportError as error:
         raise ConfigError(WANDB_MISSING) from error
+    run_id = _run_id(run_dir)
     try:
         return wandb.init(
             project=settings.project,
@@ -81,7 +84,7 @@ def start_wandb_run(
             group=settings.group,
             tags=list(settings.tags),
             name=str(config.get("xpid")),
-            id=_run_id(run_dir, wandb),
+            id=run_id,
             resume="allow",
             dir=run_dir,
             mode=settings.mode,
