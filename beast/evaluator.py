@@ -336,7 +336,14 @@ def run_evaluator(
 
 
 class _Evaluation:
-    """What both evaluators share: the schedule and the run log."""
+    """What both evaluators share: the schedule, the run log, the calls the runners make.
+
+    `after_update(stats)` from the learner (thread) after each update; `finish(step)` once
+    a run reached total_steps, its learner stopped: its last steps may have passed a
+    multiple without an update (a replay's actors count steps while the learner waits),
+    so that multiple is evaluated there; `check()` from the monitor loop; `close()` at
+    shutdown.
+    """
 
     def __init__(self, run: Run, log: RunLog, step: int) -> None:
         self.config_dict = run.config.to_dict()
@@ -344,12 +351,23 @@ class _Evaluation:
         self.log = log
         self.schedule = EvalSchedule(run.config.eval_interval, step)
 
+    def after_update(self, stats: UpdateStats) -> None:
+        if self.schedule.due(stats.step):
+            self._evaluate(stats.step)
+
+    def _evaluate(self, step: int) -> None:
+        """Evaluate the learner's current weights as the snapshot of `step`."""
+        raise NotImplementedError
+
     def check(self) -> str | None:
         """Results to the run log; why the run must stop, or None."""
         return None
 
-    def finish(self, stop_requested: Callable[[], bool] = lambda: False) -> None:
-        """Wait for the evaluations still to come (a run that reached total_steps)."""
+    def finish(self, step: int, stop_requested: Callable[[], bool] = lambda: False) -> None:
+        """The evaluations still due at the run's last `step`, waited for unless
+        `stop_requested()` says otherwise."""
+        if self.schedule.due(step):
+            self._evaluate(step)
 
     def close(self) -> None:
         """Stop evaluating (any evaluation in progress is dropped)."""
@@ -363,22 +381,17 @@ class InlineEvaluator(_Evaluation):
         self.source = run.model
         self.worker = EvalWorker(self.config_dict, self.run_dir)
 
-    def after_update(self, stats: UpdateStats) -> None:
-        if not self.schedule.due(stats.step):
-            return
+    def _evaluate(self, step: int) -> None:
         copy_weights(self.worker.model, self.source)
-        self.log.record_eval(self.worker.evaluate(stats.step))
+        self.log.record_eval(self.worker.evaluate(step))
 
     def close(self) -> None:
         self.worker.close()
 
 
 class Evaluator(_Evaluation):
-    """The evaluator process, seen from the learner process (module docstring).
-
-    Call `start` once, `after_update` from the learner thread after each update, `check`
-    from the monitor loop, `finish` when the run reached total_steps, `close` at shutdown.
-    """
+    """The evaluator process, seen from the learner process (module docstring); `start`
+    it once, then call it as `_Evaluation` says."""
 
     def __init__(self, run: Run, log: RunLog, step: int) -> None:
         super().__init__(run, log, step)
@@ -407,14 +420,12 @@ class Evaluator(_Evaluation):
         )
         self.process.start()
 
-    def after_update(self, stats: UpdateStats) -> None:
-        """Hand over a snapshot if the update passed a multiple of --eval_interval."""
-        if not self.schedule.due(stats.step):
-            return
+    def _evaluate(self, step: int) -> None:
+        """Hand over a snapshot; the evaluator takes it when it is free."""
         with self.source_lock:
-            handed = self.channel.hand(self.source, stats.step)
+            handed = self.channel.hand(self.source, step)
         if not handed:
-            self.log.print(f"evaluator unresponsive: no evaluation of step {stats.step:,}")
+            self.log.print(f"evaluator unresponsive: no evaluation of step {step:,}")
 
     def check(self) -> str | None:
         result = self.channel.take()
@@ -436,7 +447,8 @@ class Evaluator(_Evaluation):
         self.start()
         return None
 
-    def finish(self, stop_requested: Callable[[], bool] = lambda: False) -> None:
+    def finish(self, step: int, stop_requested: Callable[[], bool] = lambda: False) -> None:
+        super().finish(step)
         if self.channel.outstanding():
             step = self.channel.value(_HANDED)
             self.log.print(f"waiting for the evaluation of step {step:,} (Ctrl-C skips it)")

@@ -254,7 +254,8 @@ def train(config: Config) -> None:
         learner.start()
         failure = _monitor(run, actors, server, evaluator, log)
         if failure is None and evaluator is not None:
-            evaluator.finish()
+            learner.stop(_LEARNER_STOP_SECONDS)  # its last update may hand a snapshot
+            evaluator.finish(run.progress.step)
     except KeyboardInterrupt:
         log.print("interrupted: stopping actors and learner, writing a final checkpoint")
     except CheckpointError as error:

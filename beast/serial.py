@@ -113,6 +113,8 @@ def train_serial(config: Config) -> None:
         if progress.step >= config.total_steps:
             log.report_progress()
             log.print(f"reached total_steps {config.total_steps:,}")
+            if evaluator is not None:
+                evaluator.finish(progress.step)
     except KeyboardInterrupt:
         log.print("interrupted: writing a final checkpoint")
     except NonFiniteError as error:

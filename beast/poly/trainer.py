@@ -263,7 +263,8 @@ class LearnerNode:
             learner.start()
             failure = self._monitor(run, pool, feeder, evaluator, log, checkpoint)
             if failure is None and evaluator is not None:
-                evaluator.finish(self.stop_requested.is_set)
+                learner.stop(_LEARNER_STOP_SECONDS)  # its last update may hand a snapshot
+                evaluator.finish(run.progress.step * world, self.stop_requested.is_set)
         except KeyboardInterrupt:
             log.print("interrupted: stopping env servers and learner, writing a final checkpoint")
         except CheckpointError as error:
