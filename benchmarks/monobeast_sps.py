@@ -14,6 +14,7 @@ figure, the medians and the ratio end-to-end / env-only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import signal
@@ -34,7 +35,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def steady_sps(logs_csv: Path, warmup: float) -> float:
     with open(logs_csv) as f:
-        rows = [(float(r["time"]), int(r["step"])) for r in csv.DictReader(f)]
+        # Update rows only: an evaluation's row (--eval_interval) carries the step of the
+        # snapshot it evaluated, written later.
+        rows = [
+            (float(r["time"]), int(r["step"]))
+            for r in csv.DictReader(f)
+            if not r.get("eval_mean_return")
+        ]
     steady = [row for row in rows if row[0] >= warmup]
     if len(steady) < 2:
         raise RuntimeError(f"too few learner updates after {warmup}s warm-up in {logs_csv}")
@@ -71,8 +78,13 @@ def bench_argv(entry: str, env: str, savedir: str, flags: list[str]) -> list[str
 _EXIT_TIMEOUT = 60
 
 
-def measure_monobeast_sps(env: str, seconds: float, warmup: float, flags: list[str]) -> float:
-    with tempfile.TemporaryDirectory() as savedir:
+def measure_monobeast_sps(
+    env: str, seconds: float, warmup: float, flags: list[str], savedir: str | None = None
+) -> float:
+    """Steady-state SPS of a monobeast run of `seconds`, stopped with SIGINT; the run
+    lives in `savedir`/bench when given (kept), else in a temporary directory."""
+    kept = contextlib.nullcontext(savedir) if savedir is not None else None
+    with kept or tempfile.TemporaryDirectory() as savedir:
         proc = subprocess.Popen(
             bench_argv("monobeast.py", env, savedir, flags),
             cwd=ROOT,
