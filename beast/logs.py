@@ -9,8 +9,8 @@ SAVEDIR/XPID holds, besides the checkpoint:
     git_diff.patch    `git diff HEAD` of the beast checkout when it was dirty
     requirements.txt  the installed distributions, in `pip freeze` format
     logs.csv          one row per learner update (step, time, losses, returns); with
-                      --eval_interval, eval_* columns too, filled in the rows of evaluations
-                      and empty in the others (`EVAL_COLUMNS`)
+                      --eval_interval also one per evaluation, and eval_* columns
+                      (`EVAL_COLUMNS`), empty in update rows (`record_eval`)
     episodes.csv      one row per finished episode (the learner step at which it was
                       consumed, its return and length)
     events.out.tfevents.*  TensorBoard: the logs.csv columns against step, plus SPS,
@@ -74,10 +74,12 @@ __all__ = [
 RETURN_WINDOW = 100
 # Seconds between the update rows written to TensorBoard and W&B (logs.csv keeps every one).
 TENSORBOARD_INTERVAL = 1.0
-# logs.csv's columns for evaluations (--eval_interval): `EvalResult.summary()`'s statistics.
+# logs.csv's columns for evaluations (--eval_interval): the step of the weights evaluated
+# and `EvalResult.summary()`'s statistics.
 EVAL_COLUMNS = tuple(
     f"eval_{name}"
     for name in (
+        "step",
         "mean_return",
         "median_return",
         "std_return",
@@ -389,14 +391,18 @@ class RunLog:
                 )
 
     def record_eval(self, result: EvalResult) -> None:
-        """An evaluation (beast/evaluator.py): a logs.csv row of its own (the step of the
-        snapshot evaluated, the eval columns; the others empty), eval/ scalars and a line."""
+        """An evaluation (beast/evaluator.py): eval/ scalars at the step of the weights
+        evaluated, a console line, and a logs.csv row of its own: `step` and `time` when it
+        is written, like every row (so the step column only grows: an evaluation arrives
+        after the updates of later steps), `eval_step` the step of the weights evaluated,
+        the eval columns; the others empty."""
         summary = result.summary()
         with self._lock:
             self._write_csv_row(
                 {
-                    "step": result.step,
+                    "step": max(self.step, result.step),
                     "time": round(time.monotonic() - self._start, 3),
+                    "eval_step": result.step,
                     **{f"eval_{key}": value for key, value in summary.items()},
                 }
             )

@@ -6,8 +6,8 @@
 Each repeat runs monobeast.py twice, one after the other, with the same flags (those
 after `--`): without evaluation, then with `--eval_interval` and `--eval_episodes`. Each
 run's SPS is its steady state (benchmarks.monobeast_sps: learner steps between the first
-update row of logs.csv after `--warmup` seconds and the last one, the eval rows left
-out), and the run is stopped with SIGINT. Prints each pair with the evaluations the second
+row of logs.csv after `--warmup` seconds and the last one), and the run is stopped with
+SIGINT. Prints each pair with the evaluations the second
 run logged, then the medians and the ratio with / without. The evaluator is one more
 process competing for the cores: on a machine whose cores the actors already fill, its
 episodes cost training steps, which is what the ratio shows.
@@ -32,7 +32,7 @@ from benchmarks.monobeast_sps import measure_monobeast_sps
 def count_evaluations(savedir: str) -> int:
     """The eval rows in the benchmarked run's logs.csv."""
     with open(Path(savedir) / "bench" / "logs.csv") as f:
-        return sum(1 for row in csv.DictReader(f) if row.get("eval_mean_return"))
+        return sum(1 for row in csv.DictReader(f) if row.get("eval_step"))
 
 
 def main(argv: list[str] | None = None) -> None:

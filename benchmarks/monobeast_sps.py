@@ -35,13 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def steady_sps(logs_csv: Path, warmup: float) -> float:
     with open(logs_csv) as f:
-        # Update rows only: an evaluation's row (--eval_interval) carries the step of the
-        # snapshot it evaluated, written later.
-        rows = [
-            (float(r["time"]), int(r["step"]))
-            for r in csv.DictReader(f)
-            if not r.get("eval_mean_return")
-        ]
+        rows = [(float(r["time"]), int(r["step"])) for r in csv.DictReader(f)]
     steady = [row for row in rows if row[0] >= warmup]
     if len(steady) < 2:
         raise RuntimeError(f"too few learner updates after {warmup}s warm-up in {logs_csv}")

@@ -35,10 +35,14 @@ STEPS_PER_UPDATE = 20
 
 
 def split_rows(run_dir):
-    """logs.csv's (update rows, eval rows): eval rows are those with eval columns filled."""
+    """logs.csv's (update rows, eval rows): eval rows are those with eval columns filled.
+    Every row's step is the training step when it was written: the column only grows."""
     rows = read_csv(run_dir / "logs.csv")
-    evals = [row for row in rows if row["eval_mean_return"] != ""]
-    updates = [row for row in rows if row["eval_mean_return"] == ""]
+    written = [int(row["step"]) for row in rows]
+    assert written == sorted(written)
+    evals = [row for row in rows if row["eval_step"] != ""]
+    updates = [row for row in rows if row["eval_step"] == ""]
+    assert all(int(row["step"]) >= int(row["eval_step"]) for row in evals)
     return updates, evals
 
 
@@ -59,7 +63,7 @@ def test_cartpole_eval_rows_at_the_right_steps_and_the_best_checkpoint_loads(tmp
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "e"
     updates, evals = split_rows(run_dir)
-    steps = [int(row["step"]) for row in evals]
+    steps = [int(row["eval_step"]) for row in evals]
     # The evaluator takes the newest snapshot when it is free (it may start after the
     # first multiples): at least the last, at total_steps, which the run waits for.
     assert_steps_follow_the_interval(steps, 1000, STEPS_PER_UPDATE)
@@ -99,7 +103,7 @@ def test_serial_evaluates_inline_at_every_multiple(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "2 episodes between updates" in result.stdout
     _, evals = split_rows(tmp_path / "s")
-    steps = [int(row["step"]) for row in evals]
+    steps = [int(row["eval_step"]) for row in evals]
     assert len(steps) == 3  # inline: none is skipped
     assert_steps_follow_the_interval(steps, 1000, STEPS_PER_UPDATE)
 
@@ -117,7 +121,7 @@ def test_every_family_evaluates_and_its_best_checkpoint_tests(tmp_path, algo, po
     result = run([*argv, "--savedir", str(tmp_path), "--xpid", algo], timeout=240)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     _, evals = split_rows(tmp_path / algo)
-    steps = [int(row["step"]) for row in evals]
+    steps = [int(row["eval_step"]) for row in evals]
     # Replay actors add steps between updates: a multiple may be passed by many steps.
     assert_steps_follow_the_interval(steps, 1000, 1000)
     assert steps[-1] >= 2000  # the final evaluation, at total_steps
@@ -136,7 +140,7 @@ def test_polybeast_evaluates_on_its_learner_and_leaves_nothing(tmp_path):
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-4000:]
     _, evals = split_rows(tmp_path / "p")
-    steps = [int(row["step"]) for row in evals]
+    steps = [int(row["eval_step"]) for row in evals]
     assert_steps_follow_the_interval(steps, 1000, 1000)
     assert steps[-1] >= 2000
     assert (tmp_path / "p" / "model_best.tar").is_file()

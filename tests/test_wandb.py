@@ -172,8 +172,8 @@ def test_an_offline_run_logs_the_scalars_evaluations_config_and_resumes(tmp_path
     assert any("sps" in row for row in trained) and any("episode_return" in row for row in rows)
     # The evaluations: the same steps and means as logs.csv's eval rows.
     evals = [row for row in rows if "eval/step" in row]
-    csv_evals = [row for row in read_csv(run_dir / "logs.csv") if row["eval_mean_return"]]
-    assert [row["eval/step"] for row in evals] == [int(row["step"]) for row in csv_evals]
+    csv_evals = [row for row in read_csv(run_dir / "logs.csv") if row["eval_step"]]
+    assert [row["eval/step"] for row in evals] == [int(row["eval_step"]) for row in csv_evals]
     assert [row["eval/mean_return"] for row in evals] == pytest.approx(
         [float(row["eval_mean_return"]) for row in csv_evals]
     )
