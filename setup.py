@@ -9,6 +9,9 @@ from setuptools import find_packages, setup
 
 # mujoco 4.0.0 reports a solver bug fixed in 4.0.1; stay on 3.x.
 MUJOCO = ["gymnasium[mujoco]>=1.0", "mujoco>=3,<4"]
+# --wandb (beast/wandb_log.py), checked with 0.31: a 20 MB wheel, 56 MB installed (its Go
+# core included), plus OpenTelemetry and httpx (about 2 MB).
+WANDB = ["wandb>=0.31"]
 
 setup(
     name="beast",
@@ -41,6 +44,7 @@ setup(
             "imageio-ffmpeg>=0.4.9",
             "ray>=2.60,<3",
             *MUJOCO,
+            *WANDB,  # tests/test_wandb.py's offline run
         ],
         # polybeast.py: Ray 2.x (an ~80 MB wheel; its other dependencies are mostly
         # already here). tests/test_polybeast.py skips itself without it.
@@ -50,6 +54,8 @@ setup(
         "video": ["imageio>=2.30", "imageio-ffmpeg>=0.4.9"],
         # HalfCheetah-v5 and the other MuJoCo tasks: the mujoco wheel carries the simulator.
         "mujoco": MUJOCO,
+        # --wandb: Weights & Biases logging, online or offline.
+        "wandb": WANDB,
         # benchmarks/sb3_side_by_side.py: the peer for PPO/A2C, run beside beast.
         "bench": ["stable-baselines3>=2.3,<3", *MUJOCO],
     },
