@@ -81,46 +81,42 @@ def _write_atomically(path: str, payload: Any, *, keep_previous: str | None = No
             os.unlink(tmp_path)
 
 
-def save_checkpoint(run_dir: str, payload: dict[str, Any]) -> str:
-    """Atomically install `payload` as RUN_DIR/model.tar; returns its path."""
-    path = os.path.join(run_dir, CHECKPOINT_NAME)
+def _install(
+    path: str, payload: Any, what: str, intact: str, keep_previous: str | None = None
+) -> str:
+    """`_write_atomically`, an OSError made a one-line CheckpointError naming `what` was
+    being written and what is `intact`; returns `path`."""
     try:
-        _write_atomically(
-            path, payload, keep_previous=os.path.join(run_dir, PREVIOUS_CHECKPOINT_NAME)
-        )
+        _write_atomically(path, payload, keep_previous=keep_previous)
     except OSError as error:
         raise CheckpointError(
-            f"cannot write checkpoint {path}: {error.strerror or error}"
-            " (the previous checkpoint is intact)"
+            f"cannot write {what} {path}: {error.strerror or error} ({intact} is intact)"
         ) from error
     return path
+
+
+def save_checkpoint(run_dir: str, payload: dict[str, Any]) -> str:
+    """Atomically install `payload` as RUN_DIR/model.tar; returns its path."""
+    return _install(
+        os.path.join(run_dir, CHECKPOINT_NAME),
+        payload,
+        "checkpoint",
+        "the previous checkpoint",
+        keep_previous=os.path.join(run_dir, PREVIOUS_CHECKPOINT_NAME),
+    )
 
 
 def save_best_checkpoint(run_dir: str, payload: dict[str, Any]) -> str:
     """Atomically install `payload` as RUN_DIR/model_best.tar; returns its path."""
     path = os.path.join(run_dir, BEST_CHECKPOINT_NAME)
-    try:
-        _write_atomically(path, payload)
-    except OSError as error:
-        raise CheckpointError(
-            f"cannot write the best checkpoint {path}: {error.strerror or error}"
-            " (the previous best is intact)"
-        ) from error
-    return path
+    return _install(path, payload, "the best checkpoint", "the previous best")
 
 
 def save_replay_file(run_dir: str, payload: dict[str, Any]) -> str:
     """Atomically write a replay's contents as RUN_DIR/replay.tar (written before the
     model.tar that names it, with the same discipline); returns its path."""
     path = os.path.join(run_dir, REPLAY_NAME)
-    try:
-        _write_atomically(path, payload)
-    except OSError as error:
-        raise CheckpointError(
-            f"cannot write the replay {path}: {error.strerror or error}"
-            " (the previous checkpoint is intact)"
-        ) from error
-    return path
+    return _install(path, payload, "the replay", "the previous checkpoint")
 
 
 def load_replay_file(run_dir: str) -> dict[str, Any] | None:
