@@ -438,7 +438,7 @@ class Evaluator(_Evaluation):
         reason = self.error_board.death_reason(0, process.exitcode, "the evaluator")
         if not self.restart_window.allow():
             self.process = None
-            return self.restart_window.refusal(f"the evaluator {reason}")
+            return self.restart_window.refusal(f"the evaluator {reason}", "evaluators")
         self.log.print(
             f"the evaluator {reason}; starting a replacement (restart {self.restart_window.total})"
         )

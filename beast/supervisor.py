@@ -62,10 +62,11 @@ class RestartWindow:
         self.total += 1
         return True
 
-    def refusal(self, what: str) -> str:
-        """Why the run stops when `allow` said no (`what` died, say "actor-3 raised ...")."""
+    def refusal(self, what: str, kind: str) -> str:
+        """Why the run stops when `allow` said no: `what` died ("actor-3 raised ..."), and
+        that many `kind` ("actors") were already replaced."""
         return (
-            f"{what}; {len(self._recent)} replacements were already started in the last"
+            f"{what}; {len(self._recent)} {kind} were already replaced in the last"
             f" {RESTART_WINDOW_SECONDS:.0f} s (--max_actor_restarts {self.max_restarts}),"
             " so the run stops"
         )
@@ -147,7 +148,7 @@ class ActorPool:
                 self.policy_source.drop_requests(index)
             if not self.restart_window.allow():
                 self.processes[index] = None
-                return self.restart_window.refusal(f"actor-{index} {reason}")
+                return self.restart_window.refusal(f"actor-{index} {reason}", "actors")
             self.incarnations[index] += 1
             self.log(
                 f"actor-{index} {reason}; reclaimed {reclaimed} slot(s), starting a replacement"
