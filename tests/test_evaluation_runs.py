@@ -147,17 +147,23 @@ def test_polybeast_evaluates_on_its_learner_and_leaves_nothing(tmp_path):
     assert wait_until_gone(marker, timeout=15) == []
 
 
+def wait_for_an_evaluation(run_dir, proc, timeout=120):
+    """Until the running `proc` has logged an evaluation in run_dir's logs.csv."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        logs = run_dir / "logs.csv"  # read while written: a last row may be partial
+        if logs.exists() and any((row.get("eval_step") or "").isdigit() for row in read_csv(logs)):
+            return
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    raise AssertionError(f"no evaluation within {timeout} s")
+
+
 def test_ctrl_c_stops_the_evaluator_with_the_run(tmp_path):
     marker, before = uuid.uuid4().hex, shm_entries()
     argv = [*CARTPOLE_SMALL, "--total_steps", "100000000", "--eval_interval", "200"]
     proc = start([*argv, "--savedir", str(tmp_path), "--xpid", "c"], marker)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if (tmp_path / "c" / "logs.csv").exists() and split_rows(tmp_path / "c")[1]:
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
-    assert split_rows(tmp_path / "c")[1], "no evaluation within 120 s"
+    wait_for_an_evaluation(tmp_path / "c", proc)
     os.killpg(proc.pid, signal.SIGINT)
     start_stop = time.monotonic()
     out, err = proc.communicate(timeout=30)
@@ -166,6 +172,20 @@ def test_ctrl_c_stops_the_evaluator_with_the_run(tmp_path):
     assert "interrupted" in out
     assert wait_until_gone(marker) == []
     assert shm_entries() - before == set()
+
+
+def test_the_evaluator_exits_when_the_learner_dies_hard(tmp_path):
+    marker = uuid.uuid4().hex
+    argv = [*CARTPOLE_SMALL, "--total_steps", "100000000", "--eval_interval", "200"]
+    proc = start([*argv, "--savedir", str(tmp_path), "--xpid", "hard"], marker)
+    try:
+        wait_for_an_evaluation(tmp_path / "hard", proc)
+        os.kill(proc.pid, signal.SIGKILL)  # the learner process only
+        proc.communicate(timeout=10)
+        assert wait_until_gone(marker, timeout=10) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(
