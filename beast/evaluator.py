@@ -173,8 +173,12 @@ class EvalWorker:
     def evaluate(self, step: int) -> EvalResult:
         """Play the episodes with the model's current weights (the snapshot of `step`)."""
         start = time.monotonic()
-        torch.manual_seed(self.seed)  # the policy's random numbers (Q-networks' epsilon)
-        policy = LocalPolicy(self.model, self.policy, num_envs=1)
+        # The policy draws its random numbers (Q-networks' epsilon) from a generator seeded
+        # from torch's; torch's own state is put back after (--serial evaluates in the
+        # training process, whose random streams must not restart at every evaluation).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            policy = LocalPolicy(self.model, self.policy, num_envs=1)
         episodes = play_episodes(self.env, self.spec, policy, self.num_episodes, seed=self.seed)
         returns = tuple(episode.ret for episode in episodes)
         mean = statistics.fmean(returns)

@@ -118,7 +118,10 @@ def test_an_evaluation_is_a_function_of_the_weights_and_the_best_is_kept(tmp_pat
     worker = EvalWorker(config.to_dict(), config.run_dir)
     weights = random_model(config, seed=1)
     copy_weights(worker.model, weights)
+    rng_state = torch.get_rng_state()
     first, again = worker.evaluate(100), worker.evaluate(200)
+    # Training's random streams go on where they were (--serial evaluates in its process).
+    assert torch.equal(torch.get_rng_state(), rng_state)
     # The same weights play the same episodes: the env is reset to its own seed, the
     # policy is greedy. CartPole pays 1 per step.
     assert first.returns == again.returns and first.lengths == again.lengths
