@@ -243,6 +243,20 @@ class EvalChannel:
     def value(self, column: int) -> int:
         return int(self.control[column])
 
+    @property
+    def handed(self) -> int:
+        """The step of the newest snapshot handed over (-1: none yet)."""
+        return self.value(_HANDED)
+
+    @property
+    def taken(self) -> int:
+        """The step of the snapshot the evaluator copied out last (-1: none yet)."""
+        return self.value(_TAKEN)
+
+    def request_stop(self) -> None:
+        """Tell the evaluator to exit (it looks between evaluations)."""
+        self.control[_STOP] = 1
+
     # The learner process's side.
 
     def hand(self, source: nn.Module, step: int) -> bool:
@@ -454,8 +468,9 @@ class Evaluator(_Evaluation):
     def finish(self, step: int, stop_requested: Callable[[], bool] = lambda: False) -> None:
         super().finish(step)
         if self.channel.outstanding():
-            step = self.channel.value(_HANDED)
-            self.log.print(f"waiting for the evaluation of step {step:,} (Ctrl-C skips it)")
+            self.log.print(
+                f"waiting for the evaluation of step {self.channel.handed:,} (Ctrl-C skips it)"
+            )
         while self.channel.outstanding() and self.process is not None and not stop_requested():
             failure = self.check()
             if failure:
@@ -464,7 +479,7 @@ class Evaluator(_Evaluation):
             time.sleep(_POLL_SECONDS)
 
     def close(self) -> None:
-        self.channel.control[_STOP] = 1
+        self.channel.request_stop()
         if self.process is not None:
             stop_processes([self.process], _STOP_SECONDS)
 

@@ -181,7 +181,7 @@ def test_the_evaluator_process_evaluates_the_newest_snapshot_then_stops(tmp_path
         assert result.lengths == expected.lengths and result.best
         assert not channel.outstanding() and channel.take() is None
     finally:
-        channel.control[4] = 1  # stop
+        channel.request_stop()
         process.join(10)
         if process.is_alive():
             process.kill()
@@ -233,8 +233,8 @@ def test_a_killed_evaluator_is_replaced_and_its_snapshot_evaluated_once(tmp_path
     try:
         evaluator.after_update(update(990))  # not yet due
         evaluator.after_update(update(1010))
-        assert evaluator.channel.value(0) == 1010  # handed
-        wait_for(lambda: evaluator.channel.value(1) == 1010, "the snapshot to be taken")
+        assert evaluator.channel.handed == 1010
+        wait_for(lambda: evaluator.channel.taken == 1010, "the snapshot to be taken")
         os.kill(evaluator.process.pid, signal.SIGKILL)
         check_until(evaluator, lambda: log.results, "the evaluation of the lost snapshot")
         assert [result.step for result in log.results] == [1010]
