@@ -148,8 +148,8 @@ class ScalarWriter:
     TensorBoard, one history row in W&B, plotted there against `step` (the eval/ scalars
     against `eval/step`). `episode_returns(returns, step)` gives TensorBoard every
     episode's return as a point of `episode_return`; W&B gets the mean of the episodes
-    since its last row in the next row instead, since a W&B row costs ~0.3 ms of the
-    learner thread (CartPole finishes dozens of episodes per update early on).
+    since its last row in the next row instead: a W&B row cost 0.2-0.3 ms of CPU here,
+    in the learner thread, and CartPole finishes dozens of episodes per update early on.
 
     tensorboard: a SummaryWriter or None; wandb_run: a `wandb.Run` or None.
     """
@@ -167,14 +167,14 @@ class ScalarWriter:
         if self.wandb_run is None:
             return
         row = dict(values)
-        if self._pending_returns and not any(key.startswith("eval/") for key in row):
+        evaluation = any(key.startswith("eval/") for key in row)  # a row is one or the other
+        if self._pending_returns and not evaluation:
             row["episode_return"] = sum(self._pending_returns) / len(self._pending_returns)
             self._pending_returns.clear()
+        axis = WANDB_EVAL_STEP if evaluation else WANDB_STEP
         for key in row.keys() - self._defined:
-            axis = WANDB_EVAL_STEP if key.startswith("eval/") else WANDB_STEP
             self.wandb_run.define_metric(key, step_metric=axis)
             self._defined.add(key)
-        axis = WANDB_EVAL_STEP if any(key.startswith("eval/") for key in row) else WANDB_STEP
         self.wandb_run.log({**row, axis: step})
 
     def episode_returns(self, returns: Sequence[float], step: int) -> None:
