@@ -76,6 +76,7 @@ __all__ = [
     "EvalResult",
     "EvalSchedule",
     "EvalWorker",
+    "Evaluation",
     "Evaluator",
     "InlineEvaluator",
     "build_evaluator",
@@ -353,14 +354,14 @@ def run_evaluator(
         sys.exit(1)
 
 
-class _Evaluation:
+class Evaluation:
     """What both evaluators share: the schedule, the run log, the calls the runners make.
 
-    `after_update(stats)` from the learner (thread) after each update; `finish(step)` once
-    a run reached total_steps, its learner stopped: its last steps may have passed a
-    multiple without an update (a replay's actors count steps while the learner waits),
-    so that multiple is evaluated there; `check()` from the monitor loop; `close()` at
-    shutdown.
+    `start()` once; `after_update(stats)` from the learner (thread) after each update;
+    `check()` from the monitor loop; `finish(step)` once a run reached total_steps and its
+    learner stopped (its last steps may have passed a multiple without an update: a
+    replay's actors count steps while the learner waits, so that multiple is evaluated
+    there); `close()` at shutdown.
     """
 
     def __init__(self, run: Run, log: RunLog, step: int) -> None:
@@ -368,6 +369,9 @@ class _Evaluation:
         self.run_dir = run.config.run_dir
         self.log = log
         self.schedule = EvalSchedule(run.config.eval_interval, step)
+
+    def start(self) -> None:
+        """Start evaluating (the process, where there is one)."""
 
     def after_update(self, stats: UpdateStats) -> None:
         if self.schedule.due(stats.step):
@@ -391,7 +395,7 @@ class _Evaluation:
         """Stop evaluating (any evaluation in progress is dropped)."""
 
 
-class InlineEvaluator(_Evaluation):
+class InlineEvaluator(Evaluation):
     """--serial: evaluates in this process, right after the update that is due."""
 
     def __init__(self, run: Run, log: RunLog, step: int) -> None:
@@ -407,9 +411,9 @@ class InlineEvaluator(_Evaluation):
         self.worker.close()
 
 
-class Evaluator(_Evaluation):
+class Evaluator(Evaluation):
     """The evaluator process, seen from the learner process (module docstring); `start`
-    it once, then call it as `_Evaluation` says."""
+    it once, then call it as `Evaluation` says."""
 
     def __init__(self, run: Run, log: RunLog, step: int) -> None:
         super().__init__(run, log, step)
@@ -484,7 +488,7 @@ class Evaluator(_Evaluation):
             stop_processes([self.process], _STOP_SECONDS)
 
 
-def build_evaluator(run: Run, log: RunLog, step: int) -> Evaluator | InlineEvaluator | None:
+def build_evaluator(run: Run, log: RunLog, step: int) -> Evaluation | None:
     """The run's evaluator (--serial: inline), or None without --eval_interval."""
     if not run.config.eval_interval:
         return None

@@ -43,7 +43,7 @@ from beast.engine import (
     restore,
     select_policy,
 )
-from beast.evaluator import Evaluator, InlineEvaluator, build_evaluator, describe_evaluation
+from beast.evaluator import Evaluation, build_evaluator, describe_evaluation
 from beast.inference import InferenceServer, InferenceTable
 from beast.learner import NonFiniteError, UpdateStats
 from beast.logs import RunLog
@@ -57,6 +57,7 @@ __all__ = [
     "build_inference",
     "open_run_log",
     "raise_keyboard_interrupt",
+    "start_evaluation",
     "start_run",
     "train",
 ]
@@ -142,21 +143,12 @@ def actor_settings(run: Run, policy: str) -> ActorSettings:
     )
 
 
-def start_run(config: Config) -> tuple[Run, RunLog, Evaluator | InlineEvaluator | None]:
+def start_run(config: Config) -> tuple[Run, RunLog]:
     """Build the run's components, resume it if its directory holds a checkpoint, open its
-    log, build its evaluator (--eval_interval; not started) and print the start-up line
-    (shared by `train` and --serial). The learner's `on_update` records each update and
-    hands the evaluator its snapshots."""
+    log and print the start-up line (shared by `train` and --serial)."""
     config, spec, device, precision = prepare(config)
     resumed = load_resume_payload(config)  # a checkpoint that does not fit stops us here
     log = open_run_log(config)
-    evaluator: Evaluator | InlineEvaluator | None = None
-
-    def on_update(stats: UpdateStats) -> None:
-        log.record(stats)
-        if evaluator is not None:
-            evaluator.after_update(stats)
-
     try:
         run = build_run(
             config,
@@ -164,7 +156,7 @@ def start_run(config: Config) -> tuple[Run, RunLog, Evaluator | InlineEvaluator 
             device,
             precision,
             num_writers=config.num_actors,
-            on_update=on_update,
+            on_update=log.record,
             log=log.print,
         )
     except BaseException:
@@ -188,14 +180,25 @@ def start_run(config: Config) -> tuple[Run, RunLog, Evaluator | InlineEvaluator 
         f" {config.num_actors} actors x {config.num_envs_per_actor} envs,"
         f" learner on {device} in {precision} with {torch.get_num_threads()} thread(s)"
     )
-    try:
-        evaluator = build_evaluator(run, log, run.progress.step)
-    except BaseException:
-        log.close()
-        raise
-    if evaluator is not None:
-        log.print(describe_evaluation(config))
-    return run, log, evaluator
+    return run, log
+
+
+def start_evaluation(run: Run, log: RunLog) -> Evaluation | None:
+    """The run's evaluator (--eval_interval; the process is not started yet), or None; the
+    learner's `on_update` then hands it each update's stats after the run log (shared by
+    `train` and --serial)."""
+    evaluator = build_evaluator(run, log, run.progress.step)
+    if evaluator is None:
+        return None
+    record = run.learner.on_update
+
+    def on_update(stats: UpdateStats) -> None:
+        record(stats)
+        evaluator.after_update(stats)
+
+    run.learner.on_update = on_update
+    log.print(describe_evaluation(run.config))
+    return evaluator
 
 
 def _save(run: Run, log: RunLog) -> None:
@@ -210,12 +213,10 @@ def train(config: Config) -> None:
 
         train_serial(config)
         return
-    run, log, evaluator = start_run(config)
+    run, log = start_run(config)
     config = run.config
     if run.progress.step >= config.total_steps:
         log.print(f"already at total_steps {config.total_steps:,}; raise --total_steps to go on")
-        if evaluator is not None:
-            evaluator.close()
         log.close()
         return
     learner = run.learner
@@ -230,6 +231,11 @@ def train(config: Config) -> None:
             f" batches of up to {server.max_batch} envs,"
             f" each actor's envs in {table.num_env_splits} lane(s) of {table.lane_envs}"
         )
+    try:
+        evaluator = start_evaluation(run, log)
+    except BaseException:
+        log.close()
+        raise
     actors = ActorPool(
         settings=actor_settings(run, policy),
         sink=run.sink,
@@ -326,7 +332,7 @@ def _monitor(
     run: Run,
     actors: ActorPool,
     server: InferenceServer | None,
-    evaluator: Evaluator | None,
+    evaluator: Evaluation | None,
     log: RunLog,
 ) -> str | None:
     """Main-thread loop: actor and evaluator supervision, evaluation results, progress

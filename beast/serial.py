@@ -41,6 +41,7 @@ from beast.runner import (
     actor_settings,
     raise_keyboard_interrupt,
     report,
+    start_evaluation,
     start_run,
 )
 
@@ -65,20 +66,23 @@ def serial_config(config: Config) -> Config:
 
 def train_serial(config: Config) -> None:
     """Train until total_steps in this process; returns after a clean stop."""
-    run, log, evaluator = start_run(serial_config(config))
+    run, log = start_run(serial_config(config))
     config = run.config
     experience = run.algorithm.experience()
     if (
         isinstance(experience, SequenceReplay | TransitionReplay)
         and not experience.samples_per_insert
     ):
-        if evaluator is not None:
-            evaluator.close()
         log.close()
         raise ConfigError(
             "--serial with a replay needs --samples_per_insert > 0: the learner's updates"
             " per insert, which the actor and learner keep by taking turns"
         )
+    try:
+        evaluator = start_evaluation(run, log)
+    except BaseException:
+        log.close()
+        raise
     if hasattr(run.sink, "writers_wait"):
         run.sink.writers_wait = False
     progress, learner, source = run.progress, run.learner, run.source

@@ -46,7 +46,7 @@ from beast import envs
 from beast.checkpoint import CheckpointError
 from beast.config import ConfigError
 from beast.engine import Run, build_run, load_resume_payload, prepare, restore, select_device
-from beast.evaluator import Evaluator, build_evaluator, describe_evaluation
+from beast.evaluator import Evaluation, build_evaluator, describe_evaluation
 from beast.learner import UpdateStats
 from beast.poly.cluster import ray_session
 from beast.poly.config import PolyConfig
@@ -131,7 +131,7 @@ class LearnerNode:
             )
         servers = list(range(rank, config.servers, world))
         pools: list[ServerPool] = []
-        evaluator: Evaluator | None = None
+        evaluator: Evaluation | None = None
 
         def on_update(stats: UpdateStats) -> None:
             if rank != 0:
@@ -309,7 +309,7 @@ class LearnerNode:
         self._agreed_stop.set()
 
     def _monitor(
-        self, run: Run, pool: ServerPool, feeder, evaluator: Evaluator | None, log, checkpoint
+        self, run: Run, pool: ServerPool, feeder, evaluator: Evaluation | None, log, checkpoint
     ) -> str | None:
         """Progress lines, periodic checkpoints, evaluation results, restarts and failures;
         until the end."""
