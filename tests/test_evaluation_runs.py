@@ -5,6 +5,8 @@ best`, every family of algorithm, --serial, polybeast, shutdown, bad input.
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import os
 import signal
 import statistics
@@ -29,6 +31,7 @@ from tests.test_monobeast import (
     start,
     wait_until_gone,
 )
+from tests.test_wandb import history_rows, wandb_records
 
 # CARTPOLE_SMALL's batches: 2 rollouts of 10 steps, so each update adds 20 agent steps.
 STEPS_PER_UPDATE = 20
@@ -131,11 +134,13 @@ def test_every_family_evaluates_and_its_best_checkpoint_tests(tmp_path, algo, po
     assert monobeast.main([*argv, "--num_test_episodes", "1"]) == 0
 
 
-def test_polybeast_evaluates_on_its_learner_and_leaves_nothing(tmp_path):
+def test_polybeast_evaluates_and_logs_to_wandb_on_its_learner_and_leaves_nothing(tmp_path):
     pytest.importorskip("ray")
+    wandb = importlib.util.find_spec("wandb") is not None
     marker = uuid.uuid4().hex
     argv = [*COMMON, *LAYOUT["polybeast.py"], "--env", "CartPole-v1", "--eval_interval", "1000"]
     argv += ["--eval_episodes", "2", "--savedir", str(tmp_path), "--xpid", "p"]
+    argv += ["--wandb", "--wandb_mode", "offline"] if wandb else []
     proc = start(argv, marker, script=os.path.join(ROOT, "polybeast.py"), stderr=subprocess.STDOUT)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-4000:]
@@ -145,6 +150,11 @@ def test_polybeast_evaluates_on_its_learner_and_leaves_nothing(tmp_path):
     assert steps[-1] >= 2000
     assert (tmp_path / "p" / "model_best.tar").is_file()
     assert wait_until_gone(marker, timeout=15) == []
+    if wandb:
+        (path,) = glob.glob(str(tmp_path / "p" / "wandb" / "offline-run-*" / "*.wandb"))
+        rows = history_rows(wandb_records(path))
+        assert [row["eval/step"] for row in rows if "eval/step" in row] == steps
+        assert any("total_loss" in row for row in rows)
 
 
 def wait_for_an_evaluation(run_dir, proc, timeout=120):
