@@ -6,14 +6,23 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
+import time
+import uuid
 
 import pytest
 
 from beast.logs import ScalarWriter
-from tests.test_monobeast import CARTPOLE_SMALL, ROOT, assert_refused_in_one_line, read_csv
+from tests.test_monobeast import (
+    CARTPOLE_SMALL,
+    ROOT,
+    assert_refused_in_one_line,
+    read_csv,
+    wait_until_gone,
+)
 
 
 class FakeWandbRun:
@@ -189,6 +198,39 @@ def test_an_offline_run_logs_the_scalars_evaluations_config_and_resumes(tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming w" in result.stdout and f"W&B run {run_id} (offline)" in result.stdout
     assert len(glob.glob(str(run_dir / "wandb" / f"offline-run-*-{run_id}"))) == 2
+
+
+def test_ctrl_c_stops_a_wandb_run_and_wandbs_own_processes(tmp_path):
+    pytest.importorskip("wandb")
+    marker = uuid.uuid4().hex
+    argv = [*CARTPOLE_SMALL, "--total_steps", "100000000", "--wandb", "--wandb_mode", "offline"]
+    env = dict(wandb_env(tmp_path), BEAST_TEST_MARKER=marker)
+    proc = subprocess.Popen(
+        [sys.executable, "monobeast.py", *argv, "--savedir", str(tmp_path), "--xpid", "c"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (tmp_path / "c" / "logs.csv").exists() and len(
+                read_csv(tmp_path / "c" / "logs.csv")
+            ) > 2:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    assert "interrupted" in out
+    assert wait_until_gone(marker) == []  # wandb-core and wandb-symon too
 
 
 def test_a_run_without_wandb_neither_imports_it_nor_writes_its_files(tmp_path):
