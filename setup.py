@@ -11,6 +11,9 @@ from setuptools import find_packages, setup
 MUJOCO = ["gymnasium[mujoco]>=1.0", "mujoco>=3,<4"]
 # The API and settings beast drives (env_seed, gray_scale, use_inter_area_resize).
 ENVPOOL = "envpool>=1.2.5,<1.3"
+# --wandb (beast/wandb_log.py), checked with 0.31: a 20 MB wheel, 56 MB installed (its Go
+# core included), plus OpenTelemetry and httpx (about 2 MB).
+WANDB = ["wandb>=0.31"]
 
 setup(
     name="beast",
@@ -43,6 +46,7 @@ setup(
             "imageio-ffmpeg>=0.4.9",
             "ray>=2.60,<3",
             *MUJOCO,
+            *WANDB,  # tests/test_wandb.py's offline run
         ],
         # polybeast.py: Ray 2.x (an ~80 MB wheel; its other dependencies are mostly
         # already here). tests/test_polybeast.py skips itself without it.
@@ -58,6 +62,8 @@ setup(
         # tests/test_envpool_batch.py). Not in "test" for that size: those tests skip
         # themselves without it.
         "envpool": [ENVPOOL],
+        # --wandb: Weights & Biases logging, online or offline.
+        "wandb": WANDB,
         # benchmarks/sb3_side_by_side.py: the peer for PPO/A2C, run beside beast.
         "bench": ["stable-baselines3>=2.3,<3", *MUJOCO],
     },

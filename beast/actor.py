@@ -38,7 +38,6 @@ import functools
 import os
 import signal
 import sys
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +47,7 @@ from torch import nn
 
 from beast.algos.base import Policy
 from beast.envs.batch import EnvBatch, make_env_batch
+from beast.error_board import ERROR_BOARD_BYTES, post_traceback
 from beast.inference import CentralPolicy, InferenceTable, LocalPolicy
 from beast.native import QueueClosed
 from beast.profile import ACTOR_PHASES, PhaseClock
@@ -55,8 +55,6 @@ from beast.threads import process_alive
 
 __all__ = ["Actor", "ActorSettings", "ERROR_BOARD_BYTES", "env_sources", "run_actor"]
 
-# Bytes per actor for its error report (a traceback; longer ones keep their end).
-ERROR_BOARD_BYTES = 8192
 # Seeds of a replacement actor's envs are offset by this per incarnation.
 _INCARNATION_SEED_STRIDE = 100_003
 
@@ -146,10 +144,7 @@ def run_actor(
         finally:
             actor.close()
     except Exception:
-        report = traceback.format_exc().encode("utf-8")[-(ERROR_BOARD_BYTES - 1) :]
-        row = error_board[actor_index]
-        row.zero_()
-        row[: len(report)] = torch.frombuffer(bytearray(report), dtype=torch.uint8)
+        post_traceback(error_board[actor_index])
         sys.exit(1)
 
 

@@ -244,7 +244,8 @@ def evaluate(
         run: the run directory, or `train`'s result; or give `xpid` (and `savedir`).
         episodes: `--num_test_episodes`.
         seed: seeds the env and torch.
-        **flags: `--mode test`'s other flags (`record_video=True`, `test_epsilon=0.01`).
+        **flags: `--mode test`'s other flags (`checkpoint="best"`, `record_video=True`,
+            `test_epsilon=0.01`).
 
     Raises:
         ConfigError: no such run, bad flags; EnvError: the run's env cannot be made.

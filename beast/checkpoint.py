@@ -8,6 +8,11 @@ leaves at least one complete checkpoint: the old `model.tar`, or
 `model.tar` first and falls back to `model.prev.tar` when the newest file
 is missing or unreadable, and says so. Files are read with
 `torch.load(weights_only=True)`: tensors and plain data, never code.
+
+With --eval_interval, `model_best.tar` beside it holds the weights that scored the best
+mean evaluation return so far (beast/evaluator.py), with the config, the step and the
+returns, written with the same discipline (no previous copy is kept: the file it
+replaces scored lower).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "BEST_CHECKPOINT_NAME",
     "CHECKPOINT_NAME",
     "PREVIOUS_CHECKPOINT_NAME",
     "REPLAY_NAME",
@@ -27,6 +33,7 @@ __all__ = [
     "load_checkpoint",
     "load_latest_checkpoint",
     "load_replay_file",
+    "save_best_checkpoint",
     "save_checkpoint",
     "save_replay_file",
 ]
@@ -36,6 +43,8 @@ PREVIOUS_CHECKPOINT_NAME = "model.prev.tar"
 # The algorithm's replay (--checkpoint_replay): its contents; model.tar holds the small
 # rest (priorities, counters) and a token that must match this file's.
 REPLAY_NAME = "replay.tar"
+# The weights with the best mean evaluation return (--eval_interval).
+BEST_CHECKPOINT_NAME = "model_best.tar"
 
 
 class CheckpointError(RuntimeError):
@@ -72,33 +81,42 @@ def _write_atomically(path: str, payload: Any, *, keep_previous: str | None = No
             os.unlink(tmp_path)
 
 
-def save_checkpoint(run_dir: str, payload: dict[str, Any]) -> str:
-    """Atomically install `payload` as RUN_DIR/model.tar; returns its path."""
-    path = os.path.join(run_dir, CHECKPOINT_NAME)
+def _install(
+    path: str, payload: Any, what: str, intact: str, keep_previous: str | None = None
+) -> str:
+    """`_write_atomically`, an OSError made a one-line CheckpointError naming `what` was
+    being written and what is `intact`; returns `path`."""
     try:
-        _write_atomically(
-            path, payload, keep_previous=os.path.join(run_dir, PREVIOUS_CHECKPOINT_NAME)
-        )
+        _write_atomically(path, payload, keep_previous=keep_previous)
     except OSError as error:
         raise CheckpointError(
-            f"cannot write checkpoint {path}: {error.strerror or error}"
-            " (the previous checkpoint is intact)"
+            f"cannot write {what} {path}: {error.strerror or error} ({intact} is intact)"
         ) from error
     return path
+
+
+def save_checkpoint(run_dir: str, payload: dict[str, Any]) -> str:
+    """Atomically install `payload` as RUN_DIR/model.tar; returns its path."""
+    return _install(
+        os.path.join(run_dir, CHECKPOINT_NAME),
+        payload,
+        "checkpoint",
+        "the previous checkpoint",
+        keep_previous=os.path.join(run_dir, PREVIOUS_CHECKPOINT_NAME),
+    )
+
+
+def save_best_checkpoint(run_dir: str, payload: dict[str, Any]) -> str:
+    """Atomically install `payload` as RUN_DIR/model_best.tar; returns its path."""
+    path = os.path.join(run_dir, BEST_CHECKPOINT_NAME)
+    return _install(path, payload, "the best checkpoint", "the previous best")
 
 
 def save_replay_file(run_dir: str, payload: dict[str, Any]) -> str:
     """Atomically write a replay's contents as RUN_DIR/replay.tar (written before the
     model.tar that names it, with the same discipline); returns its path."""
     path = os.path.join(run_dir, REPLAY_NAME)
-    try:
-        _write_atomically(path, payload)
-    except OSError as error:
-        raise CheckpointError(
-            f"cannot write the replay {path}: {error.strerror or error}"
-            " (the previous checkpoint is intact)"
-        ) from error
-    return path
+    return _install(path, payload, "the replay", "the previous checkpoint")
 
 
 def load_replay_file(run_dir: str) -> dict[str, Any] | None:

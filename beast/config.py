@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import difflib
 import functools
+import importlib.util
 import os
 import re
 import sys
@@ -60,6 +61,10 @@ __all__ = [
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 # The value of --num_actors / --num_envs_per_actor that asks for a start-up measurement.
 AUTO = "auto"
+# --wandb without the package (beast/logs.py says the same if its import fails).
+WANDB_MISSING = "--wandb needs the wandb package: pip install wandb (or pip install -e '.[wandb]')"
+# W&B refuses longer tags.
+WANDB_TAG_LENGTH = 64
 
 
 class ConfigError(ValueError):
@@ -286,9 +291,38 @@ class Config:
         " atomically beside model.tar) and load it on resume; off: a resumed run starts with"
         " an empty replay.",
     )
+    eval_interval: int = flag(
+        0,
+        "Evaluate the policy each time training passes a multiple of this many agent steps:"
+        " a separate process plays --eval_episodes episodes with the --mode test policy on"
+        " its own env, while training goes on; logged as eval_* columns of logs.csv and eval/"
+        " scalars, and the best weights are kept in RUN_DIR/model_best.tar. 0: off.",
+    )
+    eval_episodes: int = flag(10, "Episodes per evaluation (--eval_interval).")
     num_test_episodes: int = flag(10, "Episodes to run in --mode test.")
+    checkpoint: str = flag(
+        "latest",
+        "--mode test: the checkpoint to load: latest (model.tar) or best (model_best.tar, the"
+        " best evaluation return of a run trained with --eval_interval).",
+        choices=("latest", "best"),
+    )
     record_video: bool = flag(
         False, "--mode test: write the first episode to RUN_DIR/episode.mp4 (needs .[video])."
+    )
+    wandb: bool = flag(
+        False,
+        "Log to Weights & Biases too: the TensorBoard scalars, the evaluations, the config and"
+        " the git commit (needs `pip install wandb`); its files go to RUN_DIR/wandb.",
+    )
+    wandb_project: str = flag("beast", "--wandb: the W&B project.")
+    wandb_entity: str | None = flag(None, "--wandb: the W&B entity (user or team).")
+    wandb_group: str | None = flag(None, "--wandb: the W&B group of the run.")
+    wandb_tags: str | None = flag(None, "--wandb: comma-separated W&B tags.")
+    wandb_mode: str | None = flag(
+        None,
+        "--wandb: online or offline (sync later with `wandb sync RUN_DIR/wandb/offline-run-*`)."
+        " Default: wandb's own setting (WANDB_MODE, `wandb offline`), else online.",
+        choices=("online", "offline"),
     )
 
     # Reliability.
@@ -354,6 +388,7 @@ class Config:
             "num_inference_threads",
             "inference_sync_every",
             "num_test_episodes",
+            "eval_episodes",
             "max_nonfinite_updates",
             "queued_batches",
             "num_env_splits",
@@ -390,6 +425,12 @@ class Config:
             raise ConfigError(
                 f"--actor_device must be cpu, cuda or cuda:N, got {self.actor_device!r}"
             )
+        if self.eval_interval < 0:
+            raise ConfigError(
+                f"--eval_interval must be >= 0 (0 turns evaluation off), got {self.eval_interval}"
+            )
+        if self.wandb:
+            self.validate_wandb()
         if self.max_actor_restarts < 0:
             raise ConfigError(f"--max_actor_restarts must be >= 0, got {self.max_actor_restarts}")
         for name in ("grad_norm_clipping", "momentum", "epsilon"):
@@ -411,6 +452,24 @@ class Config:
                     f" {self.slots_in_use_by_actors} slots while the learner gathers a batch, so"
                     f" use --num_buffers >= {needed} or a smaller --batch_size"
                 )
+
+    def validate_wandb(self) -> None:
+        """--wandb's flags, and that the package is there (found, not imported)."""
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError(WANDB_MISSING)
+        if not self.wandb_project.strip():
+            raise ConfigError("--wandb_project must not be empty")
+        for tag in self.wandb_tag_list:
+            if not 0 < len(tag) <= WANDB_TAG_LENGTH:
+                raise ConfigError(
+                    f"--wandb_tags {self.wandb_tags!r}: each comma-separated tag must have 1 to"
+                    f" {WANDB_TAG_LENGTH} characters"
+                )
+
+    @property
+    def wandb_tag_list(self) -> list[str]:
+        """--wandb_tags split at commas, each stripped of spaces."""
+        return [tag.strip() for tag in self.wandb_tags.split(",")] if self.wandb_tags else []
 
     def return_discount(self) -> float | None:
         """Gamma of the discounted return env batches keep for --normalize_reward, or None."""

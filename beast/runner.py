@@ -15,6 +15,10 @@ algorithm's state (optimizers, target networks), step counters, RNG state and, w
 
 --serial runs the same components with no actor process and no thread
 (beast/serial.py).
+
+With --eval_interval an evaluator process (beast/evaluator.py) plays the evaluation
+policy on snapshots the learner hands it; it is supervised with the actors, and a run
+that reaches total_steps waits for its last evaluation before shutting down.
 """
 
 from __future__ import annotations
@@ -41,11 +45,13 @@ from beast.engine import (
     select_policy,
 )
 from beast.envs.batch import resolve_backend
+from beast.evaluator import Evaluation, build_evaluator, describe_evaluation
 from beast.inference import InferenceServer, InferenceTable
-from beast.learner import NonFiniteError
+from beast.learner import NonFiniteError, UpdateStats
 from beast.logs import RunLog
 from beast.profile import format_profile
 from beast.supervisor import ActorPool
+from beast.wandb_log import WandbSettings
 
 __all__ = [
     "TrainingError",
@@ -53,6 +59,7 @@ __all__ = [
     "build_inference",
     "open_run_log",
     "raise_keyboard_interrupt",
+    "start_evaluation",
     "start_run",
     "stop_on_signals",
     "train",
@@ -92,7 +99,13 @@ def stop_on_signals() -> dict[int, Any]:
 
 def open_run_log(config: Config) -> RunLog:
     try:
-        return RunLog(config.run_dir, config.to_dict(), config.total_steps)
+        return RunLog(
+            config.run_dir,
+            config.to_dict(),
+            config.total_steps,
+            evaluation=config.eval_interval > 0,
+            wandb=WandbSettings.from_config(config),
+        )
     except OSError as error:
         raise ConfigError(
             f"cannot write the run directory {config.run_dir}: {error.strerror or error}"
@@ -194,6 +207,24 @@ def start_run(config: Config) -> tuple[Run, RunLog]:
     return run, log
 
 
+def start_evaluation(run: Run, log: RunLog) -> Evaluation | None:
+    """The run's evaluator (--eval_interval; the process is not started yet), or None; the
+    learner's `on_update` then hands it each update's stats after the run log (shared by
+    `train` and --serial)."""
+    evaluator = build_evaluator(run, log, run.progress.step)
+    if evaluator is None:
+        return None
+    record = run.learner.on_update
+
+    def on_update(stats: UpdateStats) -> None:
+        record(stats)
+        evaluator.after_update(stats)
+
+    run.learner.on_update = on_update
+    log.print(describe_evaluation(run.config))
+    return evaluator
+
+
 def _save(run: Run, log: RunLog) -> None:
     if not run.save():
         log.print("the model has non-finite weights: keeping the previous checkpoint")
@@ -224,6 +255,11 @@ def train(config: Config) -> None:
             f" batches of up to {server.max_batch} envs,"
             f" each actor's envs in {table.num_env_splits} lane(s) of {table.lane_envs}"
         )
+    try:
+        evaluator = start_evaluation(run, log)
+    except BaseException:
+        log.close()
+        raise
     actors = ActorPool(
         settings=actor_settings(run, policy),
         sink=run.sink,
@@ -238,8 +274,13 @@ def train(config: Config) -> None:
         if server is not None:
             server.start()
         actors.start()
+        if evaluator is not None:
+            evaluator.start()
         learner.start()
-        failure = _monitor(run, actors, server, log)
+        failure = _monitor(run, actors, server, evaluator, log)
+        if failure is None and evaluator is not None:
+            learner.stop(_LEARNER_STOP_SECONDS)  # its last update may hand a snapshot
+            evaluator.finish(run.progress.step)
     except KeyboardInterrupt:
         log.print("interrupted: stopping actors and learner, writing a final checkpoint")
     except CheckpointError as error:
@@ -255,6 +296,8 @@ def train(config: Config) -> None:
             if table is not None:
                 table.close()
             actors.stop(_ACTOR_JOIN_SECONDS)
+            if evaluator is not None:
+                evaluator.close()
             if server is not None:
                 server.stop(_LEARNER_STOP_SECONDS)
             _save(run, log)
@@ -305,13 +348,18 @@ def report(run: Run, log: RunLog) -> None:
 
 
 def _monitor(
-    run: Run, actors: ActorPool, server: InferenceServer | None, log: RunLog
+    run: Run,
+    actors: ActorPool,
+    server: InferenceServer | None,
+    evaluator: Evaluation | None,
+    log: RunLog,
 ) -> str | None:
-    """Main-thread loop: actor supervision, progress lines, periodic checkpoints."""
+    """Main-thread loop: actor and evaluator supervision, evaluation results, progress
+    lines, periodic checkpoints."""
     config, learner = run.config, run.learner
     last_line = last_checkpoint = time.monotonic()
     while not learner.finished.wait(_MONITOR_SECONDS):
-        failure = actors.check()
+        failure = actors.check() or (evaluator.check() if evaluator is not None else None)
         if failure:
             return failure
         if server is not None and server.failed.is_set():

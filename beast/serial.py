@@ -15,6 +15,8 @@ serial sampler). It is slower than the parallel run, and it is the same algorith
 
 The run is one actor (`--num_actors` is taken as 1) with `--policy local`; the rollout
 slots are at least 2K + B, so the actor never waits for a slot the learner would free.
+With --eval_interval, the evaluation runs inline too, right after the update that passes
+each multiple (beast/evaluator.py `InlineEvaluator`): training waits for it.
 Ctrl-C stops it with a final checkpoint, as a parallel run.
 """
 
@@ -38,6 +40,7 @@ from beast.runner import (
     TrainingError,
     actor_settings,
     report,
+    start_evaluation,
     start_run,
     stop_on_signals,
 )
@@ -75,6 +78,11 @@ def train_serial(config: Config) -> None:
             "--serial with a replay needs --samples_per_insert > 0: the learner's updates"
             " per insert, which the actor and learner keep by taking turns"
         )
+    try:
+        evaluator = start_evaluation(run, log)
+    except BaseException:
+        log.close()
+        raise
     if hasattr(run.sink, "writers_wait"):
         run.sink.writers_wait = False
     progress, learner, source = run.progress, run.learner, run.source
@@ -90,7 +98,7 @@ def train_serial(config: Config) -> None:
         while progress.step < config.total_steps:
             batch = source.poll()
             if batch is not None:
-                log.record(learner.step(batch))
+                learner.on_update(learner.step(batch))  # the run log, and the evaluator
             else:
                 with torch.no_grad():
                     if not actor.step():
@@ -106,6 +114,8 @@ def train_serial(config: Config) -> None:
         if progress.step >= config.total_steps:
             log.report_progress()
             log.print(f"reached total_steps {config.total_steps:,}")
+            if evaluator is not None:
+                evaluator.finish(progress.step)
     except KeyboardInterrupt:
         log.print("interrupted: writing a final checkpoint")
     except NonFiniteError as error:
@@ -119,6 +129,8 @@ def train_serial(config: Config) -> None:
         try:
             if actor is not None:
                 actor.close()
+            if evaluator is not None:
+                evaluator.close()
             run.source.close()
             if not run.save():
                 log.print("the model has non-finite weights: keeping the previous checkpoint")

@@ -13,10 +13,12 @@ credited to its replacement.
 Then a replacement starts under the same index with fresh env seeds.
 
 Errors are reported once: an actor that fails writes its traceback to a
-shared error board and exits 1; the supervisor prints the first report of
-each distinct traceback in full and later ones as one line. More than
-`max_restarts` replacements within `RESTART_WINDOW_SECONDS` stop the run:
-a broken environment must not restart forever.
+shared error board (beast/error_board.py) and exits 1; the supervisor prints
+the first report of each distinct traceback in full and later ones as one
+line. More than `max_restarts` replacements within `RESTART_WINDOW_SECONDS`
+stop the run (`RestartWindow`): a broken environment must not restart forever.
+The evaluator process (beast/evaluator.py) is supervised with the same board
+and window, and stopped the same way (`stop_processes`).
 """
 
 from __future__ import annotations
@@ -24,20 +26,63 @@ from __future__ import annotations
 import collections
 import multiprocessing as mp
 import os
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from beast.actor import ERROR_BOARD_BYTES, ActorSettings, run_actor
+from beast.actor import ActorSettings, run_actor
+from beast.error_board import ErrorBoard
 from beast.inference import InferenceTable
 from beast.profile import ACTOR_PHASES, shared_counters
 
-__all__ = ["ActorPool", "RESTART_WINDOW_SECONDS"]
+__all__ = ["ActorPool", "RESTART_WINDOW_SECONDS", "RestartWindow", "stop_processes"]
 
 RESTART_WINDOW_SECONDS = 60.0
+
+
+class RestartWindow:
+    """Replacements of dead processes within the last RESTART_WINDOW_SECONDS, at most
+    `max_restarts` of them."""
+
+    def __init__(self, max_restarts: int) -> None:
+        self.max_restarts = max_restarts
+        self.total = 0
+        self._recent: collections.deque[float] = collections.deque()
+
+    def allow(self) -> bool:
+        """Whether one more replacement fits in the window; counts it if it does."""
+        now = time.monotonic()
+        while self._recent and now - self._recent[0] > RESTART_WINDOW_SECONDS:
+            self._recent.popleft()
+        if len(self._recent) >= self.max_restarts:
+            return False
+        self._recent.append(now)
+        self.total += 1
+        return True
+
+    def refusal(self, what: str, kind: str) -> str:
+        """Why the run stops when `allow` said no: `what` died ("actor-3 raised ..."), and
+        that many `kind` ("actors") were already replaced."""
+        return (
+            f"{what}; {len(self._recent)} {kind} were already replaced in the last"
+            f" {RESTART_WINDOW_SECONDS:.0f} s (--max_actor_restarts {self.max_restarts}),"
+            " so the run stops"
+        )
+
+
+def stop_processes(processes: list[mp.process.BaseProcess], timeout: float) -> None:
+    """Join `processes` (each already told to stop) for up to `timeout` seconds in all,
+    then kill what is left."""
+    deadline = time.monotonic() + timeout
+    running = [p for p in processes if p.pid is not None]
+    for process in running:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in running:
+        if process.is_alive():
+            process.kill()
+            process.join(1.0)
 
 
 class ActorPool:
@@ -58,18 +103,14 @@ class ActorPool:
         self.settings = settings
         self.sink = sink
         self.policy_source = policy_source
-        self.max_restarts = max_restarts
         self.log = log
         # One row per actor: a NUL-terminated UTF-8 traceback written by a failing actor.
-        self.error_board = torch.zeros((num_actors, ERROR_BOARD_BYTES), dtype=torch.uint8)
-        self.error_board.share_memory_()
+        self.error_board = ErrorBoard(num_actors, log)
         # Seconds per phase of each actor's loop (beast/profile.py), across restarts.
         self.phase_seconds = shared_counters(num_actors, ACTOR_PHASES)
         self.processes: list[mp.process.BaseProcess | None] = [None] * num_actors
         self.incarnations = [0] * num_actors
-        self.restarts = 0
-        self._recent_restarts: collections.deque[float] = collections.deque()
-        self._reported_errors: set[str] = set()
+        self.restart_window = RestartWindow(max_restarts)
 
     def start(self) -> None:
         for index in range(len(self.processes)):
@@ -86,26 +127,12 @@ class ActorPool:
                 self.sink,
                 self.policy_source,
                 os.getpid(),
-                self.error_board,
+                self.error_board.tensor,
                 self.phase_seconds,
             ),
         )
         process.start()
         self.processes[index] = process
-
-    def _death_reason(self, index: int, exitcode: int | None) -> str:
-        row = self.error_board[index].numpy().tobytes()
-        report = row.split(b"\0", 1)[0].decode("utf-8", errors="replace")
-        self.error_board[index].zero_()
-        if report:
-            summary = report.strip().splitlines()[-1]
-            if report not in self._reported_errors:
-                self._reported_errors.add(report)
-                self.log(f"actor-{index} (env {self.settings.env}) failed:\n{report.rstrip()}")
-            return f"raised {summary}"
-        if exitcode is not None and exitcode < 0:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        return f"exited with code {exitcode}"
 
     def check(self) -> str | None:
         """Replace dead actors; returns why the run must stop, or None."""
@@ -113,37 +140,23 @@ class ActorPool:
             if process is None or process.is_alive():
                 continue
             process.join()
-            reason = self._death_reason(index, process.exitcode)
+            reason = self.error_board.death_reason(
+                index, process.exitcode, f"actor-{index} (env {self.settings.env})"
+            )
             reclaimed = self.sink.reclaim(owner=index)
             if isinstance(self.policy_source, InferenceTable):
                 self.policy_source.drop_requests(index)
-            now = time.monotonic()
-            while self._recent_restarts and now - self._recent_restarts[0] > RESTART_WINDOW_SECONDS:
-                self._recent_restarts.popleft()
-            if len(self._recent_restarts) >= self.max_restarts:
+            if not self.restart_window.allow():
                 self.processes[index] = None
-                return (
-                    f"actor-{index} {reason}; {len(self._recent_restarts)} actors were already"
-                    f" replaced in the last {RESTART_WINDOW_SECONDS:.0f} s (--max_actor_restarts"
-                    f" {self.max_restarts}), so the run stops"
-                )
-            self._recent_restarts.append(now)
-            self.restarts += 1
+                return self.restart_window.refusal(f"actor-{index} {reason}", "actors")
             self.incarnations[index] += 1
             self.log(
                 f"actor-{index} {reason}; reclaimed {reclaimed} slot(s), starting a replacement"
-                f" (restart {self.restarts})"
+                f" (restart {self.restart_window.total})"
             )
             self._start(index)
         return None
 
     def stop(self, timeout: float) -> None:
         """Join actors (the caller has closed the queues), then kill what is left."""
-        deadline = time.monotonic() + timeout
-        running = [p for p in self.processes if p is not None and p.pid is not None]
-        for process in running:
-            process.join(max(0.0, deadline - time.monotonic()))
-        for process in running:
-            if process.is_alive():
-                process.kill()
-                process.join(1.0)
+        stop_processes([p for p in self.processes if p is not None], timeout)

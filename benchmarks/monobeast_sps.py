@@ -14,6 +14,7 @@ figure, the medians and the ratio end-to-end / env-only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import signal
@@ -71,8 +72,13 @@ def bench_argv(entry: str, env: str, savedir: str, flags: list[str]) -> list[str
 _EXIT_TIMEOUT = 60
 
 
-def measure_monobeast_sps(env: str, seconds: float, warmup: float, flags: list[str]) -> float:
-    with tempfile.TemporaryDirectory() as savedir:
+def measure_monobeast_sps(
+    env: str, seconds: float, warmup: float, flags: list[str], savedir: str | None = None
+) -> float:
+    """Steady-state SPS of a monobeast run of `seconds`, stopped with SIGINT; the run
+    lives in `savedir`/bench when given (kept), else in a temporary directory."""
+    kept = contextlib.nullcontext(savedir) if savedir is not None else None
+    with kept or tempfile.TemporaryDirectory() as savedir:
         proc = subprocess.Popen(
             bench_argv("monobeast.py", env, savedir, flags),
             cwd=ROOT,

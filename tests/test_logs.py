@@ -8,8 +8,9 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from beast.evaluator import EvalResult
 from beast.learner import UpdateStats
-from beast.logs import RunLog, format_duration, pip_freeze
+from beast.logs import EVAL_COLUMNS, RunLog, format_duration, pip_freeze
 
 
 def stats(step: int, returns=(), loss: float = 1.5) -> UpdateStats:
@@ -97,6 +98,59 @@ def test_terminal_gets_a_live_bar_and_messages_above_it(tmp_path, config):
     assert "50/100" in out and "return 7.00" in out and "loss 1.5" in out and "SPS" in out
     assert "[beast] a [bracketed] message" in out  # not read as rich markup
     assert "[beast] step" not in out
+
+
+def test_an_evaluation_is_a_row_of_its_own_with_eval_scalars_and_a_line(tmp_path, config):
+    stream = io.StringIO()
+    log = RunLog(str(tmp_path), config, 100, stream=stream, evaluation=True)
+    log.record(stats(100, returns=[4.0]))
+    result = EvalResult(step=80, returns=(1.0, 2.0, 6.0), lengths=(3, 4, 5), seconds=0.5, best=True)
+    log.record_eval(result)
+    log.record(stats(120))
+    log.close()
+    with open(tmp_path / "logs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0])[-len(EVAL_COLUMNS) :] == list(EVAL_COLUMNS)
+    assert [row["step"] for row in rows] == ["100", "100", "120"]  # when written
+    update, evaluation, _ = rows
+    assert all(update[column] == "" for column in EVAL_COLUMNS)
+    assert evaluation["total_loss"] == "" and evaluation["eval_step"] == "80"
+    # Statistics of (1, 2, 6): mean 3, median 2, population std sqrt(14/3).
+    assert float(evaluation["eval_mean_return"]) == 3.0
+    assert float(evaluation["eval_median_return"]) == 2.0
+    assert float(evaluation["eval_std_return"]) == pytest.approx((14 / 3) ** 0.5)
+    assert (evaluation["eval_min_return"], evaluation["eval_max_return"]) == ("1.0", "6.0")
+    assert (evaluation["eval_mean_length"], evaluation["eval_episodes"]) == ("4.0", "3")
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("eval/mean_return")] == [(80, 3.0)]
+    assert [(e.step, e.value) for e in events.Scalars("eval/max_return")] == [(80, 6.0)]
+    assert (
+        "[beast] evaluation at step 80: mean return 3.00 (median 2.00, min 1.00, max 6.00)"
+        " over 3 episodes of 4.0 steps, in 0.5 s; the best so far"
+    ) in stream.getvalue().splitlines()
+
+
+def test_a_resumed_run_that_logs_more_columns_widens_logs_csv(tmp_path, config):
+    log = RunLog(str(tmp_path), config, 100, stream=io.StringIO(), tensorboard=False)
+    log.record(stats(10, returns=[1.0]))
+    log.close()
+    log = RunLog(
+        str(tmp_path), config, 100, stream=io.StringIO(), tensorboard=False, evaluation=True
+    )
+    log.record(stats(20, loss=3.0))
+    log.close()
+    with open(tmp_path / "logs.csv") as f:
+        header = next(csv.reader(f))
+    with open(tmp_path / "logs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert header[-len(EVAL_COLUMNS) :] == list(EVAL_COLUMNS)
+    assert [(row["step"], row["total_loss"], row["mean_episode_return"]) for row in rows] == [
+        ("10", "1.5", "1.0"),
+        ("20", "3.0", ""),
+    ]
+    assert all(row[column] == "" for row in rows for column in EVAL_COLUMNS)
+    assert not (tmp_path / "logs.csv.tmp").exists()
 
 
 def test_format_duration():

@@ -79,7 +79,26 @@ def wait_until_gone(marker: str, timeout: float = 5.0) -> list[int]:
 
 
 def shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    """The /dev/shm entries no live process holds (maps or has open): what a run that has
+    exited left behind. Entries held by other processes on the machine (other runs'
+    multiprocessing semaphores, alive while their run is) are not leaks."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    entries = set(os.listdir("/dev/shm"))
+    held = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                held.update(
+                    line.rsplit("/dev/shm/", 1)[1].strip() for line in f if "/dev/shm/" in line
+                )
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/"):
+                    held.add(target.removeprefix("/dev/shm/"))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return entries - held
 
 
 def start(argv, marker, script=MONOBEAST, stderr=subprocess.PIPE):

@@ -72,3 +72,17 @@ def test_categorical_stores_logits_and_baseline_and_samples_the_softmax(dtype):
     probs = torch.softmax(logits[0, 0].float(), -1).numpy()
     # 5 sigma of a binomial frequency at n = 30000: at most 5 * sqrt(0.25 / n) ~ 0.015.
     np.testing.assert_allclose(freq, probs, atol=0.015)
+
+
+def test_categorical_without_exploration_takes_the_most_probable_action():
+    """--mode test and --eval_interval: deterministic, the argmax of each row's logits
+    (the first of tied ones), and the logits and baseline stored as when exploring."""
+    torch.manual_seed(0)
+    logits = torch.tensor([[[0.1, 2.0, -1.0], [3.0, 3.0, 0.0], [-5.0, -4.0, -4.5]]])
+    baseline = torch.tensor([[1.0, 2.0, 3.0]])
+    record, act = bound(CategoricalPolicy(3, explore=False), 3)
+    for _ in range(50):  # never a draw: the same actions every time
+        act({"policy_logits": logits, "baseline": baseline})
+        np.testing.assert_array_equal(record["action"], [1, 0, 1])
+    np.testing.assert_array_equal(record["policy_logits"], logits[0].numpy())
+    np.testing.assert_array_equal(record["baseline"], baseline[0].numpy())

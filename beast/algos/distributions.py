@@ -62,8 +62,8 @@ class ActionDistribution(abc.ABC):
 
     @abc.abstractmethod
     def policy(self, explore: bool = True) -> Policy:
-        """The acting rule: draw from pi (or its mode with `explore=False`, where the
-        distribution has one worth acting with) and store `param_shapes` and the baseline."""
+        """The acting rule: draw from pi (or act with its mode, deterministically, with
+        `explore=False`) and store `param_shapes` and the baseline."""
 
 
 class Categorical(ActionDistribution):
@@ -98,8 +98,7 @@ class Categorical(ActionDistribution):
         return (log_pi.exp() * (log_pi - log_implied)).sum(-1).clamp(min=0.0)
 
     def policy(self, explore: bool = True) -> Policy:
-        # Actor-critics evaluate the stochastic policy they train (IMPALA's convention).
-        return CategoricalPolicy(self.num_actions)
+        return CategoricalPolicy(self.num_actions, explore=explore)
 
 
 class DiagGaussian(ActionDistribution):

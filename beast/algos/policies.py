@@ -1,8 +1,8 @@
 """Acting rules the algorithms share (`beast.algos.base.Policy`).
 
-    CategoricalPolicy    a ~ softmax(policy_logits); stores the logits (the behaviour
-                         policy V-trace corrects for) and the baseline. IMPALA, LASER,
-                         PPO, A2C on discrete actions.
+    CategoricalPolicy    a ~ softmax(policy_logits), or its argmax when not exploring;
+                         stores the logits (the behaviour policy V-trace corrects for)
+                         and the baseline. IMPALA, LASER, PPO, A2C on discrete actions.
     GaussianPolicy       a ~ N(action_mean, exp(action_log_std)^2), or the mean when not
                          exploring; stores the mean, the log-std and the baseline. The
                          same algorithms on continuous actions.
@@ -60,12 +60,14 @@ class CategoricalPolicy(Policy):
 
     Model outputs: policy_logits [1, n, A], baseline [1, n]. Record: action int64,
     policy_logits float32 [A], baseline float32. The draw is native
-    (`beast.native.acting.SoftmaxSampler`: inverse CDF in float64). --mode test samples
-    too: the stochastic policy is what IMPALA trains and evaluates.
+    (`beast.native.acting.SoftmaxSampler`: inverse CDF in float64). With `explore=False`
+    (--mode test, --eval_interval) the action is the most probable one (the first on a
+    tie): evaluation is deterministic, as SB3's `deterministic=True` and the Gaussian
+    policy's mean action are.
     """
 
-    def __init__(self, num_actions: int) -> None:
-        self.num_actions = num_actions
+    def __init__(self, num_actions: int, *, explore: bool = True) -> None:
+        self.num_actions, self.explore = num_actions, explore
 
     def record_spec(self) -> dict[str, Field]:
         return {
@@ -77,13 +79,16 @@ class CategoricalPolicy(Policy):
     def bind(
         self, record: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray]
     ) -> Callable[[Mapping[str, Tensor]], None]:
-        logits, baseline = record["policy_logits"], record["baseline"]
-        sampler = SoftmaxSampler(logits, record["action"])
+        logits, baseline, actions = record["policy_logits"], record["baseline"], record["action"]
+        sampler = SoftmaxSampler(logits, actions) if self.explore else None
 
         def act(outputs: Mapping[str, Tensor]) -> None:
             copy_output(logits, outputs["policy_logits"][0])
             copy_output(baseline, outputs["baseline"][0])
-            sampler.sample()
+            if sampler is None:
+                np.argmax(logits, axis=1, out=actions)
+            else:
+                sampler.sample()
 
         return act
 

@@ -19,7 +19,8 @@ source (rollout slots, or a replay that stays in this process), the learner, the
 model, the algorithm's state, checkpoints and run log (rank 0), plus its share of
 the env servers (servers r, r+N, r+2N, ...) and the feeder thread that commits
 what they produce into the sink (beast/poly/feeders.py). The learning code is
-monobeast's; only who writes into the sink differs.
+monobeast's; only who writes into the sink differs. With --eval_interval, rank 0
+also runs monobeast's evaluator process (beast/evaluator.py) on its own node.
 
 Shutdown, however the run ends: the learner stops, the feeder stops, the
 slot queues close, rank 0 writes the final checkpoint, then `ray_session`
@@ -46,6 +47,7 @@ from beast.checkpoint import CheckpointError
 from beast.config import ConfigError
 from beast.engine import Run, build_run, load_resume_payload, prepare, restore, select_device
 from beast.envs.batch import check_backend
+from beast.evaluator import Evaluation, build_evaluator, describe_evaluation
 from beast.learner import UpdateStats
 from beast.poly.cluster import ray_session
 from beast.poly.config import PolyConfig
@@ -131,6 +133,7 @@ class LearnerNode:
             )
         servers = list(range(rank, config.servers, world))
         pools: list[ServerPool] = []
+        evaluator: Evaluation | None = None
 
         def on_update(stats: UpdateStats) -> None:
             if rank != 0:
@@ -140,15 +143,16 @@ class LearnerNode:
                 losses["grad_norm"] = reducer.global_grad_norm
             # This learner's servers (all of them with one learner), in logs.csv too.
             losses["env_server_restarts"] = pools[0].total_restarts if pools else 0
-            log.record(
-                UpdateStats(
-                    step=stats.step * world,
-                    num_updates=stats.num_updates,
-                    losses=losses,
-                    episode_returns=stats.episode_returns,
-                    episode_steps=stats.episode_steps,
-                )
+            run_stats = UpdateStats(
+                step=stats.step * world,
+                num_updates=stats.num_updates,
+                losses=losses,
+                episode_returns=stats.episode_returns,
+                episode_steps=stats.episode_steps,
             )
+            log.record(run_stats)
+            if evaluator is not None:
+                evaluator.after_update(run_stats)
 
         run = build_run(
             config,
@@ -220,6 +224,10 @@ class LearnerNode:
             if rank == 0:
                 log.close()
             return None
+        if rank == 0:
+            evaluator = build_evaluator(run, log, run.progress.step * world)
+            if evaluator is not None:
+                log.print(describe_evaluation(config))
 
         pool = ServerPool(config, servers, log.print, run.sink.staging_recipe())
         pools.append(pool)
@@ -252,8 +260,13 @@ class LearnerNode:
         try:
             pool.start()
             feeder.start()
+            if evaluator is not None:
+                evaluator.start()
             learner.start()
-            failure = self._monitor(run, pool, feeder, log, checkpoint)
+            failure = self._monitor(run, pool, feeder, evaluator, log, checkpoint)
+            if failure is None and evaluator is not None:
+                learner.stop(_LEARNER_STOP_SECONDS)  # its last update may hand a snapshot
+                evaluator.finish(run.progress.step * world, self.stop_requested.is_set)
         except KeyboardInterrupt:
             log.print("interrupted: stopping env servers and learner, writing a final checkpoint")
         except CheckpointError as error:
@@ -269,6 +282,8 @@ class LearnerNode:
                 stop.set()
                 run.source.close()
                 feeder.join(_FEEDER_STOP_SECONDS)
+                if evaluator is not None:
+                    evaluator.close()
                 # The servers die with their owner (this process's Ray connection, or
                 # this learner actor); killing them here, with calls in flight, only
                 # made Ray log a retry warning per call.
@@ -295,13 +310,20 @@ class LearnerNode:
         learner.total_steps = min(learner.total_steps, run.progress.step + 1)
         self._agreed_stop.set()
 
-    def _monitor(self, run: Run, pool: ServerPool, feeder, log, checkpoint) -> str | None:
-        """Progress lines, periodic checkpoints, restarts and failures; until the end."""
+    def _monitor(
+        self, run: Run, pool: ServerPool, feeder, evaluator: Evaluation | None, log, checkpoint
+    ) -> str | None:
+        """Progress lines, periodic checkpoints, evaluation results, restarts and failures;
+        until the end."""
         config, learner = self.config, run.learner
         last_line = last_checkpoint = time.monotonic()
         stop_asked_at: float | None = None
         while not learner.finished.wait(_MONITOR_SECONDS):
-            failure = feeder.failure or pool.check()
+            failure = (
+                feeder.failure
+                or pool.check()
+                or (evaluator.check() if evaluator is not None else None)
+            )
             if failure:
                 return failure
             now = time.monotonic()
