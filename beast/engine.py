@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -128,7 +127,7 @@ def select_precision(
     """
     if config.precision != "auto":
         return config.precision
-    if not algorithm.bf16_auto or len(spec.obs_shape) != 3:
+    if not algorithm.bf16_auto or not spec.has_images():
         return "fp32"
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
@@ -195,11 +194,13 @@ def build_algorithm(config: Config, spec: envs.EnvSpec) -> Algorithm:
             f" has {spec.describe_actions()} (Discrete); for discrete actions use --algo"
             f" {', '.join(able)}"
         )
-    if config.normalize_obs and np.dtype(spec.obs_dtype).kind != "f":
+    if config.normalize_obs and not any(
+        f.dtype.is_floating_point for f in spec.obs_fields().values()
+    ):
         raise ConfigError(
             f"--normalize_obs is for float vector observations, and {config.env}'s are"
-            f" {np.dtype(spec.obs_dtype)} {spec.obs_shape} (image models scale pixels"
-            " themselves); drop --normalize_obs"
+            f" {spec.describe_obs()} (image models scale pixels themselves); drop"
+            " --normalize_obs"
         )
     return algorithm(config, spec)
 
@@ -276,12 +277,11 @@ def check_replay_fits(algorithm: Algorithm, model: nn.Module) -> None:
     available: what it needs, and the --replay_size that would fit."""
     spec, experience = algorithm.spec, algorithm.experience()
     record = algorithm.policy().record_spec()
-    image_stacks = len(spec.obs_shape) == 3
+    image_stacks = spec.has_images()
     if isinstance(experience, SequenceReplay):
         layout = sequence_spec(
             seq_len=experience.seq_len,
-            obs_shape=spec.obs_shape,
-            obs_dtype=spec.obs_dtype,
+            obs=spec.obs_fields(),
             record=record,
             core_state_shapes=core_state_shapes(model.initial_state(1)),
         )
@@ -289,7 +289,7 @@ def check_replay_fits(algorithm: Algorithm, model: nn.Module) -> None:
         per_item = replay_footprint(layout, frame_dedup=dedup).per_sequence
         unit = "sequences"
     elif isinstance(experience, TransitionReplay):
-        steps = step_spec(spec.obs_shape, spec.obs_dtype, record)
+        steps = step_spec(spec.obs_fields(), record)
         dedup = experience.frame_dedup
         per_item, unit = ring_footprint(steps, dedup), "transitions"
     else:
@@ -333,8 +333,7 @@ def build_experience(
         buffers = RolloutBuffers(
             rollout_spec(
                 unroll_length=experience.unroll_length,
-                obs_shape=spec.obs_shape,
-                obs_dtype=spec.obs_dtype,
+                obs=spec.obs_fields(),
                 record=record,
                 core_state_shapes=states,
             ),
@@ -357,8 +356,7 @@ def build_experience(
     if isinstance(experience, SequenceReplay):
         layout = sequence_spec(
             seq_len=experience.seq_len,
-            obs_shape=spec.obs_shape,
-            obs_dtype=spec.obs_dtype,
+            obs=spec.obs_fields(),
             record=record,
             core_state_shapes=states,
         )
@@ -387,7 +385,7 @@ def build_experience(
                 f"--algo {config.algo} trains on single transitions: it needs a feed-forward"
                 " model (drop --use_lstm)"
             )
-        steps = step_spec(spec.obs_shape, spec.obs_dtype, record)
+        steps = step_spec(spec.obs_fields(), record)
         try:
             replay = RingReplay(
                 steps,

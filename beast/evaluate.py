@@ -107,14 +107,15 @@ def test(config: Config) -> list[float]:
     if video is not None:
         video.capture()
     inputs = {
-        "obs": torch.zeros((1, *spec.obs_shape), dtype=torch.from_numpy(obs).dtype),
+        **{key: torch.zeros((1, *f.shape), dtype=f.dtype) for key, f in spec.obs_fields().items()},
         "reward": torch.zeros(1),
         "done": torch.ones(1, dtype=torch.bool),
         "last_action": torch.from_numpy(np.zeros_like(policy.record["action"])),
     }
     with torch.no_grad():
         while len(returns) < config.num_test_episodes:
-            inputs["obs"][0] = torch.from_numpy(obs)
+            for key, value in spec.split_obs(obs).items():
+                inputs[key][0] = torch.from_numpy(np.asarray(value))
             drawn = policy.act(inputs)["action"][0]
             action = spec.clip_actions(drawn) if spec.continuous else int(drawn)
             obs, reward, terminated, truncated, info = env.step(action)

@@ -92,8 +92,7 @@ def build_inference(run: Run, num_updates=lambda: 0) -> tuple[InferenceTable, In
     table = InferenceTable(
         num_actors=config.num_actors,
         num_envs=config.num_envs_per_actor,
-        obs_shape=run.spec.obs_shape,
-        obs_dtype=run.spec.obs_dtype,
+        obs=run.spec.obs_fields(),
         policy=run.policy,
         initial_state=run.actor_model.initial_state(1),
         num_servers=config.num_inference_threads,
@@ -162,8 +161,8 @@ def start_run(config: Config) -> tuple[Run, RunLog]:
         )
     log.start_from(run.progress.step)
     log.print(
-        f"run {config.xpid} in {config.run_dir}: env {config.env} (obs {spec.obs_shape}"
-        f" {spec.obs_dtype}, {spec.describe_actions()}), {run.describe()},"
+        f"run {config.xpid} in {config.run_dir}: env {config.env} (obs {spec.describe_obs()},"
+        f" {spec.describe_actions()}), {run.describe()},"
         f" {config.num_actors} actors x {config.num_envs_per_actor} envs,"
         f" learner on {device} in {precision} with {torch.get_num_threads()} thread(s)"
     )
