@@ -29,6 +29,7 @@ import torch
 __all__ = [
     "OBS_KEY",
     "Field",
+    "box_obs",
     "core_state",
     "core_state_key",
     "core_state_shapes",
@@ -110,6 +111,11 @@ _STEP_INPUT_KEYS = ("reward", "done", "last_action")
 _PATH_STEP = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]")
 
 ObsPath = tuple[str | int, ...]
+
+
+def box_obs(shape: Sequence[int], dtype: np.dtype | torch.dtype) -> dict[str, Field]:
+    """A Box observation's fields, what buffer specs take as `obs`: {"obs": Field}."""
+    return {OBS_KEY: Field(tuple(int(d) for d in shape), torch_dtype(dtype))}
 
 
 def obs_key(path: ObsPath) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from beast.fields import Field, ObsPath, nest_obs, obs_key, obs_path, torch_dtype
+from beast.fields import Field, ObsPath, box_obs, nest_obs, obs_key, obs_path, torch_dtype
 
 __all__ = ["EnvError", "EnvSpec", "env_spec", "is_image"]
 
@@ -78,7 +78,7 @@ class EnvSpec:
         field per leaf for a Dict or Tuple."""
         if self.nested:
             return dict(self.nested_obs)
-        return {"obs": Field(tuple(self.obs_shape), torch_dtype(self.obs_dtype))}
+        return box_obs(self.obs_shape, self.obs_dtype)
 
     def model_obs_shape(self) -> tuple[int, ...] | dict | tuple:
         """What models are built with (`obs_shape=`): a Box's shape, or the leaves' shapes
