@@ -50,7 +50,7 @@ class Check:
     @property
     def name(self) -> str:
         name = f"{self.algo}-{self.script.removesuffix('beast.py')}beast-{self.policy}"
-        return name if self.env.endswith("CartPole-v1") else f"{name}-{self.env}"
+        return name if self.env in ("CartPole-v1", "MaskedCartPole-v1") else f"{name}-{self.env}"
 
 
 # The issues' bars: IMPALA CartPole >= 450 within 500k; LASER 450 within 300k; R2D2
@@ -87,6 +87,15 @@ CHECKS += [
         ("td3", 30_000, -250.0),
         ("ddpg", 30_000, -300.0),
     )
+]
+
+# Dict observations: DictCartPole-v1 is CartPole-v1 with its observation split into a
+# position and a velocity leaf, learned through the multi-input model with the classic
+# configs: IMPALA and PPO to a mean of 400 over 100 episodes.
+CHECKS += [
+    Check(algo, "monobeast.py", policy, "DictCartPole-v1", steps, 400.0)
+    for algo, steps in (("impala", 500_000), ("ppo", 100_000))
+    for policy in BOTH
 ]
 
 
