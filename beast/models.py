@@ -386,7 +386,7 @@ class MultiInputTorso(nn.Module):
         images = zip(self.image_keys, self.image_torsos, strict=True)
         features = [torso(leaves[key]) for key, torso in images]
         if self.vector_keys:
-            vectors = [leaves[key].flatten(1) for key in self.vector_keys]
+            vectors = [leaves[key].reshape(len(leaves[key]), -1) for key in self.vector_keys]
             x = vectors[0] if len(vectors) == 1 else torch.cat(vectors, dim=1)
             features.append(x if self.vector_torso is None else self.vector_torso(x))
         return features[0] if len(features) == 1 else torch.cat(features, dim=1)

@@ -290,10 +290,13 @@ class LoopEnvBatch(EnvBatch):
                 seed = None if first_seed is None else first_seed + i
                 self.envs.append(make(env_name, seed=seed, episodic_life=episodic_life))
             self._allocate(env_name, num_envs, env_spec(self.envs[0]))
-            # Env i's row of each observation leaf, as one view object: a frame stack
-            # that keeps its stack in it (Atari) returns this very object, which then
-            # needs no copy.
-            self._obs_rows = {key: list(array) for key, array in self.obs_arrays.items()}
+            # Env i's row of each observation leaf, as one view object (0-d for a scalar
+            # leaf): a frame stack that keeps its stack in it (Atari) returns this very
+            # object, which then needs no copy.
+            self._obs_rows = {
+                key: [array[i, ...] for i in range(num_envs)]
+                for key, array in self.obs_arrays.items()
+            }
             if not self.spec.nested:
                 for env, row in zip(self.envs, self._obs_rows["obs"], strict=True):
                     try:
