@@ -997,7 +997,14 @@ def build_user_model(config: Any, spec: Any) -> nn.Module:
         ) from None
     except ValueError:  # a callable without a signature (a C function): just call it
         pass
-    model = factory(**kwargs)
+    try:
+        model = factory(**kwargs)
+    except (TypeError, ValueError, RuntimeError, AttributeError, KeyError, IndexError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ModelError(
+            f"--model {path} cannot be built for {spec.describe_obs()} observations"
+            f" ({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}; docs/models.md): {reason}"
+        ) from None
     if not isinstance(model, nn.Module):
         raise ModelError(f"--model {path} returned {type(model).__name__}, not a torch nn.Module")
     if not callable(getattr(model, "initial_state", None)):
@@ -1030,7 +1037,7 @@ def check_model(
             result = model(inputs, state)
             result, state = result
             model(map_inputs(lambda value: value[:1], inputs), state)
-    except (TypeError, ValueError, RuntimeError, IndexError, KeyError) as error:
+    except (TypeError, ValueError, RuntimeError, IndexError, KeyError, AttributeError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise ModelError(
             f"--model {name} does not run on {spec.describe_obs()} observations"

@@ -443,7 +443,10 @@ class TextLeafEnv(GridLeafEnv):
             ["--env", "tests.test_dict_observations:DiscreteLeafEnv"],
             "observation leaf obs.room is Discrete(4): beast stores Box leaves; one-hot",
         ),
-        (["--env", "tests.test_dict_observations:TextLeafEnv"], "observation leaf obs.note is Text("),
+        (
+            ["--env", "tests.test_dict_observations:TextLeafEnv"],
+            "observation leaf obs.note is Text(",
+        ),
         (
             ["--env", "DictCartPole-v1", "--model", "atari"],
             "the atari model reads one image observation; for Dict or Tuple observations",
