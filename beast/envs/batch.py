@@ -297,6 +297,7 @@ class LoopEnvBatch(EnvBatch):
                 key: [array[i, ...] for i in range(num_envs)]
                 for key, array in self.obs_arrays.items()
             }
+            self._box_rows = self._obs_rows.get("obs")  # None for a Dict or Tuple
             if not self.spec.nested:
                 for env, row in zip(self.envs, self._obs_rows["obs"], strict=True):
                     try:
@@ -341,15 +342,14 @@ class LoopEnvBatch(EnvBatch):
         self._track_discounted_return()
 
     def _store_obs(self, i: int, obs: Any, call: str) -> None:
-        if not self.spec.nested:
-            self._store_leaf("obs", i, obs, call)
+        if self._box_rows is not None:
+            self._store_leaf(self._box_rows[i], obs, "obs", call)
             return
         for key, value in self.spec.split_obs(obs).items():
-            self._store_leaf(key, i, value, call)
+            self._store_leaf(self._obs_rows[key][i], value, key, call)
 
-    def _store_leaf(self, key: str, i: int, value: Any, call: str) -> None:
-        """Env i's observation leaf `key` into its row (a float leaf cast to float32)."""
-        row = self._obs_rows[key][i]
+    def _store_leaf(self, row: np.ndarray, value: Any, key: str, call: str) -> None:
+        """An observation leaf's value into its env's row (a float leaf cast to float32)."""
         if value is row:  # the env stacked it in place
             return
         shape = np.shape(value)
