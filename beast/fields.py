@@ -41,6 +41,7 @@ __all__ = [
     "flatten_obs",
     "numpy_dtype",
     "obs_key",
+    "obs_leaf",
     "obs_path",
     "shared_zeros",
     "torch_dtype",
@@ -199,9 +200,19 @@ def model_inputs(fields: Mapping[str, Any]) -> dict[str, Any]:
     return {OBS_KEY: nest_obs(fields), **{key: fields[key] for key in _STEP_INPUT_KEYS}}
 
 
+def obs_leaf(obs: Any, path: ObsPath) -> Any:
+    """The leaf at `path` of an observation's structure (`obs_path`): a model's fast way
+    to its leaves, with the paths found once."""
+    for step in path:
+        obs = obs[step]
+    return obs
+
+
 def map_inputs(fn: Callable[[Any], Any], inputs: Any) -> Any:
     """`fn` applied to every tensor of model inputs (nested observations included), the
     structure kept: slicing time steps, picking columns, moving to a device."""
+    if isinstance(inputs, torch.Tensor):  # first: the common case, and a cheap check
+        return fn(inputs)
     if isinstance(inputs, Mapping):
         return {key: map_inputs(fn, value) for key, value in inputs.items()}
     if isinstance(inputs, tuple):

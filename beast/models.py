@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from beast.fields import flatten_obs, map_inputs, model_inputs
+from beast.fields import flatten_obs, map_inputs, model_inputs, obs_leaf, obs_path
 
 __all__ = [
     "MODEL_NAMES",
@@ -322,9 +322,9 @@ def _float_leaf(obs: Tensor) -> Tensor:
 
 def time_and_batch(obs: Any) -> tuple[int, int]:
     """T and B of [T, B, ...] observations (of the first leaf of a Dict or Tuple)."""
-    if isinstance(obs, Tensor):
-        return obs.shape[:2]
-    return next(iter(flatten_obs(obs).values())).shape[:2]
+    while not isinstance(obs, Tensor):
+        obs = next(iter(obs.values())) if isinstance(obs, Mapping) else obs[0]
+    return obs.shape[:2]
 
 
 def _obs_shape(obs_shape: ObsShape) -> ObsShape:
@@ -373,6 +373,9 @@ class MultiInputTorso(nn.Module):
                 )
         self.image_keys = [key for key, shape in shapes.items() if len(shape) == 3]
         self.vector_keys = [key for key, shape in shapes.items() if len(shape) <= 1]
+        # Where each leaf sits in the observation: found once, not per forward pass.
+        self._image_paths = [obs_path(key) for key in self.image_keys]
+        self._vector_paths = [obs_path(key) for key in self.vector_keys]
         images = [_image_torso(tuple(shapes[key])) for key in self.image_keys]
         self.image_torsos = nn.ModuleList(torso for torso, _ in images)
         vector_size = sum(math.prod(shapes[key]) for key in self.vector_keys)
@@ -382,11 +385,11 @@ class MultiInputTorso(nn.Module):
         self.size = sum(size for _, size in images) + vector_size
 
     def forward(self, obs: Any) -> Tensor:
-        leaves = flatten_obs(obs)
-        images = zip(self.image_keys, self.image_torsos, strict=True)
-        features = [torso(leaves[key]) for key, torso in images]
-        if self.vector_keys:
-            vectors = [leaves[key].reshape(len(leaves[key]), -1) for key in self.vector_keys]
+        images = zip(self._image_paths, self.image_torsos, strict=True)
+        features = [torso(obs_leaf(obs, path)) for path, torso in images]
+        if self._vector_paths:
+            leaves = [obs_leaf(obs, path) for path in self._vector_paths]
+            vectors = [leaf.reshape(len(leaf), -1) for leaf in leaves]
             x = vectors[0] if len(vectors) == 1 else torch.cat(vectors, dim=1)
             features.append(x if self.vector_torso is None else self.vector_torso(x))
         return features[0] if len(features) == 1 else torch.cat(features, dim=1)
@@ -944,6 +947,15 @@ class ModelError(ValueError):
     is one line for the user (entry points exit 2)."""
 
 
+# What a model that does not fit the env raises when built or run on it (a user's model
+# written for a Box, given a Dict's shapes): reported in one line, never a traceback.
+_MODEL_ERRORS = (TypeError, ValueError, RuntimeError, AttributeError, KeyError, IndexError)
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def is_user_model(name: str) -> bool:
     """True for `package.module:Name`, a model given by import path."""
     return ":" in name
@@ -999,11 +1011,11 @@ def build_user_model(config: Any, spec: Any) -> nn.Module:
         pass
     try:
         model = factory(**kwargs)
-    except (TypeError, ValueError, RuntimeError, AttributeError, KeyError, IndexError) as error:
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    except _MODEL_ERRORS as error:
         raise ModelError(
             f"--model {path} cannot be built for {spec.describe_obs()} observations"
-            f" ({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}; docs/models.md): {reason}"
+            f" ({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}; docs/models.md):"
+            f" {_first_line(error)}"
         ) from None
     if not isinstance(model, nn.Module):
         raise ModelError(f"--model {path} returned {type(model).__name__}, not a torch nn.Module")
@@ -1037,11 +1049,11 @@ def check_model(
             result = model(inputs, state)
             result, state = result
             model(map_inputs(lambda value: value[:1], inputs), state)
-    except (TypeError, ValueError, RuntimeError, IndexError, KeyError, AttributeError) as error:
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    except _MODEL_ERRORS as error:
         raise ModelError(
             f"--model {name} does not run on {spec.describe_obs()} observations"
-            f" (model(inputs, core_state) -> (outputs, core_state), docs/models.md): {reason}"
+            " (model(inputs, core_state) -> (outputs, core_state), docs/models.md):"
+            f" {_first_line(error)}"
         ) from None
     try:
         got = result if isinstance(result, Mapping) else result._asdict()

@@ -30,18 +30,13 @@ from beast.algos.policies import CategoricalPolicy
 from beast.buffers import RolloutBuffers, rollout_spec
 from beast.envs.batch import make_env_batch
 from beast.fields import Field
-from beast.inference import (
-    CentralPolicy,
-    InferenceServer,
-    InferenceTable,
-    LocalPolicy,
-    record_arrays,
-)
+from beast.inference import CentralPolicy, InferenceTable, LocalPolicy, record_arrays
 from beast.models import build_model
 from beast.normalize import ObservationNormalizer
 from beast.replay import PrioritizedReplay, SequenceBuilder, sequence_spec
 from beast.transition_replay import RingAppender, RingReplay, step_spec
-from tests.test_matrix import ALGO_FLAGS, COMMON, LAYOUT, ONE_CELL, entry, ray_address  # noqa: F401
+from tests.test_inference import make_server
+from tests.test_matrix import ALGO_FLAGS, COMMON, LAYOUT, entry, ray_address  # noqa: F401
 from tests.test_monobeast import assert_refused_in_one_line
 
 # --- A nested observation whose every value says where it came from -----------------
@@ -286,15 +281,8 @@ def test_central_policy_serves_dict_observations_as_the_local_policy_does(watchd
     )
     assert set(LEAVES) < set(table.inputs)
     served = RecordingModel(nested_model(seed=1))  # synced from `source` at start
-    server = InferenceServer(
-        table=table,
-        policy=POLICY,
-        model=served,
-        source=source,
-        device=torch.device("cpu"),
-        max_batch=num_actors * num_envs,
-        batch_window=0.2,  # both actors' posts make one batch
-    )
+    # The window outlasts both actors' posts: they make one batch.
+    server = make_server(table, served, source, policy=POLICY, batch_window=0.2)
     server.start()
     local = RecordingModel(source)
     try:

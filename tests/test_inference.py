@@ -71,7 +71,7 @@ def make_server(table, model, source, **kwargs) -> InferenceServer:
         model=model,
         source=source,
         device=torch.device("cpu"),
-        max_batch=table.inputs["obs"].shape[0],
+        max_batch=len(table.inputs["reward"]),
         batch_window=0.0,
     )
     return InferenceServer(**{**defaults, **kwargs})
