@@ -114,6 +114,7 @@ class ScriptedEnvBatch:
         self.episode = self.in_episode = 0
         self.obs = np.zeros((num_envs, 3), dtype=np.float32)
         self.obs[:, 0] = np.arange(num_envs)
+        self.obs_arrays = {"obs": self.obs}  # the observation's one leaf (a Box)
         self.reward = np.zeros(num_envs, dtype=np.float32)
         self.done = np.ones(num_envs, dtype=bool)
         self.terminated = np.zeros(num_envs, dtype=bool)
