@@ -227,9 +227,12 @@ def prepare(config: Config) -> tuple[Config, envs.EnvSpec, torch.device, str]:
     config with the layout resolved."""
     torch.manual_seed(config.seed)
     probe = envs.make(config.env, seed=config.seed, episodic_life=config.episodic_life)
-    spec = envs.env_spec(probe)
-    probe.close()
-    algorithm = build_algorithm(config, spec)
+    try:
+        spec = envs.env_spec(probe)
+        algorithm = build_algorithm(config, spec)
+        check_frame_stacks(algorithm, probe)
+    finally:
+        probe.close()
     # Fail here, in one line, on a model that does not fit.
     model = build_checked_model(algorithm)
     num_parameters = sum(p.numel() for p in model.parameters())
@@ -252,6 +255,25 @@ def prepare(config: Config) -> tuple[Config, envs.EnvSpec, torch.device, str]:
     if num_threads:
         torch.set_num_threads(num_threads)
     return config, spec, device, precision
+
+
+def check_frame_stacks(algorithm: Algorithm, env: Any) -> None:
+    """A one-line ConfigError when the algorithm's replay deduplicates frames and an image
+    leaf of the env's observation is not a frame stack (`envs.images_not_stacked`): its
+    steps could never be rebuilt (a transition replay would sample nothing, a sequence
+    replay refuse every sequence)."""
+    experience = algorithm.experience()
+    if not getattr(experience, "frame_dedup", False) or not algorithm.spec.has_images():
+        return
+    not_stacked = envs.images_not_stacked(env, algorithm.spec)
+    if not_stacked:
+        spec, flag = algorithm.spec.obs_fields(), "--no-frame_dedup"
+        leaves = ", ".join(f"{key} {spec[key].shape}" for key in not_stacked)
+        raise ConfigError(
+            f"--frame_dedup stores frame stacks once per frame, and {algorithm.config.env}'s"
+            f" {leaves} are not frame stacks (obs_t[:-1] != obs_{{t-1}}[1:] in an episode);"
+            f" pass {flag}"
+        )
 
 
 def available_memory() -> int:

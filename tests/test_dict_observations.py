@@ -409,6 +409,30 @@ class GridLeafEnv(StackedDictEnv):
         return {"grid": np.zeros((5, 5), dtype=np.float32)}
 
 
+class CameraLeafEnv(GridLeafEnv):
+    """A Dict with an RGB image leaf: an image, but not a frame stack."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observation_space = spaces.Dict({"camera": spaces.Box(0, 255, (3, 4, 4), np.uint8)})
+
+    def _observation(self) -> dict:
+        return {"camera": self.np_random.integers(0, 256, (3, 4, 4), dtype=np.uint8)}
+
+
+def test_frame_stacks_are_told_from_other_images():
+    from beast.envs import env_spec, images_not_stacked, make
+
+    for env_id, expected in (
+        ("PongNoFrameskip-v4", []),  # Atari's 4-frame stack (a Box: its one leaf)
+        (ENV, []),  # StackedDictEnv's image slides by a frame a step
+        ("DictGridTarget-v0", []),  # one channel: nothing to slide
+        (f"{__name__}:CameraLeafEnv", ["obs.camera"]),
+    ):
+        env = make(env_id, seed=0)
+        assert images_not_stacked(env, env_spec(env)) == expected, env_id
+
+
 class DiscreteLeafEnv(GridLeafEnv):
     def __init__(self) -> None:
         super().__init__()
@@ -435,6 +459,11 @@ class TextLeafEnv(GridLeafEnv):
         (
             ["--env", "tests.test_dict_observations:TextLeafEnv"],
             "observation leaf obs.note is Text(",
+        ),
+        (
+            ["--env", "tests.test_dict_observations:CameraLeafEnv", "--algo", "dqn"],
+            "obs.camera (3, 4, 4) are not frame stacks (obs_t[:-1] != obs_{t-1}[1:] in an"
+            " episode); pass --no-frame_dedup",
         ),
         (
             ["--env", "DictCartPole-v1", "--model", "atari"],

@@ -21,9 +21,18 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from beast.fields import Field, ObsPath, box_obs, nest_obs, obs_key, obs_path, torch_dtype
+from beast.fields import (
+    Field,
+    ObsPath,
+    box_obs,
+    nest_obs,
+    obs_key,
+    obs_leaf,
+    obs_path,
+    torch_dtype,
+)
 
-__all__ = ["EnvError", "EnvSpec", "env_spec", "is_image"]
+__all__ = ["EnvError", "EnvSpec", "env_spec", "is_image", "images_not_stacked"]
 
 
 class EnvError(ValueError):
@@ -259,16 +268,39 @@ def _leaf_hint(space: spaces.Space) -> str:
 
 def _leaf(obs: object, key: str) -> object:
     """The value of the leaf `key` in an observation as the env returns it."""
-    node = obs
-    for step in obs_path(key):
-        try:
-            node = node[step]  # type: ignore[index]
-        except (KeyError, IndexError, TypeError):
-            raise EnvError(
-                f"the env returned an observation without its leaf {key}"
-                f" (a {type(obs).__name__} where the observation space has it)"
-            ) from None
-    return node
+    try:
+        return obs_leaf(obs, obs_path(key))
+    except (KeyError, IndexError, TypeError):
+        raise EnvError(
+            f"the env returned an observation without its leaf {key}"
+            f" (a {type(obs).__name__} where the observation space has it)"
+        ) from None
+
+
+def images_not_stacked(env: gymnasium.Env, spec: EnvSpec, steps: int = 8) -> list[str]:
+    """The image leaves of `env`'s observation that are not frame stacks, found by playing
+    `steps` random steps from a reset: a stack [k, H, W] slides by one frame a step
+    (obs_t[:-1] == obs_{t-1}[1:] within an episode), which replays' frame deduplication
+    relies on. A camera's RGB channels do not: deduplicated, none of its steps could be
+    rebuilt, and a replay would hold nothing to sample. (One-channel images always
+    slide.)"""
+    keys = [key for key, field in spec.obs_fields().items() if is_image(field.shape)]
+
+    def images(obs: object) -> dict[str, np.ndarray]:
+        leaves = spec.split_obs(obs)
+        return {key: np.array(leaves[key]) for key in keys}  # copies: stacks change in place
+
+    previous = images(env.reset()[0])
+    not_stacked: set[str] = set()
+    for _ in range(steps):
+        obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        current = images(env.reset()[0] if terminated or truncated else obs)
+        if not (terminated or truncated):
+            not_stacked |= {
+                key for key in keys if not np.array_equal(current[key][:-1], previous[key][1:])
+            }
+        previous = current
+    return [key for key in keys if key in not_stacked]
 
 
 def _box_action(space: spaces.Box) -> dict[str, object]:
