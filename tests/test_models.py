@@ -443,6 +443,15 @@ def test_nested_observations_run_and_train_every_parameter(name, use_lstm):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
+def test_the_gaussian_head_takes_nested_observations():
+    generator = torch.Generator().manual_seed(5)
+    model = build_model("separate_mlp", NESTED, 0, action_dim=2)
+    inputs = nested_inputs(3, 2, 1, generator)
+    inputs["last_action"] = torch.randn(3, 2, 2, generator=generator)
+    output, _ = model(inputs)
+    assert output.action_mean.shape == output.action_log_std.shape == (3, 2, 2)
+
+
 def test_q_networks_take_nested_observations():
     from beast.models import build_q_model
 
