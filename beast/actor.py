@@ -53,7 +53,14 @@ from beast.native import QueueClosed
 from beast.profile import ACTOR_PHASES, PhaseClock
 from beast.threads import process_alive
 
-__all__ = ["Actor", "ActorSettings", "ERROR_BOARD_BYTES", "env_sources", "run_actor"]
+__all__ = [
+    "Actor",
+    "ActorSettings",
+    "ERROR_BOARD_BYTES",
+    "env_sources",
+    "policy_inputs",
+    "run_actor",
+]
 
 # Seeds of a replacement actor's envs are offset by this per incarnation.
 _INCARNATION_SEED_STRIDE = 100_003
@@ -77,9 +84,10 @@ class ActorSettings:
 
 def env_sources(env_batch: EnvBatch, last_action: np.ndarray) -> dict[str, np.ndarray]:
     """The env batch's per-step arrays and the actor's last actions: what a sink's writer
-    copies each step besides the policy's record (beast/buffers.py `ENV_STEP_KEYS`)."""
+    copies each step besides the policy's record (the observation's leaves and
+    beast/buffers.py `ENV_STEP_KEYS`)."""
     return {
-        "obs": env_batch.obs,
+        **env_batch.obs_arrays,
         "reward": env_batch.reward,
         "done": env_batch.done,
         "terminated": env_batch.terminated,
@@ -90,6 +98,19 @@ def env_sources(env_batch: EnvBatch, last_action: np.ndarray) -> dict[str, np.nd
         "episode_step": env_batch.episode_step,
         "discounted_return": env_batch.discounted_return,  # --normalize_reward's
     }
+
+
+def policy_inputs(env_batch: EnvBatch, last_action: np.ndarray) -> dict[str, torch.Tensor]:
+    """Tensor views of what a policy reads each step (`LocalPolicy.post`): the env batch's
+    observation leaves, reward and done, and the actor's last actions. No copies: the
+    arrays are updated in place, step after step."""
+    arrays = {
+        **env_batch.obs_arrays,
+        "reward": env_batch.reward,
+        "done": env_batch.done,
+        "last_action": last_action,
+    }
+    return {key: torch.from_numpy(array) for key, array in arrays.items()}
 
 
 def _env_batch(
@@ -171,12 +192,7 @@ class _Lane:
         self.env_batch, self.policy, self.clock = env_batch, policy, clock
         self.last_action = np.zeros_like(policy.record["action"])
         # Tensor views of the env batch's numpy arrays: no copies when building inputs.
-        self.inputs = {
-            "obs": torch.from_numpy(env_batch.obs),
-            "reward": torch.from_numpy(env_batch.reward),
-            "done": torch.from_numpy(env_batch.done),
-            "last_action": torch.from_numpy(self.last_action),
-        }
+        self.inputs = policy_inputs(env_batch, self.last_action)
         self.actions = policy.record["action"]
         self.writer = make_writer({**env_sources(env_batch, self.last_action), **policy.record})
 

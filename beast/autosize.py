@@ -28,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from beast.actor import policy_inputs
 from beast.algos.base import Algorithm, Rollouts
 from beast.config import AUTO, Config, ConfigError
 from beast.envs.batch import LoopEnvBatch, make_env_batch
@@ -61,12 +62,7 @@ def acting_cost(
     try:
         policy = LocalPolicy(model, algorithm.policy(), num_envs)
         last_action = np.zeros_like(policy.record["action"])
-        inputs = {
-            "obs": torch.from_numpy(batch.obs),
-            "reward": torch.from_numpy(batch.reward),
-            "done": torch.from_numpy(batch.done),
-            "last_action": torch.from_numpy(last_action),
-        }
+        inputs = policy_inputs(batch, last_action)
         steps, start = -_WARMUP_STEPS, 0.0
         with torch_threads(1), torch.no_grad():
             while True:

@@ -23,7 +23,8 @@ can never put one index in two places.
 Every step of a rollout carries the rollout's id (`rollout_id`); a slot whose steps
 disagree is torn (written by two rollouts) and is never used.
 
-Alignment (index t of a slot): `obs` is the observation at step t; `reward` was received
+Alignment (index t of a slot): `obs` (each observation leaf's field, for a Dict or
+Tuple) is the observation at step t; `reward` was received
 on arriving there; `done` says obs starts an episode, `terminated` that the transition
 into it ended one in a terminal state, `truncated` that obs is a time-limited episode's
 final observation (beast/envs/batch.py); `last_action` is the action taken before it;
@@ -54,7 +55,6 @@ from beast.fields import (
     is_core_state,
     numpy_dtype,
     shared_zeros,
-    torch_dtype,
 )
 from beast.native import IndexQueue, QueueClosed
 from beast.native.acting import StepCopies
@@ -77,9 +77,9 @@ __all__ = [
     "rollout_spec",
 ]
 
-# What an env batch reports per step (beast/envs/batch.py), with the actor's last action.
+# What an env batch reports per step (beast/envs/batch.py) besides its observation's
+# leaves ("obs" for a Box, beast/fields.py), with the actor's last action.
 ENV_STEP_KEYS = (
-    "obs",
     "reward",
     "done",
     "terminated",
@@ -93,13 +93,12 @@ ENV_STEP_KEYS = (
 _PARENT_CHECK_SECONDS = 1.0
 
 
-def env_step_spec(
-    obs_shape: Sequence[int], obs_dtype: np.dtype | torch.dtype, action: Field
-) -> dict[str, Field]:
-    """Per-env fields of one step as an env batch reports it (`ENV_STEP_KEYS`); `action` is
-    one action's field (the policy's record["action"]: int64 `()`, or float32 `(d,)`)."""
+def env_step_spec(obs: Mapping[str, Field], action: Field) -> dict[str, Field]:
+    """Per-env fields of one step as an env batch reports it: `obs`, the observation's
+    fields (`EnvSpec.obs_fields()`: one per leaf), then `ENV_STEP_KEYS`; `action` is one
+    action's field (the policy's record["action"]: int64 `()`, or float32 `(d,)`)."""
     return {
-        "obs": Field(tuple(obs_shape), torch_dtype(obs_dtype)),
+        **obs,
         "reward": Field((), torch.float32),
         "done": Field((), torch.bool),
         "terminated": Field((), torch.bool),
@@ -116,19 +115,19 @@ def env_step_spec(
 def rollout_spec(
     *,
     unroll_length: int,
-    obs_shape: Sequence[int],
-    obs_dtype: np.dtype | torch.dtype,
+    obs: Mapping[str, Field],
     record: Mapping[str, Field],
     core_state_shapes: Sequence[Sequence[int]] = (),
 ) -> dict[str, Field]:
     """The rollout layout for one env's unroll of T+1 steps.
 
-    `record` is the policy's per-step record (`Policy.record_spec()`); `core_state_shapes`
-    the per-env shapes of the recurrent state tensors (`core_state_shapes`), so that the
-    state at the start of a rollout is stored with it.
+    `obs` is the observation's fields (`EnvSpec.obs_fields()`); `record` is the policy's
+    per-step record (`Policy.record_spec()`); `core_state_shapes` the per-env shapes of
+    the recurrent state tensors (`core_state_shapes`), so that the state at the start of
+    a rollout is stored with it.
     """
     steps = unroll_length + 1
-    per_step = {**env_step_spec(obs_shape, obs_dtype, record["action"]), **record}
+    per_step = {**env_step_spec(obs, record["action"]), **record}
     spec = {key: Field((steps, *f.shape), f.dtype) for key, f in per_step.items()}
     # Unique per rollout, written with every step: see is_torn().
     spec["rollout_id"] = Field((steps,), torch.int64)

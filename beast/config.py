@@ -226,9 +226,10 @@ class Config:
         "Network: atari (IMPALA shallow), resnet (IMPALA deep), mlp (shared layers, fed the"
         " last action and reward too), separate_mlp (actor-critics: separate policy and value"
         " MLPs on the observation alone, as Stable-Baselines3's and CleanRL's); auto picks by"
-        " obs shape; or package.module:Name, your own nn.Module class or factory, called as"
-        " Name(obs_shape=..., num_actions=...), or Name(obs_shape=..., action_dim=...) for"
-        " continuous actions (docs/models.md).",
+        " obs shape (a Dict or Tuple: the multi-input model, a conv torso per image leaf and"
+        " an MLP on the vectors); or package.module:Name, your own nn.Module class or"
+        " factory, called as Name(obs_shape=..., num_actions=...), or Name(obs_shape=...,"
+        " action_dim=...) for continuous actions (docs/models.md).",
     )
     use_lstm: bool = flag(
         False,

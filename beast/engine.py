@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -129,7 +128,7 @@ def select_precision(
     """
     if config.precision != "auto":
         return config.precision
-    if not algorithm.bf16_auto or len(spec.obs_shape) != 3:
+    if not algorithm.bf16_auto or not spec.has_images():
         return "fp32"
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
@@ -196,11 +195,13 @@ def build_algorithm(config: Config, spec: envs.EnvSpec) -> Algorithm:
             f" has {spec.describe_actions()} (Discrete); for discrete actions use --algo"
             f" {', '.join(able)}"
         )
-    if config.normalize_obs and np.dtype(spec.obs_dtype).kind != "f":
+    if config.normalize_obs and not any(
+        f.dtype.is_floating_point for f in spec.obs_fields().values()
+    ):
         raise ConfigError(
             f"--normalize_obs is for float vector observations, and {config.env}'s are"
-            f" {np.dtype(spec.obs_dtype)} {spec.obs_shape} (image models scale pixels"
-            " themselves); drop --normalize_obs"
+            f" {spec.describe_obs()} (image models scale pixels themselves); drop"
+            " --normalize_obs"
         )
     return algorithm(config, spec)
 
@@ -227,11 +228,14 @@ def prepare(config: Config) -> tuple[Config, envs.EnvSpec, torch.device, str]:
     Returns the config with the layout resolved."""
     torch.manual_seed(config.seed)
     probe = envs.make(config.env, seed=config.seed, episodic_life=config.episodic_life)
-    spec = envs.env_spec(probe)
-    probe.close()
-    # An --env_backend that cannot run --env (or is not installed) stops here, in one line.
-    check_backend(config.env, config.env_backend)
-    algorithm = build_algorithm(config, spec)
+    try:
+        spec = envs.env_spec(probe)
+        # An --env_backend that cannot run --env (or is not installed) stops here, in one line.
+        check_backend(config.env, config.env_backend)
+        algorithm = build_algorithm(config, spec)
+        check_frame_stacks(algorithm, probe)
+    finally:
+        probe.close()
     # Fail here, in one line, on a model that does not fit.
     model = build_checked_model(algorithm)
     num_parameters = sum(p.numel() for p in model.parameters())
@@ -254,6 +258,25 @@ def prepare(config: Config) -> tuple[Config, envs.EnvSpec, torch.device, str]:
     if num_threads:
         torch.set_num_threads(num_threads)
     return config, spec, device, precision
+
+
+def check_frame_stacks(algorithm: Algorithm, env: Any) -> None:
+    """A one-line ConfigError when the algorithm's replay deduplicates frames and an image
+    leaf of the env's observation is not a frame stack (`envs.images_not_stacked`): its
+    steps could never be rebuilt (a transition replay would sample nothing, a sequence
+    replay refuse every sequence)."""
+    experience = algorithm.experience()
+    if not getattr(experience, "frame_dedup", False) or not algorithm.spec.has_images():
+        return
+    not_stacked = envs.images_not_stacked(env, algorithm.spec)
+    if not_stacked:
+        spec, flag = algorithm.spec.obs_fields(), "--no-frame_dedup"
+        leaves = ", ".join(f"{key} {spec[key].shape}" for key in not_stacked)
+        raise ConfigError(
+            f"--frame_dedup stores frame stacks once per frame, and {algorithm.config.env}'s"
+            f" {leaves} are not frame stacks (obs_t[:-1] != obs_{{t-1}}[1:] in an episode);"
+            f" pass {flag}"
+        )
 
 
 def available_memory() -> int:
@@ -279,12 +302,11 @@ def check_replay_fits(algorithm: Algorithm, model: nn.Module) -> None:
     available: what it needs, and the --replay_size that would fit."""
     spec, experience = algorithm.spec, algorithm.experience()
     record = algorithm.policy().record_spec()
-    image_stacks = len(spec.obs_shape) == 3
+    image_stacks = spec.has_images()
     if isinstance(experience, SequenceReplay):
         layout = sequence_spec(
             seq_len=experience.seq_len,
-            obs_shape=spec.obs_shape,
-            obs_dtype=spec.obs_dtype,
+            obs=spec.obs_fields(),
             record=record,
             core_state_shapes=core_state_shapes(model.initial_state(1)),
         )
@@ -292,7 +314,7 @@ def check_replay_fits(algorithm: Algorithm, model: nn.Module) -> None:
         per_item = replay_footprint(layout, frame_dedup=dedup).per_sequence
         unit = "sequences"
     elif isinstance(experience, TransitionReplay):
-        steps = step_spec(spec.obs_shape, spec.obs_dtype, record)
+        steps = step_spec(spec.obs_fields(), record)
         dedup = experience.frame_dedup
         per_item, unit = ring_footprint(steps, dedup), "transitions"
     else:
@@ -336,8 +358,7 @@ def build_experience(
         buffers = RolloutBuffers(
             rollout_spec(
                 unroll_length=experience.unroll_length,
-                obs_shape=spec.obs_shape,
-                obs_dtype=spec.obs_dtype,
+                obs=spec.obs_fields(),
                 record=record,
                 core_state_shapes=states,
             ),
@@ -360,8 +381,7 @@ def build_experience(
     if isinstance(experience, SequenceReplay):
         layout = sequence_spec(
             seq_len=experience.seq_len,
-            obs_shape=spec.obs_shape,
-            obs_dtype=spec.obs_dtype,
+            obs=spec.obs_fields(),
             record=record,
             core_state_shapes=states,
         )
@@ -390,7 +410,7 @@ def build_experience(
                 f"--algo {config.algo} trains on single transitions: it needs a feed-forward"
                 " model (drop --use_lstm)"
             )
-        steps = step_spec(spec.obs_shape, spec.obs_dtype, record)
+        steps = step_spec(spec.obs_fields(), record)
         try:
             replay = RingReplay(
                 steps,

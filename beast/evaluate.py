@@ -131,14 +131,15 @@ def play_episodes(
     if on_step is not None:
         on_step()
     inputs = {
-        "obs": torch.zeros((1, *spec.obs_shape), dtype=torch.from_numpy(obs).dtype),
+        **{key: torch.zeros((1, *f.shape), dtype=f.dtype) for key, f in spec.obs_fields().items()},
         "reward": torch.zeros(1),
         "done": torch.ones(1, dtype=torch.bool),
         "last_action": torch.from_numpy(np.zeros_like(policy.record["action"])),
     }
     with torch.no_grad():
         while len(episodes) < num_episodes:
-            inputs["obs"][0] = torch.from_numpy(obs)
+            for key, value in spec.split_obs(obs).items():
+                inputs[key][0] = torch.from_numpy(np.asarray(value))
             drawn = policy.act(inputs)["action"][0]
             action = spec.clip_actions(drawn) if spec.continuous else int(drawn)
             obs, reward, terminated, truncated, info = env.step(action)

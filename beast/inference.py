@@ -53,13 +53,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from beast.algos.base import Policy, as_outputs
-from beast.fields import numpy_dtype, shared_zeros, torch_dtype
+from beast.fields import Field, map_inputs, model_inputs, numpy_dtype, shared_zeros, torch_dtype
 from beast.native import Batcher, QueueClosed
 from beast.native.acting import StepCopies
 from beast.threads import ThreadGroup
@@ -160,20 +161,24 @@ class LocalPolicy:
         self.state: tuple[torch.Tensor, ...] = ()
         self.record = record_arrays(policy, num_envs)
         self._act = policy.bind(self.record, params or policy.env_params(num_envs))
-        # Time-major [1, K, ...] views of the caller's inputs, made once per inputs
-        # dict: an actor passes the same dict, its tensors updated in place, every step.
+        # The model's time-major [1, K, ...] inputs: views of the caller's, made once per
+        # inputs dict (an actor passes the same dict, its tensors updated in place, every
+        # step), the observation's leaves nested as the model reads them.
         self._inputs: dict[str, torch.Tensor] | None = None
-        self._time_major_inputs: dict[str, torch.Tensor] = {}
+        self._time_major_inputs: dict[str, Any] = {}
 
-    def _time_major(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _time_major(self, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
         if inputs is not self._inputs:
             self._inputs = inputs  # held, so its id cannot be reused by another dict
-            self._time_major_inputs = {key: value.unsqueeze(0) for key, value in inputs.items()}
+            self._time_major_inputs = model_inputs(
+                {key: value.unsqueeze(0) for key, value in inputs.items()}
+            )
         return self._time_major_inputs
 
     def post(self, inputs: dict[str, torch.Tensor]) -> None:
-        """inputs: obs [K, ...], reward [K], done [K], last_action [K]. Pass one dict
-        every step and update its tensors in place: views of them are made once per
+        """inputs: the observation's fields (obs [K, ...] for a Box; one per leaf for a
+        Dict or Tuple, beast/fields.py), reward [K], done [K], last_action [K]. Pass one
+        dict every step and update its tensors in place: views of them are made once per
         dict (replacing a tensor in the same dict is not seen). A local policy runs
         the forward pass here; `wait` only returns its record."""
         state_in = self._state_next
@@ -204,6 +209,7 @@ class InferenceTable:
     num_envs / num_env_splits rows. Picklable to actor processes (shared memory
     travels).
 
+    obs: the observation's fields (`EnvSpec.obs_fields()`), one input per leaf.
     policy: the algorithm's acting rule; the table holds its record and its per-env
         parameters (`env_params` over all rows, which are all envs of the run).
     initial_state: the model's `initial_state(1)` (tensors [d0, 1, ...]);
@@ -215,8 +221,7 @@ class InferenceTable:
         *,
         num_actors: int,
         num_envs: int,
-        obs_shape: Sequence[int],
-        obs_dtype: torch.dtype | np.dtype,
+        obs: Mapping[str, Field],
         policy: Policy,
         initial_state: Sequence[torch.Tensor] = (),
         num_servers: int = 1,
@@ -236,7 +241,7 @@ class InferenceTable:
 
         # Inputs, written by actors.
         self.inputs = {
-            "obs": shared(obs_shape, torch_dtype(obs_dtype)),
+            **{key: shared(f.shape, torch_dtype(f.dtype)) for key, f in obs.items()},
             "reward": shared((), torch.float32),
             "done": shared((), torch.bool),
             "last_action": shared(action.shape, action.dtype),
@@ -330,9 +335,9 @@ class CentralPolicy:
         return self._copies
 
     def post(self, inputs: dict[str, torch.Tensor]) -> None:
-        """inputs: obs [K, ...], reward [K], done [K], last_action [K]: contiguous CPU
-        tensors of the table's dtypes. As for LocalPolicy, pass one dict every step
-        and update its tensors in place."""
+        """inputs: the table's input fields (the observation's, reward, done,
+        last_action), [K, ...] contiguous CPU tensors of the table's dtypes. As for
+        LocalPolicy, pass one dict every step and update its tensors in place."""
         self._input_copies(inputs).run()
         self.table.batcher.post(self.group)
 
@@ -356,7 +361,9 @@ class _RowsPlan:
 
     def __init__(self, table: InferenceTable, policy: Policy, first: int, n: int) -> None:
         rows = slice(first, first + n)
-        self.inputs = {key: value[rows].unsqueeze(0) for key, value in table.inputs.items()}
+        self.inputs = model_inputs(
+            {key: value[rows].unsqueeze(0) for key, value in table.inputs.items()}
+        )
         self.state = tuple(s[rows].transpose(0, 1) for s in table.state)
         self.act = policy.bind(
             {key: value.numpy()[rows] for key, value in table.record.items()},
@@ -496,7 +503,7 @@ class InferenceServer(ThreadGroup):
         if device.type == "cpu":
             inputs, state = plan.inputs, plan.state
         else:
-            inputs = {key: value.to(device) for key, value in plan.inputs.items()}
+            inputs = map_inputs(lambda value: value.to(device), plan.inputs)
             state = tuple(s.to(device) for s in plan.state)
         with _no_grad():
             with forward_precision(device.type, self.bf16):
@@ -511,7 +518,9 @@ class InferenceServer(ThreadGroup):
         def read(tensor: torch.Tensor) -> torch.Tensor:
             return tensor.index_select(0, indices).to(device)
 
-        inputs = {key: read(value).unsqueeze(0) for key, value in table.inputs.items()}
+        inputs = model_inputs(
+            {key: read(value).unsqueeze(0) for key, value in table.inputs.items()}
+        )
         state = tuple(read(s).transpose(0, 1) for s in table.state)
         record = record_arrays(self.policy, len(served))
         act = self.policy.bind(record, {k: v.numpy()[served] for k, v in table.params.items()})

@@ -135,8 +135,7 @@ def learning_cost(
         update = algorithm.learner(model, context)
         layout = rollout_spec(
             unroll_length=config.unroll_length,
-            obs_shape=spec.obs_shape,
-            obs_dtype=spec.obs_dtype,
+            obs=spec.obs_fields(),
             record=algorithm.policy().record_spec(),
             core_state_shapes=core_state_shapes(model.initial_state(1)),
         )

@@ -4,7 +4,10 @@ Every model is ``torso -> core -> heads`` and runs on time-major batches:
 
     inputs["obs"]          [T, B, *obs_shape]  uint8 images (scaled by 1/255 inside the
                                                model, so uint8 travels end to end), or
-                                               float32 vectors (used as they are)
+                                               float32 vectors (used as they are); for a
+                                               Dict or Tuple observation, a dict (tuple)
+                                               of such tensors, one per leaf, nested as
+                                               the space is
     inputs["reward"]       [T, B] float32      raw reward that arrived with obs_t; the model
                                                clips it to [-1, 1] for the core input
     inputs["last_action"]  [T, B] int64        action taken before obs_t (one-hot encoded);
@@ -36,6 +39,11 @@ sqrt(2), for the ReLUs that follow them), the policy head with gain 0.01 so the 
 close to uniform (Andrychowicz et al. 2021, "What Matters in On-Policy RL?") and
 the baseline head with gain 1. The LSTM keeps PyTorch's default uniform initialisation.
 
+Dict and Tuple observations get the multi-input torso (`MultiInputTorso`, in place of the
+MLP torso of "auto", "mlp" and "separate_mlp"): a conv torso per image leaf ([C, H, W]:
+AtariNet's from 36x36 up, else the IMPALA ResNet's), one MLP on the concatenated vector
+leaves, and their features concatenated; the core and heads are the same.
+
 `SeparateMLPNet` ("separate_mlp") is Stable-Baselines3's and CleanRL's on-policy network:
 two MLPs on the observation alone, one for the policy and one for the value, with no
 shared layers and no reward or last-action input.
@@ -57,11 +65,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from beast.fields import torch_dtype
+from beast.fields import flatten_obs, map_inputs, model_inputs, obs_leaf, obs_path
 from beast.references import import_module
 
 __all__ = [
-    "MODEL_INPUT_KEYS",
     "MODEL_NAMES",
     "ActorCriticNet",
     "AgentOutput",
@@ -74,6 +81,8 @@ __all__ = [
     "SeparateMLPNet",
     "QOutput",
     "ModelError",
+    "MultiInputTorso",
+    "ObsShape",
     "ResNet",
     "build_model",
     "build_q_model",
@@ -81,6 +90,8 @@ __all__ = [
     "check_model",
     "WeightCopier",
     "copy_weights",
+    "float_obs",
+    "time_and_batch",
     "PolyakAverager",
     "polyak_update",
     "is_user_model",
@@ -89,8 +100,11 @@ __all__ = [
 MODEL_NAMES = ("auto", "atari", "resnet", "mlp", "separate_mlp")
 # Hidden-layer activations of the MLP torsos (--activation).
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
-# What every model reads per step (module docstring), in the order buffers hold them.
-MODEL_INPUT_KEYS = ("obs", "reward", "done", "last_action")
+# One observation's shape (a Box), or a Dict's or Tuple's leaves' shapes nested as the
+# observation is (`EnvSpec.model_obs_shape`): what models are built from.
+ObsShape = Sequence[Any] | Mapping[str, Any]
+# The smallest image side AtariNet's torso takes (8x8 s4, 4x4 s2, 3x3 s1 convolutions).
+ATARI_MIN_SIZE = 36
 
 # Width of the LSTM core of the image models, as in the IMPALA paper (fig. 3).
 DEFAULT_LSTM_SIZE = 256
@@ -221,7 +235,7 @@ class ActorCriticNet(_PolicyHeads):
         self,
         torso: nn.Module,
         torso_size: int,
-        obs_shape: Sequence[int],
+        obs_shape: ObsShape,
         num_actions: int,
         *,
         use_lstm: bool,
@@ -230,7 +244,7 @@ class ActorCriticNet(_PolicyHeads):
         log_std_init: float = 0.0,
     ) -> None:
         super().__init__()
-        self.obs_shape = tuple(obs_shape)
+        self.obs_shape = _obs_shape(obs_shape)
         self.use_lstm = use_lstm
         self.torso = torso
         core_input_size = torso_size + 1 + (action_dim or num_actions)
@@ -267,8 +281,8 @@ class ActorCriticNet(_PolicyHeads):
         outputs as one call over all steps (up to float32 rounding, see tests/test_models.py).
         """
         obs = inputs["obs"]
-        T, B = obs.shape[:2]
-        x = self.torso(_float_obs(obs))
+        T, B = time_and_batch(obs)
+        x = self.torso(float_obs(obs))
         reward = inputs["reward"].flatten(0, 1).float().clamp(-1.0, 1.0).unsqueeze(1)
         last_action = self._action_features(inputs["last_action"].flatten(0, 1))
         core_input = torch.cat([x, reward, last_action], dim=1)
@@ -292,11 +306,100 @@ class ActorCriticNet(_PolicyHeads):
         return _unroll_lstm(self.core, core_input, done, core_state)
 
 
-def _float_obs(obs: Tensor) -> Tensor:
-    """[T, B, ...] observations as float32 [T*B, ...]: uint8 pixels scaled by 1/255 here
-    rather than by the caller, so rollouts store bytes."""
+def float_obs(obs: Any) -> Any:
+    """[T, B, ...] observations (a tensor, or a Dict's or Tuple's structure of them) as
+    float32 [T*B, ...]: uint8 pixels scaled by 1/255 here rather than by the caller, so
+    rollouts store bytes."""
+    if isinstance(obs, Tensor):
+        return _float_leaf(obs)
+    return map_inputs(_float_leaf, obs)
+
+
+def _float_leaf(obs: Tensor) -> Tensor:
     x = obs.flatten(0, 1)
     return x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+
+
+def time_and_batch(obs: Any) -> tuple[int, int]:
+    """T and B of [T, B, ...] observations (of the first leaf of a Dict or Tuple)."""
+    while not isinstance(obs, Tensor):
+        obs = next(iter(obs.values())) if isinstance(obs, Mapping) else obs[0]
+    return obs.shape[:2]
+
+
+def _obs_shape(obs_shape: ObsShape) -> ObsShape:
+    """A Box's shape as a tuple of ints; a Dict's or Tuple's structure as it is."""
+    return tuple(int(d) for d in obs_shape) if _is_shape(obs_shape) else obs_shape
+
+
+def _is_shape(value: Any) -> bool:
+    """Whether `value` is one observation's shape (a tuple of ints), rather than a Dict's
+    or Tuple's structure of shapes (`EnvSpec.model_obs_shape`)."""
+    return isinstance(value, tuple | list) and all(isinstance(d, int) for d in value)
+
+
+class MultiInputTorso(nn.Module):
+    """A Dict or Tuple observation -> one feature vector: the default multi-input torso.
+
+    Each image leaf ([C, H, W]) goes through its own conv torso (AtariNet's if the image
+    is at least ATARI_MIN_SIZE on a side, else the IMPALA ResNet's: both work on one
+    frame or a stack); the vector leaves (0-D and 1-D), flattened and concatenated in
+    field order, go through one MLP of two ``hidden_size`` layers (``hidden_size=None``:
+    none, the vector is the feature). The features are concatenated, images first, as
+    Stable-Baselines3's CombinedExtractor does. Any other leaf (a 2-D grid, say) is a
+    one-line ValueError naming it.
+
+    Args:
+        obs_shape: the leaves' shapes, nested as the observation (`EnvSpec.model_obs_shape`);
+            a plain shape is one leaf.
+        hidden_size: the vector MLP's width, or None for no MLP.
+        activation: the vector MLP's activation (ACTIVATIONS).
+
+    Input: the observation's leaves as float32 [N, ...] (`float_obs`), nested as
+    ``obs_shape``. Output: float32 [N, size].
+    """
+
+    def __init__(
+        self, obs_shape: ObsShape, hidden_size: int | None, activation: str = "relu"
+    ) -> None:
+        super().__init__()
+        shapes = flatten_obs(obs_shape, is_leaf=_is_shape)
+        for key, shape in shapes.items():
+            if not (len(shape) == 3 or len(shape) <= 1):
+                raise ValueError(
+                    f"observation leaf {key} has shape {tuple(shape)}: the multi-input model"
+                    " encodes [C, H, W] images (a conv torso) and vectors (an MLP); reshape"
+                    " it with an ObservationWrapper, or pass --model package.module:Name"
+                )
+        self.image_keys = [key for key, shape in shapes.items() if len(shape) == 3]
+        self.vector_keys = [key for key, shape in shapes.items() if len(shape) <= 1]
+        # Where each leaf sits in the observation: found once, not per forward pass.
+        self._image_paths = [obs_path(key) for key in self.image_keys]
+        self._vector_paths = [obs_path(key) for key in self.vector_keys]
+        images = [_image_torso(tuple(shapes[key])) for key in self.image_keys]
+        self.image_torsos = nn.ModuleList(torso for torso, _ in images)
+        vector_size = sum(math.prod(shapes[key]) for key in self.vector_keys)
+        self.vector_torso: nn.Module | None = None
+        if self.vector_keys and hidden_size is not None:
+            self.vector_torso, vector_size = _mlp_torso((vector_size,), hidden_size, activation)
+        self.size = sum(size for _, size in images) + vector_size
+
+    def forward(self, obs: Any) -> Tensor:
+        images = zip(self._image_paths, self.image_torsos, strict=True)
+        features = [torso(obs_leaf(obs, path)) for path, torso in images]
+        if self._vector_paths:
+            leaves = [obs_leaf(obs, path) for path in self._vector_paths]
+            vectors = [leaf.reshape(len(leaf), -1) for leaf in leaves]
+            x = vectors[0] if len(vectors) == 1 else torch.cat(vectors, dim=1)
+            features.append(x if self.vector_torso is None else self.vector_torso(x))
+        return features[0] if len(features) == 1 else torch.cat(features, dim=1)
+
+
+def _image_torso(shape: tuple[int, ...]) -> tuple[nn.Module, int]:
+    """The multi-input torso's conv torso for one image leaf [C, H, W] (MultiInputTorso)."""
+    if min(shape[1:]) >= ATARI_MIN_SIZE:
+        return _atari_torso(shape)
+    return _resnet_torso(shape)
 
 
 def _zero_state(core: nn.LSTM, batch_size: int, device: torch.device | str) -> CoreState:
@@ -458,7 +561,7 @@ class MLPNet(ActorCriticNet):
 
     def __init__(
         self,
-        obs_shape: Sequence[int],
+        obs_shape: ObsShape,
         num_actions: int,
         *,
         use_lstm: bool = False,
@@ -467,7 +570,7 @@ class MLPNet(ActorCriticNet):
         action_dim: int = 0,
         log_std_init: float = 0.0,
     ) -> None:
-        obs_shape = tuple(obs_shape)
+        obs_shape = _obs_shape(obs_shape)
         torso, torso_size = _mlp_torso(obs_shape, hidden_size, activation)
         super().__init__(
             torso,
@@ -482,10 +585,14 @@ class MLPNet(ActorCriticNet):
 
 
 def _mlp_torso(
-    obs_shape: tuple[int, ...], hidden_size: int, activation: str = "relu"
+    obs_shape: ObsShape, hidden_size: int, activation: str = "relu"
 ) -> tuple[nn.Module, int]:
     """Two layers of hidden_size on the flattened obs (see MLPNet), initialised with gain
-    sqrt(2) whatever the activation (as Stable-Baselines3 and CleanRL do)."""
+    sqrt(2) whatever the activation (as Stable-Baselines3 and CleanRL do); for a Dict or
+    Tuple observation (a structure of shapes), the multi-input torso with such an MLP."""
+    if not _is_shape(obs_shape):
+        torso = MultiInputTorso(obs_shape, hidden_size, activation)
+        return torso, torso.size
     act = ACTIVATIONS[activation]
     torso = nn.Sequential(
         nn.Flatten(),
@@ -508,7 +615,7 @@ class SeparateMLPNet(_PolicyHeads):
 
     def __init__(
         self,
-        obs_shape: Sequence[int],
+        obs_shape: ObsShape,
         num_actions: int,
         *,
         hidden_size: int = DEFAULT_MLP_HIDDEN_SIZE,
@@ -517,7 +624,7 @@ class SeparateMLPNet(_PolicyHeads):
         log_std_init: float = 0.0,
     ) -> None:
         super().__init__()
-        self.obs_shape = tuple(obs_shape)
+        self.obs_shape = _obs_shape(obs_shape)
         self.policy_torso, size = _mlp_torso(self.obs_shape, hidden_size, activation)
         self.value_torso, _ = _mlp_torso(self.obs_shape, hidden_size, activation)
         self._build_heads(size, num_actions, action_dim, log_std_init)
@@ -531,29 +638,38 @@ class SeparateMLPNet(_PolicyHeads):
         self, inputs: Mapping[str, Tensor], core_state: CoreState = ()
     ) -> tuple[AgentOutput | GaussianAgentOutput, CoreState]:
         obs = inputs["obs"]
-        T, B = obs.shape[:2]
-        x = _float_obs(obs)
+        T, B = time_and_batch(obs)
+        x = float_obs(obs)
         baseline = self.baseline(self.value_torso(x)).view(T, B)
         return self._agent_output(self.policy_torso(x), baseline, T, B), ()
 
 
 def _resolve_model_name(
     name: str,
-    obs_shape: Sequence[int],
+    obs_shape: ObsShape,
     num_actions: int,
     hidden_size: int | None,
     action_dim: int = 0,
-) -> tuple[str, tuple[int, ...]]:
-    """The checks both builders share; "auto" resolved by the observation's rank."""
-    obs_shape = tuple(int(d) for d in obs_shape)
+) -> tuple[str, ObsShape]:
+    """The checks both builders share; "auto" resolved by the observation's rank, and to
+    "mlp" (the multi-input torso) for a Dict or Tuple observation."""
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES}")
-    if not obs_shape or min(obs_shape) < 1:
-        raise ValueError(f"obs_shape must be non-empty with positive sizes, got {obs_shape}")
     if max(num_actions, action_dim) < 1:
         raise ValueError(f"num_actions must be >= 1, got {num_actions}")
     if hidden_size is not None and hidden_size < 1:
         raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
+    if not _is_shape(obs_shape):
+        if name in ("atari", "resnet"):
+            raise ValueError(
+                f"the {name} model reads one image observation; for Dict or Tuple"
+                " observations use auto (the multi-input model: a conv torso per image leaf,"
+                " an MLP on the vector leaves), mlp or separate_mlp"
+            )
+        return ("mlp" if name == "auto" else name), obs_shape
+    obs_shape = tuple(int(d) for d in obs_shape)
+    if not obs_shape or min(obs_shape) < 1:
+        raise ValueError(f"obs_shape must be non-empty with positive sizes, got {obs_shape}")
     if name == "auto":
         if len(obs_shape) == 3:
             name = "atari"
@@ -569,7 +685,7 @@ def _resolve_model_name(
 
 def build_model(
     name: str,
-    obs_shape: Sequence[int],
+    obs_shape: ObsShape,
     num_actions: int,
     *,
     use_lstm: bool = False,
@@ -582,7 +698,10 @@ def build_model(
 
     "auto" picks "atari" for 3-D [C, H, W] observations and "mlp" for 1-D vectors. "mlp"
     and "separate_mlp" accept any shape (they flatten), so small grids can use them too;
-    "atari" and "resnet" need 3-D images, and "atari" needs H, W >= 36.
+    "atari" and "resnet" need 3-D images, and "atari" needs H, W >= 36. For a Dict or
+    Tuple observation (``obs_shape`` the leaves' shapes, nested), "auto" and "mlp" build
+    `MLPNet` and "separate_mlp" `SeparateMLPNet` with the multi-input torso
+    (`MultiInputTorso`) in place of each MLP torso; "atari" and "resnet" are refused.
 
     ``hidden_size`` sets the MLP models' layer and LSTM width (default 64) and the image
     models' LSTM width (default 256). Image models have no other width to set, so passing
@@ -687,7 +806,7 @@ class QNet(nn.Module):
         self,
         torso: nn.Module,
         torso_size: int,
-        obs_shape: Sequence[int],
+        obs_shape: ObsShape,
         num_actions: int,
         *,
         use_lstm: bool,
@@ -697,7 +816,7 @@ class QNet(nn.Module):
         num_atoms: int = 1,
     ) -> None:
         super().__init__()
-        self.obs_shape = tuple(obs_shape)
+        self.obs_shape = _obs_shape(obs_shape)
         self.num_actions = num_actions
         self.num_atoms = num_atoms
         self.use_lstm = use_lstm
@@ -742,10 +861,8 @@ class QNet(nn.Module):
         Feed-forward models read only ``inputs["obs"]`` and return the empty state.
         """
         obs = inputs["obs"]
-        T, B = obs.shape[:2]
-        x = obs.flatten(0, 1)
-        x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
-        x = self.torso(x)
+        T, B = time_and_batch(obs)
+        x = self.torso(float_obs(obs))
         if self.core is None:
             core_output = x
             core_state = ()
@@ -768,7 +885,7 @@ class QNet(nn.Module):
 
 def build_q_model(
     name: str,
-    obs_shape: Sequence[int],
+    obs_shape: ObsShape,
     num_actions: int,
     *,
     use_lstm: bool = False,
@@ -778,7 +895,9 @@ def build_q_model(
 ) -> QNet:
     """Build a Q-network by torso name (one of MODEL_NAMES, as `build_model`).
 
-    "auto" picks "atari" for 3-D [C, H, W] observations and "mlp" for 1-D vectors.
+    "auto" picks "atari" for 3-D [C, H, W] observations and "mlp" for 1-D vectors; for a
+    Dict or Tuple observation, "auto" and "mlp" take the multi-input torso
+    (`MultiInputTorso`) with an MLP of ``hidden_size``, as `build_model` does.
 
     ``hidden_size`` sets the MLP torso's layer width and its LSTM (default 64), whose
     streams are then one linear layer each (the torso's two layers are the hidden ones);
@@ -828,6 +947,15 @@ class ModelError(ValueError):
     is one line for the user (entry points exit 2)."""
 
 
+# What a model that does not fit the env raises when built or run on it (a user's model
+# written for a Box, given a Dict's shapes): reported in one line, never a traceback.
+_MODEL_ERRORS = (TypeError, ValueError, RuntimeError, AttributeError, KeyError, IndexError)
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def is_user_model(name: str) -> bool:
     """True for `package.module:Name`, a model given by import path."""
     return ":" in name
@@ -859,13 +987,15 @@ def _import_model(path: str) -> Any:
 
 def build_user_model(config: Any, spec: Any) -> nn.Module:
     """`Name(obs_shape=..., num_actions=...)` for `--model package.module:Name` (for a
-    continuous action space: `Name(obs_shape=..., action_dim=...)`): an nn.Module with
-    `initial_state(batch_size)` and `forward(inputs, core_state)` (the contract of this
-    module's docstring; docs/models.md). ModelError, one line, when the path does not
+    continuous action space: `Name(obs_shape=..., action_dim=...)`; for a Dict or Tuple
+    observation, obs_shape is the leaves' shapes nested as the observation,
+    `EnvSpec.model_obs_shape`): an nn.Module with `initial_state(batch_size)` and
+    `forward(inputs, core_state)` (the contract of this module's docstring;
+    docs/models.md). ModelError, one line, when the path does not
     import or the call does not fit."""
     path = config.model
     factory = _import_model(path)
-    kwargs = {"obs_shape": tuple(spec.obs_shape)}
+    kwargs = {"obs_shape": spec.model_obs_shape()}
     if spec.continuous:
         kwargs["action_dim"] = spec.action_dim
     else:
@@ -879,7 +1009,14 @@ def build_user_model(config: Any, spec: Any) -> nn.Module:
         ) from None
     except ValueError:  # a callable without a signature (a C function): just call it
         pass
-    model = factory(**kwargs)
+    try:
+        model = factory(**kwargs)
+    except _MODEL_ERRORS as error:
+        raise ModelError(
+            f"--model {path} cannot be built for {spec.describe_obs()} observations"
+            f" ({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}; docs/models.md):"
+            f" {_first_line(error)}"
+        ) from None
     if not isinstance(model, nn.Module):
         raise ModelError(f"--model {path} returned {type(model).__name__}, not a torch nn.Module")
     if not callable(getattr(model, "initial_state", None)):
@@ -898,23 +1035,25 @@ def check_model(
     takes back. ModelError (one line naming `name`, the --model flag) otherwise, at
     start-up, rather than a traceback from an actor or the learner."""
     T, B = 2, 2
-    inputs = {
-        "obs": torch.zeros((T, B, *spec.obs_shape), dtype=torch_dtype(spec.obs_dtype)),
+    obs = spec.obs_fields()
+    fields = {
+        **{key: torch.zeros((T, B, *f.shape), dtype=f.dtype) for key, f in obs.items()},
         "reward": torch.zeros((T, B)),
         "done": torch.zeros((T, B), dtype=torch.bool),
         "last_action": torch.zeros((T, B, *spec.action_shape), dtype=spec.action_field().dtype),
     }
+    inputs = model_inputs(fields)
     try:
         with torch.no_grad():
             state = model.initial_state(B)
             result = model(inputs, state)
             result, state = result
-            model({key: value[:1] for key, value in inputs.items()}, state)
-    except (TypeError, ValueError, RuntimeError, IndexError, KeyError) as error:
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            model(map_inputs(lambda value: value[:1], inputs), state)
+    except _MODEL_ERRORS as error:
         raise ModelError(
-            f"--model {name} does not run on {spec.obs_shape} {spec.obs_dtype} observations"
-            f" (model(inputs, core_state) -> (outputs, core_state), docs/models.md): {reason}"
+            f"--model {name} does not run on {spec.describe_obs()} observations"
+            " (model(inputs, core_state) -> (outputs, core_state), docs/models.md):"
+            f" {_first_line(error)}"
         ) from None
     try:
         got = result if isinstance(result, Mapping) else result._asdict()

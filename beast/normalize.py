@@ -6,7 +6,9 @@ assume), placed where beast's asynchronous actors need them:
 
 - Observations: the statistics live in the model, as buffers of `ObservationNormalizer`,
   which wraps the algorithm's network and normalises `inputs["obs"]` before it:
-  ``clip((obs - mean) / sqrt(var + 1e-8), -10, 10)``. So local actors (which read the
+  ``clip((obs - mean) / sqrt(var + 1e-8), -10, 10)``. A Dict or Tuple observation has
+  statistics per float leaf, each normalised on its own; integer leaves (uint8 images,
+  which image torsos scale themselves) pass as they are. So local actors (which read the
   shared model), the central inference server, polybeast's env servers, checkpoints and
   --mode test all act with the statistics the weights were trained with, with no other
   channel. The learner updates them from each batch's observations after the update, so
@@ -29,6 +31,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from beast.fields import OBS_KEY, Field, flatten_obs, nest_obs
 
 __all__ = [
     "CLIP",
@@ -83,35 +87,62 @@ class ObservationNormalizer(nn.Module):
     """The algorithm's network behind running observation normalisation (module docstring).
 
     Forwards `initial_state` and every attribute the engine reads from the inner model;
-    its state_dict is the inner model's under "model." plus the statistics under
-    "obs_rms.".
+    its state_dict is the inner model's under "model." plus the statistics: a Box's under
+    "obs_rms.", a Dict's or Tuple's float leaves' under "leaf_rms.0.", "leaf_rms.1." ...
+    in field order.
+
+    Args:
+        model: the network.
+        obs: the observation's fields (`EnvSpec.obs_fields()`); its float ones get
+            statistics.
     """
 
-    def __init__(self, model: nn.Module, obs_shape: Sequence[int]) -> None:
+    def __init__(self, model: nn.Module, obs: Mapping[str, Field]) -> None:
         super().__init__()
         self.model = model
-        self.obs_rms = RunningMeanStd(obs_shape)
+        self.keys = tuple(key for key, f in obs.items() if f.dtype.is_floating_point)
+        statistics = [RunningMeanStd(obs[key].shape) for key in self.keys]
+        if self.keys == (OBS_KEY,):
+            self.obs_rms = statistics[0]  # the name checkpoints of Box runs hold
+        else:
+            self.leaf_rms = nn.ModuleList(statistics)
+
+    def statistics(self) -> dict[str, RunningMeanStd]:
+        """The running statistics by observation field."""
+        modules = [self.obs_rms] if self.keys == (OBS_KEY,) else list(self.leaf_rms)
+        return dict(zip(self.keys, modules, strict=True))
 
     def initial_state(self, batch_size: int, device: Any = None) -> tuple[Tensor, ...]:
         if device is None:
             return self.model.initial_state(batch_size)
         return self.model.initial_state(batch_size, device)
 
-    def normalize(self, obs: Tensor) -> Tensor:
-        """float32 obs [..., *obs_shape] -> clip((obs - mean) / std, -10, 10)."""
-        rms = self.obs_rms
-        mean = rms.mean.to(torch.float32)
-        std = torch.sqrt(rms.var + EPSILON).to(torch.float32)
-        return ((obs.float() - mean) / std).clamp(-CLIP, CLIP)
+    def normalize(self, obs: Any) -> Any:
+        """float32 obs [..., *obs_shape] -> clip((obs - mean) / std, -10, 10); for a Dict
+        or Tuple observation (its structure of tensors), each float leaf with its own
+        statistics."""
+        if isinstance(obs, Tensor):
+            return _normalize(obs, self.obs_rms)
+        leaves = flatten_obs(obs)
+        for key, rms in self.statistics().items():
+            leaves[key] = _normalize(leaves[key], rms)
+        return nest_obs(leaves)
 
-    def forward(self, inputs: Mapping[str, Tensor], core_state: Any = ()) -> Any:
+    def forward(self, inputs: Mapping[str, Any], core_state: Any = ()) -> Any:
         return self.model({**inputs, "obs": self.normalize(inputs["obs"])}, core_state)
 
     @torch.no_grad()
     def observe(self, batch: Mapping[str, Tensor]) -> None:
-        """Update the statistics with a learner batch's observations, `[L, B, *obs_shape]`
-        (rows 1..L-1: row 0 of a rollout repeats the last row of the one before)."""
-        self.obs_rms.update(batch["obs"][1:])
+        """Update the statistics with a learner batch's observations, `[L, B, ...]` per
+        field (rows 1..L-1: row 0 of a rollout repeats the last row of the one before)."""
+        for key, rms in self.statistics().items():
+            rms.update(batch[key][1:])
+
+
+def _normalize(obs: Tensor, rms: RunningMeanStd) -> Tensor:
+    mean = rms.mean.to(torch.float32)
+    std = torch.sqrt(rms.var + EPSILON).to(torch.float32)
+    return ((obs.float() - mean) / std).clamp(-CLIP, CLIP)
 
 
 def find_observation_normalizer(model: nn.Module) -> ObservationNormalizer | None:

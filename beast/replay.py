@@ -11,7 +11,8 @@ A sequence has ``L = seq_len + 1`` rows: ``seq_len`` steps and the step after
 the last, which only supplies its reward, done and bootstrap value (the T + 1
 of `beast.buffers` rollouts). Row t (the rollout alignment of `beast.buffers`):
 
-    obs          [L, *obs_shape]  the observation x_t
+    obs          [L, *obs_shape]  the observation x_t (a Dict or Tuple: one field per
+                                  leaf, "obs.position" ..., beast/fields.py)
     reward       float32 [L]      received on the transition into row t
     done         bool [L]         row t starts a new episode
     terminated   bool [L]         the transition into row t ended the episode
@@ -41,7 +42,10 @@ sample whose slot was overwritten while being copied out gets weight 0.
 Frame deduplication (``frame_dedup=True``, Atari): consecutive 4-frame stacks
 share 3 frames, so a sequence stores its ``L + 3`` distinct 84x84 frames
 instead of ``L`` stacks and rebuilds the stacks at sample time, about a
-quarter of the bytes (see `replay_footprint`).
+quarter of the bytes (see `replay_footprint`). It applies to every image leaf
+of the observation ([k, H, W]: the Box itself, or a Dict's image leaves), each
+stored under its own frames field ("frames" for "obs", "frames.image" for
+"obs.image"); other leaves are stored whole.
 """
 
 from __future__ import annotations
@@ -51,12 +55,11 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from beast.buffers import env_step_spec
-from beast.fields import Field, core_state_key, is_core_state, shared_zeros
+from beast.fields import OBS_KEY, Field, core_state_key, is_core_state, is_obs_key, shared_zeros
 from beast.native import SumTree
 
 __all__ = [
@@ -76,33 +79,46 @@ __all__ = [
     "stratified_draws",
 ]
 
-# The env batch's per-step fields a sequence keeps (episode statistics go to the sink's
-# rings instead); the policy's record (`Policy.record_spec`: "action", ...) joins them.
-ENV_KEYS = ("obs", "reward", "done", "terminated", "truncated", "last_action")
-# The stored field that replaces "obs" under frame deduplication.
+# The env batch's per-step fields a sequence keeps besides the observation's leaves
+# (episode statistics go to the sink's rings instead); the policy's record
+# (`Policy.record_spec`: "action", ...) joins them.
+ENV_KEYS = ("reward", "done", "terminated", "truncated", "last_action")
+# The stored field that replaces "obs" under frame deduplication (and "frames.image"
+# replaces "obs.image": `frames_key`).
 FRAMES_KEY = "frames"
+
+
+def frames_key(key: str) -> str:
+    """The stored field of an image leaf's deduplicated frames: "obs" -> "frames",
+    "obs.image" -> "frames.image"."""
+    return FRAMES_KEY + key[len(OBS_KEY) :]
+
+
+def env_fields(env_step: Mapping[str, Field]) -> dict[str, Field]:
+    """The fields of an env step (`beast.buffers.env_step_spec`) that replays store: the
+    observation's leaves and `ENV_KEYS`."""
+    return {key: f for key, f in env_step.items() if is_obs_key(key) or key in ENV_KEYS}
 
 
 def sequence_spec(
     *,
     seq_len: int,
-    obs_shape: Sequence[int],
-    obs_dtype: np.dtype | torch.dtype,
+    obs: Mapping[str, Field],
     record: Mapping[str, Field],
     core_state_shapes: Sequence[Sequence[int]] = (),
 ) -> dict[str, Field]:
     """The layout of one replayed sequence: ``seq_len + 1`` rows (module docstring).
 
-    ``record`` is the policy's per-step record; ``core_state_shapes`` are the per-env
-    recurrent-state shapes (`beast.fields.core_state_shapes`); the state stored is the
-    one at the sequence's first row.
+    ``obs`` is the observation's fields (`EnvSpec.obs_fields()`); ``record`` is the
+    policy's per-step record; ``core_state_shapes`` are the per-env recurrent-state
+    shapes (`beast.fields.core_state_shapes`); the state stored is the one at the
+    sequence's first row.
     """
     seq_len = operator.index(seq_len)
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     rows = seq_len + 1
-    env_fields = env_step_spec(obs_shape, obs_dtype, record["action"])
-    per_row = {key: f for key, f in env_fields.items() if key in ENV_KEYS}
+    per_row = env_fields(env_step_spec(obs, record["action"]))
     per_row.update(record)
     spec = {key: Field((rows, *f.shape), f.dtype) for key, f in per_row.items()}
     spec["mask"] = Field((rows,), torch.bool)
@@ -121,23 +137,32 @@ def _seq_len(spec: Mapping[str, Field]) -> int:
     return spec["mask"].shape[0] - 1
 
 
+def image_keys(spec: Mapping[str, Field], leading: int) -> list[str]:
+    """The image leaves of a replay spec whose fields have `leading` axes before one
+    observation (a sequence's rows: 1; a ring's step: 0): what frame dedup stores."""
+    return [key for key, f in spec.items() if is_obs_key(key) and len(f.shape) == leading + 3]
+
+
 def storage_spec(spec: Mapping[str, Field], frame_dedup: bool) -> dict[str, Field]:
     """What the replay stores per sequence: the spec, or with ``frame_dedup`` the
-    spec with obs [L, k, H, W] replaced by frames [L + k - 1, H, W].
+    spec with each image leaf [L, k, H, W] replaced by its frames [L + k - 1, H, W]
+    (`frames_key`).
 
     Frame t + k - 1 is the newest frame of obs_t, and frames 0..k-2 the older
     frames of obs_0, so obs_t = frames[t : t + k].
     """
     out = dict(spec)
     if frame_dedup:
-        obs = spec["obs"]
-        if len(obs.shape) != 4:
+        keys = image_keys(spec, leading=1)
+        if not keys:
+            shapes = {key: f.shape for key, f in spec.items() if is_obs_key(key)}
             raise ValueError(
-                f"frame_dedup needs frame-stacked image observations [L, k, H, W], got {obs.shape}"
+                f"frame_dedup needs frame-stacked image observations [L, k, H, W], got {shapes}"
             )
-        rows, stack, *frame_shape = obs.shape
-        del out["obs"]
-        out[FRAMES_KEY] = Field((rows + stack - 1, *frame_shape), obs.dtype)
+        for key in keys:
+            obs = out.pop(key)
+            rows, stack, *frame_shape = obs.shape
+            out[frames_key(key)] = Field((rows + stack - 1, *frame_shape), obs.dtype)
     return out
 
 
@@ -292,6 +317,8 @@ class SequenceBuilder:
         self.stride = self.seq_len - self.seq_overlap
         self.rows = self.seq_len + 1
         missing = [k for k in (*ENV_KEYS, "action", "mask") if k not in spec]
+        if not any(is_obs_key(key) for key in spec):
+            missing.append(OBS_KEY)
         if missing:
             raise ValueError(f"spec lacks fields {missing}")
         self.step_keys = step_keys(spec)
@@ -453,6 +480,10 @@ class PrioritizedReplay:
         self.frame_dedup = frame_dedup
         self.min_priority, self.default_priority = min_priority, default_priority
         self.storage = storage_spec(spec, frame_dedup)
+        # The image leaves stored as frames, by their frames field.
+        self.deduplicated = {frames_key(key): key for key in image_keys(spec, leading=1)}
+        if not frame_dedup:
+            self.deduplicated = {}
         self.tree = SumTree(self.capacity)
         self.tensors = {
             key: shared_zeros((self.capacity, *f.shape), f.dtype) for key, f in self.storage.items()
@@ -496,8 +527,9 @@ class PrioritizedReplay:
 
     def _write(self, index: int, sequence: Mapping[str, Tensor]) -> None:
         for key, tensor in self.tensors.items():
-            if key == FRAMES_KEY:
-                obs = torch.as_tensor(sequence["obs"])
+            leaf = self.deduplicated.get(key)
+            if leaf is not None:
+                obs = torch.as_tensor(sequence[leaf])
                 stack = obs.shape[1]
                 tensor[index, : stack - 1] = obs[0, :-1]
                 tensor[index, stack - 1 :] = obs[:, -1]
@@ -509,14 +541,16 @@ class PrioritizedReplay:
         row t >= 1, obs_t[:-1] must equal obs_{t-1}[1:]. The terminal row and
         padding are exempt: no loss reads their observations (a terminal row's
         Q-values never bootstrap), so they are stored by their newest frame only."""
-        obs = torch.as_tensor(sequence["obs"])
         mask = torch.as_tensor(sequence["mask"]).bool()
         rows = mask[1:].nonzero().flatten() + 1
-        if len(rows) and not torch.equal(obs[rows, :-1], obs[rows - 1, 1:]):
-            raise ValueError(
-                "frame_dedup: observations are not sliding frame stacks (obs_t[:-1] != "
-                "obs_{t-1}[1:] at some step); store them without frame_dedup"
-            )
+        for leaf in self.deduplicated.values():
+            obs = torch.as_tensor(sequence[leaf])
+            if len(rows) and not torch.equal(obs[rows, :-1], obs[rows - 1, 1:]):
+                raise ValueError(
+                    f"frame_dedup: observations {leaf} are not sliding frame stacks"
+                    " (obs_t[:-1] != obs_{t-1}[1:] at some step); store them without"
+                    " frame_dedup"
+                )
 
     def sample(
         self,
@@ -536,11 +570,12 @@ class PrioritizedReplay:
         for key, tensor in self.tensors.items():
             # [B, ...] -> [L, B, ...]; for core states [B, d0, ...] -> [d0, B, ...].
             rows = tensor.index_select(0, indices)
-            if key == FRAMES_KEY:
-                stack = self.spec["obs"].shape[1]
+            leaf = self.deduplicated.get(key)
+            if leaf is not None:
+                stack = self.spec[leaf].shape[1]
                 # [B, L + k - 1, H, W] -> windows [B, L, H, W, k] -> [B, L, k, H, W].
                 rows = rows.unfold(1, stack, 1).permute(0, 1, 4, 2, 3)
-                key = "obs"
+                key = leaf
             batch[key] = rows.transpose(0, 1).contiguous()
         # A writer that claimed a slot after it was drawn may have changed
         # the rows mid-copy (claims bump the generation before any write).

@@ -124,8 +124,7 @@ def build_inference(run: Run, num_updates=lambda: 0) -> tuple[InferenceTable, In
     table = InferenceTable(
         num_actors=config.num_actors,
         num_envs=config.num_envs_per_actor,
-        obs_shape=run.spec.obs_shape,
-        obs_dtype=run.spec.obs_dtype,
+        obs=run.spec.obs_fields(),
         policy=run.policy,
         initial_state=run.actor_model.initial_state(1),
         num_servers=config.num_inference_threads,
@@ -198,8 +197,8 @@ def start_run(config: Config) -> tuple[Run, RunLog]:
     policy = "local" if config.serial else select_policy(config, device)
     lane_envs = config.num_envs_per_actor // config.env_splits(policy)
     log.print(
-        f"run {config.xpid} in {config.run_dir}: env {config.env} (obs {spec.obs_shape}"
-        f" {spec.obs_dtype}, {spec.describe_actions()}), {run.describe()},"
+        f"run {config.xpid} in {config.run_dir}: env {config.env} (obs {spec.describe_obs()},"
+        f" {spec.describe_actions()}), {run.describe()},"
         f" {config.num_actors} actors x {config.num_envs_per_actor} envs"
         f" ({resolve_backend(config.env, config.env_backend, lane_envs)} env batches),"
         f" learner on {device} in {precision} with {torch.get_num_threads()} thread(s)"

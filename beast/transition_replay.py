@@ -20,9 +20,11 @@ starts no transition, since its action is never taken); a done row that neither
 announced (an env recreated mid-episode) drops the windows still open.
 
 Frame deduplication (``frame_dedup=True``, Atari): a step stores only the newest 84x84
-frame of its 4-frame stack, and the stack of step s is rebuilt from steps s-3 ... s,
-where frames older than the latest episode start (a done row) repeat that row's frame,
-as the env's frame stack does after a reset (beast/envs/atari.py `FrameStack`). The
+frame of its 4-frame stack (of each image leaf of the observation, for a Dict: each
+under its own frames field, `beast.replay.frames_key`), and the stack of step s is
+rebuilt from steps s-3 ... s, where frames older than the latest episode start (a done
+row) repeat that row's frame, as the env's frame stack does after a reset
+(beast/envs/atari.py `FrameStack`). The
 writer rebuilds every step's stack as the learner would and compares it with the real
 one: a step whose stack is not rebuilt exactly (the ALE vector backend's row after a
 truncation, whose stack holds the reset frame it never returned) is marked, and no
@@ -57,12 +59,14 @@ import torch
 from torch import Tensor
 
 from beast.buffers import env_step_spec
-from beast.fields import Field, shared_zeros
+from beast.fields import Field, is_obs_key, shared_zeros
 from beast.native import SumTree
 from beast.profile import PhaseClock
 from beast.replay import (
-    ENV_KEYS,
     ReplaySample,
+    env_fields,
+    frames_key,
+    image_keys,
     importance_weights,
     new_priority,
     scaled_priorities,
@@ -83,8 +87,6 @@ __all__ = [
     "step_spec",
 ]
 
-# The stored field that replaces "obs" under frame deduplication: the newest frame.
-FRAMES_KEY = "frames"
 # Per-slot fields the writer sets when the slot's window closes, and the exactness mark.
 WINDOW_FIELDS = {
     "n_steps": Field((), torch.uint8),
@@ -93,26 +95,28 @@ WINDOW_FIELDS = {
 }
 
 
-def step_spec(
-    obs_shape: Sequence[int], obs_dtype: np.dtype | torch.dtype, record: Mapping[str, Field]
-) -> dict[str, Field]:
-    """The per-step fields a ring stores: the env's (`ENV_KEYS`) and the policy's record."""
-    env_fields = env_step_spec(obs_shape, obs_dtype, record["action"])
-    spec = {key: f for key, f in env_fields.items() if key in ENV_KEYS}
+def step_spec(obs: Mapping[str, Field], record: Mapping[str, Field]) -> dict[str, Field]:
+    """The per-step fields a ring stores: the observation's (`EnvSpec.obs_fields()`), the
+    env's (`beast.replay.ENV_KEYS`) and the policy's record."""
+    spec = env_fields(env_step_spec(obs, record["action"]))
     spec.update(record)
     return spec
 
 
 def _storage_spec(spec: Mapping[str, Field], frame_dedup: bool) -> dict[str, Field]:
+    """The spec with, under frame dedup, each image leaf [k, H, W] replaced by its newest
+    frame [H, W], plus the per-slot window fields."""
     out = dict(spec)
     if frame_dedup:
-        obs = spec["obs"]
-        if len(obs.shape) != 3:
+        keys = image_keys(spec, leading=0)
+        if not keys:
+            shapes = {key: f.shape for key, f in spec.items() if is_obs_key(key)}
             raise ValueError(
-                f"frame_dedup needs frame-stacked image observations [k, H, W], got {obs.shape}"
+                f"frame_dedup needs frame-stacked image observations [k, H, W], got {shapes}"
             )
-        del out["obs"]
-        out[FRAMES_KEY] = Field(obs.shape[1:], obs.dtype)
+        for key in keys:
+            obs = out.pop(key)
+            out[frames_key(key)] = Field(obs.shape[1:], obs.dtype)
     out.update(WINDOW_FIELDS)
     return out
 
@@ -199,8 +203,11 @@ class RingReplay:
         self.alpha, self.beta = alpha, beta
         self.frame_dedup = frame_dedup
         self.min_priority, self.default_priority = min_priority, default_priority
-        self.stack = spec["obs"].shape[0] if frame_dedup else 1
-        self.history = self.stack - 1
+        # The image leaves stored as their newest frame, and their stacks' depths.
+        self.stacks = {key: spec[key].shape[0] for key in image_keys(spec, leading=0)}
+        if not frame_dedup:
+            self.stacks = {}
+        self.history = max(self.stacks.values(), default=1) - 1
         self.ring = capacity // num_envs
         needed = n_step + self.history + 2
         if self.ring < needed:
@@ -234,12 +241,13 @@ class RingReplay:
             return 1.0
         return new_priority(self.tree, self.default_priority, self.alpha, self.min_priority)
 
-    def observations(self, envs: Tensor, positions: Tensor) -> Tensor:
-        """The observations of steps (envs[i], positions[i]): [N, *obs_shape]."""
-        if not self.frame_dedup:
-            return self.tensors["obs"][envs, positions]
+    def observations(self, key: str, envs: Tensor, positions: Tensor) -> Tensor:
+        """Observation leaf `key` of steps (envs[i], positions[i]): [N, *shape]."""
+        stack = self.stacks.get(key)
+        if stack is None:
+            return self.tensors[key][envs, positions]
         return rebuild_stacks(
-            self.tensors[FRAMES_KEY], self.tensors["done"], envs, positions, self.stack
+            self.tensors[frames_key(key)], self.tensors["done"], envs, positions, stack
         )
 
     def sample(
@@ -260,8 +268,8 @@ class RingReplay:
         row_envs = envs.unsqueeze(0).expand_as(rows)
         batch: dict[str, Tensor] = {}
         for key in self.spec:
-            if key == "obs":
-                obs = self.observations(row_envs.flatten(), rows.flatten())
+            if key in self.stacks:
+                obs = self.observations(key, row_envs.flatten(), rows.flatten())
                 batch[key] = obs.view(2, batch_size, *obs.shape[1:])
             else:
                 batch[key] = tensors[key][row_envs, rows]
@@ -359,15 +367,14 @@ class RingAppender:
         replay.written[self.envs] += 1
         pos = positions.numpy()
         for key in replay.spec:
-            if key == "obs" and replay.frame_dedup:
-                arrays[FRAMES_KEY][rows, pos] = step["obs"][:, -1]
+            if key in replay.stacks:
+                arrays[frames_key(key)][rows, pos] = step[key][:, -1]
             else:
                 arrays[key][rows, pos] = step[key]
-        if replay.frame_dedup:
-            rebuilt = replay.observations(self.envs, positions).numpy()
-            exact = (rebuilt == step["obs"]).reshape(len(rows), -1).all(axis=1)
-        else:
-            exact = True
+        exact = np.ones(len(rows), dtype=bool)
+        for key in replay.stacks:
+            rebuilt = replay.observations(key, self.envs, positions).numpy()
+            exact &= (rebuilt == step[key]).reshape(len(rows), -1).all(axis=1)
         arrays["exact"][rows, pos] = exact
 
         done = np.asarray(step["done"], dtype=bool)

@@ -74,7 +74,7 @@ from beast.algos.policies import CategoricalPolicy
 from beast.buffers import RolloutBuffers, rollout_spec
 from beast.config import AUTO, Config, config_for, int_or_auto
 from beast.engine import acting_bf16, select_precision
-from beast.fields import Field, core_state_shapes
+from beast.fields import Field, box_obs, core_state_shapes
 from beast.inference import CentralPolicy, InferenceServer, InferenceTable
 from beast.learner import Stepper, TrainingProgress
 from beast.measure import TrivialModel, synthetic_batch, torch_threads
@@ -368,8 +368,7 @@ def learner_rollout_spec(
     """The rollout layout a run of `step`'s model fills: IMPALA's record, its core state."""
     return rollout_spec(
         unroll_length=unroll_length,
-        obs_shape=step.obs_shape,
-        obs_dtype=obs_dtype,
+        obs=box_obs(step.obs_shape, obs_dtype),
         record=CategoricalPolicy(step.num_actions).record_spec(),
         core_state_shapes=core_state_shapes(step.model.initial_state(1)),
     )
@@ -532,8 +531,7 @@ def measure_acting(
     buffers = RolloutBuffers(
         rollout_spec(
             unroll_length=unroll_length,
-            obs_shape=spec.obs_shape,
-            obs_dtype=spec.obs_dtype,
+            obs=spec.obs_fields(),
             record=acting_policy.record_spec(),
             core_state_shapes=core_state_shapes(actor_model.initial_state(1)),
         ),
@@ -565,8 +563,7 @@ def measure_acting(
         table = InferenceTable(
             num_actors=num_actors,
             num_envs=num_envs_per_actor,
-            obs_shape=spec.obs_shape,
-            obs_dtype=spec.obs_dtype,
+            obs=spec.obs_fields(),
             policy=acting_policy,
             initial_state=actor_model.initial_state(1),
             num_env_splits=splits,
@@ -682,8 +679,7 @@ def measure_inference_latency(
     table = InferenceTable(
         num_actors=1,
         num_envs=num_envs,
-        obs_shape=spec.obs_shape,
-        obs_dtype=spec.obs_dtype,
+        obs=spec.obs_fields(),
         policy=acting_policy,
     )
     server = InferenceServer(
@@ -938,8 +934,7 @@ def throughput(args: argparse.Namespace) -> _Figures:
             print(f"learner variant {name} skipped: {error}", flush=True)
     rollout = rollout_spec(
         unroll_length=args.unroll_length,
-        obs_shape=spec.obs_shape,
-        obs_dtype=spec.obs_dtype,
+        obs=spec.obs_fields(),
         record=algorithm.policy().record_spec(),
         core_state_shapes=core_state_shapes(actor_model.initial_state(1)),
     )

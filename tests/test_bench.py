@@ -16,7 +16,7 @@ import torch
 from beast.algos.policies import CategoricalPolicy
 from beast.buffers import rollout_spec
 from beast.envs import EnvError
-from beast.fields import core_state
+from beast.fields import box_obs, core_state
 from beast.measure import synthetic_batch
 from benchmarks import bench
 
@@ -28,8 +28,7 @@ def cartpole_batch(unroll_length: int, batch_size: int) -> dict[str, torch.Tenso
     """A synthetic CartPole learner batch with IMPALA's record (no recurrent state)."""
     spec = rollout_spec(
         unroll_length=unroll_length,
-        obs_shape=(4,),
-        obs_dtype=np.float32,
+        obs=box_obs((4,), np.float32),
         record=CategoricalPolicy(2).record_spec(),
     )
     return synthetic_batch(spec, batch_size, 2)
@@ -96,8 +95,7 @@ def test_learner_rollout_spec_has_impala_record_and_core_state():
 def test_synthetic_batch_has_the_learner_layout():
     spec = rollout_spec(
         unroll_length=5,
-        obs_shape=(4, 84, 84),
-        obs_dtype=np.uint8,
+        obs=box_obs((4, 84, 84), np.uint8),
         record=CategoricalPolicy(6).record_spec(),
         core_state_shapes=[(1, 16)],
     )

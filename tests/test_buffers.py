@@ -10,14 +10,13 @@ import torch
 
 from beast.algos.policies import CategoricalPolicy
 from beast.buffers import RolloutBuffers, rollout_spec
-from beast.fields import core_state, core_state_key, shared_zeros
+from beast.fields import box_obs, core_state, core_state_key, shared_zeros
 
 
 def make_buffers(num_buffers=6, unroll_length=3, core_state_shapes=((1, 5), (1, 5))):
     spec = rollout_spec(
         unroll_length=unroll_length,
-        obs_shape=(2, 3),
-        obs_dtype=np.uint8,
+        obs=box_obs((2, 3), np.uint8),
         record=CategoricalPolicy(4).record_spec(),
         core_state_shapes=core_state_shapes,
     )
@@ -116,8 +115,7 @@ def test_synchronous_lanes_wait_for_the_update_their_rollouts_feed():
     T = 3
     spec = rollout_spec(
         unroll_length=T,
-        obs_shape=(2,),
-        obs_dtype=np.float32,
+        obs=box_obs((2,), np.float32),
         record=CategoricalPolicy(2).record_spec(),
     )
     buffers = RolloutBuffers(spec, num_buffers=2, num_lanes=2)

@@ -23,7 +23,7 @@ from beast.algos.dqn import (
     q_learning_targets,
     q_loss,
 )
-from beast.fields import Field
+from beast.fields import Field, box_obs
 from beast.models import polyak_update
 from beast.transition_replay import RingAppender, RingReplay, step_spec
 from tests.test_monobeast import assert_refused_in_one_line
@@ -208,7 +208,7 @@ def reference_target(rows, s, k, terminal, gamma, q_online_next, q_target_next, 
 
 def build_replay(streams, *, n_step, ring, prioritized=False, alpha=0.6, beta=0.4):
     record = {"action": Field((), torch.int64)}
-    spec = step_spec(OBS_SHAPE, np.float32, record)
+    spec = step_spec(box_obs(OBS_SHAPE, np.float32), record)
     replay = RingReplay(
         spec,
         num_envs=len(streams),

@@ -58,6 +58,32 @@ def test_a_model_that_does_not_fit_is_one_config_error(algo, model, fragment):
     assert fragment in str(info.value) and "\n" not in str(info.value)
 
 
+DICT_CARTPOLE = envs.env_spec(envs.make("DictCartPole-v1"))
+
+
+def test_a_user_model_for_dict_observations_gets_the_leaves_shapes_and_a_dict():
+    model = model_for("impala", "tests.user_models:DictActorCritic", DICT_CARTPOLE)
+    assert model.keys == ["position", "velocity"]  # built with {"position": (2,), ...}
+
+
+@pytest.mark.parametrize(
+    "model, fragment",
+    [
+        # Box models on a Dict: obs_shape is a dict, inputs["obs"] too.
+        (
+            "tests.user_models:TinyActorCritic",
+            "--model tests.user_models:TinyActorCritic cannot be built for obs.position (2,)"
+            " float32, obs.velocity (2,) float32 observations (obs_shape={'position': (2,),",
+        ),
+        ("resnet", "the resnet model reads one image observation"),
+    ],
+)
+def test_a_box_model_on_dict_observations_is_one_config_error(model, fragment):
+    with pytest.raises(ConfigError) as info:
+        model_for("impala", model, DICT_CARTPOLE)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
 def test_a_model_that_does_not_fit_exits_2_with_one_line(tmp_path):
     # Once a 28-line traceback and exit 1.
     result = run(["--env", "CartPole-v1", "--model", "atari", "--savedir", str(tmp_path)])

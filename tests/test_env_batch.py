@@ -85,6 +85,36 @@ class WrongShapeEnv(CountdownEnv):
         return np.zeros(2, dtype=np.float32), reward, terminated, truncated, info
 
 
+class DictTimeLimitedEnv(TimeLimitedEnv):
+    """TimeLimitedEnv observing {"count": float64 [t], "frame": uint8 [1, 2, 2] of t}."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observation_space = spaces.Dict(
+            {
+                "count": spaces.Box(-np.inf, np.inf, shape=(1,), dtype=np.float64),
+                "frame": spaces.Box(0, 255, shape=(1, 2, 2), dtype=np.uint8),
+            }
+        )
+
+    def _split(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        return {"count": obs.astype(np.float64), "frame": np.full((1, 2, 2), obs[0], np.uint8)}
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed)
+        return self._split(obs), info
+
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return self._split(obs), *rest
+
+
+class DictWrongShapeEnv(DictTimeLimitedEnv):
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return {**obs, "frame": np.zeros((2, 2), np.uint8)}, *rest
+
+
 def path(name: str) -> str:
     return f"{__name__}:{name}"
 
@@ -178,6 +208,35 @@ def test_truncation_returns_the_final_obs_then_resets_at_the_next_step():
         # The statistics arrive with the final observation, the episode's last step.
         assert [bool(s["episode_end"][0]) for s in seen] == [False, False, True] + [False] * 3
         assert seen[2]["episode_return"][0] == 6.0 and seen[2]["episode_step"][0] == 3
+
+
+def test_dict_observations_fill_one_array_per_leaf():
+    """A Dict's leaves each get their [K, ...] array (float leaves as float32), and a
+    truncation's final observation and the reset after it reach every leaf."""
+    with make_env_batch(path("DictTimeLimitedEnv"), 2, 0, False) as batch:
+        assert batch.obs is None and batch.obs_shape is None
+        arrays = batch.obs_arrays
+        assert {key: (a.shape, a.dtype) for key, a in arrays.items()} == {
+            "obs.count": ((2, 1), np.float32),
+            "obs.frame": ((2, 1, 2, 2), np.uint8),
+        }
+        ids = {key: id(a) for key, a in arrays.items()}
+        counts, frames = [], []
+        for _ in range(5):
+            batch.step(np.ones(2, dtype=np.int64))
+            counts.append(float(arrays["obs.count"][1, 0]))
+            frames.append(arrays["obs.frame"][1].copy())
+        assert counts == [1.0, 2.0, 3.0, 0.0, 1.0]  # the final observation, then the reset
+        assert [int(f.min()) for f in frames] == [int(f.max()) for f in frames] == [1, 2, 3, 0, 1]
+        assert {key: id(a) for key, a in batch.obs_arrays.items()} == ids
+
+
+def test_a_dict_leaf_of_the_wrong_shape_is_named():
+    with (
+        make_env_batch(path("DictWrongShapeEnv"), 2, 0, False) as batch,
+        pytest.raises(ValueError, match=r"leaf obs\.frame of shape \(2, 2\) from step"),
+    ):
+        batch.step(np.ones(2, dtype=np.int64))
 
 
 def test_arrays_are_updated_in_place():

@@ -98,10 +98,56 @@ def make_truncated_countdown() -> gymnasium.Env:
     return gymnasium.wrappers.TimeLimit(CountdownEnv(length=100), max_episode_steps=3)
 
 
-class DictObsEnv(CountdownEnv):
+class NestedObsEnv(CountdownEnv):
+    """A Dict holding a Tuple holding a Dict, float64 and uint8 leaves."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.observation_space = spaces.Dict({"x": spaces.Box(0, 1, shape=(1,))})
+        self.observation_space = spaces.Dict(
+            {
+                "image": spaces.Box(0, 255, shape=(1, 4, 4), dtype=np.uint8),
+                "arm": spaces.Tuple(
+                    (
+                        spaces.Box(-1, 1, shape=(2,), dtype=np.float64),
+                        spaces.Dict({"grip": spaces.Box(0, 1, shape=(), dtype=np.float64)}),
+                    )
+                ),
+            }
+        )
+
+    def observation(self) -> dict:
+        return {
+            "image": np.full((1, 4, 4), self.t, dtype=np.uint8),
+            "arm": (np.array([self.t, -self.t], dtype=np.float64), {"grip": np.float64(0.5)}),
+        }
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation(), {}
+
+    def step(self, action):
+        _, reward, terminated, truncated, info = super().step(action)
+        return self.observation(), reward, terminated, truncated, info
+
+
+# Dict observations beast cannot store, each with what its one-line error says.
+UNSTORABLE_OBS = {
+    "discrete_leaf": (spaces.Dict({"x": spaces.Discrete(3)}), "one-hot encode it"),
+    "text_leaf": (spaces.Dict({"note": spaces.Text(8)}), "its size varies"),
+    "sequence_leaf": (
+        spaces.Tuple((spaces.Sequence(spaces.Box(0, 1, (2,))),)),
+        "its size varies",
+    ),
+    "dotted_key": (spaces.Dict({"a.b": spaces.Box(0, 1, (1,))}), "without '.', '[' or ']'"),
+    "empty_dict": (spaces.Dict({"x": spaces.Dict({})}), "empty Dict"),
+    "empty_box": (spaces.Dict({"x": spaces.Box(0, 1, (0,))}), "empty Box"),
+}
+
+
+def make_unstorable_obs_env(case: str) -> gymnasium.Env:
+    env = CountdownEnv()
+    env.observation_space = UNSTORABLE_OBS[case][0]
+    return env
 
 
 class BoxActionEnv(CountdownEnv):
@@ -509,10 +555,66 @@ def test_box_action_spaces_beast_cannot_use_are_refused(env_class, expected):
     assert expected in assert_one_line(err)
 
 
-def test_dict_observations_are_refused():
+def test_nested_observations_get_one_field_per_leaf():
+    env = make(path("NestedObsEnv"))
+    spec = env_spec(env)
+    assert spec.nested and spec.obs_shape is None
+    # Depth first in the space's order (gymnasium sorts Dict keys); floats as float32.
+    assert spec.obs_fields() == {
+        "obs.arm[0]": Field((2,), torch.float32),
+        "obs.arm[1].grip": Field((), torch.float32),
+        "obs.image": Field((1, 4, 4), torch.uint8),
+    }
+    assert spec.model_obs_shape() == {"arm": ((2,), {"grip": ()}), "image": (1, 4, 4)}
+    assert spec.has_images()
+    assert spec.describe_obs() == (
+        "obs.arm[0] (2,) float32, obs.arm[1].grip () float32, obs.image (1, 4, 4) uint8"
+    )
+    obs, _ = env.reset()
+    leaves = spec.split_obs(obs)
+    assert list(leaves) == list(spec.obs_fields())
+    assert leaves["obs.arm[1].grip"] == 0.5 and leaves["obs.image"] is obs["image"]
     with pytest.raises(EnvError) as err:
-        env_spec(make(path("DictObsEnv")))
-    assert "Dict observations are not supported yet" in assert_one_line(err)
+        spec.split_obs({"image": obs["image"]})
+    assert "without its leaf obs.arm[0]" in assert_one_line(err)
+
+
+def test_box_observations_keep_their_one_field():
+    spec = env_spec(make("CartPole-v1"))
+    assert not spec.nested
+    assert spec.obs_fields() == {"obs": Field((4,), torch.float32)}
+    assert spec.model_obs_shape() == (4,) and not spec.has_images()
+    assert spec.describe_obs() == "(4,) float32"
+
+
+@pytest.mark.parametrize("case", sorted(UNSTORABLE_OBS))
+def test_observations_beast_cannot_store_are_refused(case):
+    with pytest.raises(EnvError) as err:
+        env_spec(make_unstorable_obs_env(case))
+    message = assert_one_line(err)
+    assert UNSTORABLE_OBS[case][1] in message and "obs" in message
+
+
+def test_dict_envs_are_registered_with_their_family():
+    from beast.envs import env_family
+
+    cartpole = env_spec(make("DictCartPole-v1"))
+    assert cartpole.obs_fields() == {
+        "obs.position": Field((2,), torch.float32),
+        "obs.velocity": Field((2,), torch.float32),
+    }
+    pendulum = env_spec(make("DictPendulum-v1"))
+    assert pendulum.continuous and list(pendulum.obs_fields()) == ["obs.angle", "obs.velocity"]
+    grid = env_spec(make("DictGridTarget-v0"))
+    assert grid.obs_fields()["obs.image"] == Field((1, 16, 16), torch.uint8)
+    assert (env_family("DictCartPole-v1"), env_family("DictPendulum-v1")) == ("classic",) * 2
+    assert env_family("DictGridTarget-v0") is None
+    # The same dynamics as CartPole-v1: its observation, split.
+    box, split = make("CartPole-v1", seed=3), make("DictCartPole-v1", seed=3)
+    x, d = box.reset()[0], split.reset()[0]
+    for step in range(20):
+        assert np.array_equal(x[[0, 2]], d["position"]) and np.array_equal(x[[1, 3]], d["velocity"])
+        x, d = box.step(step % 2)[0], split.step(step % 2)[0]
 
 
 def test_episodic_life_needs_atari():

@@ -23,7 +23,7 @@ import torch
 from beast.actor import ERROR_BOARD_BYTES, ActorSettings, run_actor
 from beast.algos.policies import CategoricalPolicy, EpsilonGreedyPolicy
 from beast.buffers import RolloutBuffers, rollout_spec
-from beast.fields import core_state_shapes
+from beast.fields import box_obs, core_state_shapes
 from beast.inference import (
     CentralPolicy,
     InferenceServer,
@@ -56,8 +56,7 @@ def make_table(
     return InferenceTable(
         num_actors=num_actors,
         num_envs=num_envs,
-        obs_shape=OBS_SHAPE,
-        obs_dtype=np.float32,
+        obs=box_obs(OBS_SHAPE, np.float32),
         policy=POLICY,
         initial_state=model.initial_state(1),
         num_servers=num_servers,
@@ -72,7 +71,7 @@ def make_server(table, model, source, **kwargs) -> InferenceServer:
         model=model,
         source=source,
         device=torch.device("cpu"),
-        max_batch=table.inputs["obs"].shape[0],
+        max_batch=len(table.inputs["reward"]),
         batch_window=0.0,
     )
     return InferenceServer(**{**defaults, **kwargs})
@@ -131,8 +130,7 @@ def test_central_policy_in_bf16_stays_close_to_fp32(watchdog):
     table = InferenceTable(
         num_actors=1,
         num_envs=2,
-        obs_shape=(4, 84, 84),
-        obs_dtype=np.uint8,
+        obs=box_obs((4, 84, 84), np.uint8),
         policy=policy,
         initial_state=model.initial_state(1),
     )
@@ -214,8 +212,7 @@ def test_central_q_policy_keeps_per_env_epsilon_and_state_on_the_server(watchdog
     table = InferenceTable(
         num_actors=num_actors,
         num_envs=num_envs,
-        obs_shape=OBS_SHAPE,
-        obs_dtype=np.float32,
+        obs=box_obs(OBS_SHAPE, np.float32),
         policy=policy,
         initial_state=model.initial_state(1),
     )
@@ -498,13 +495,12 @@ def test_actor_exits_when_the_server_process_is_gone(forkserver, processes, watc
     model = build_model("mlp", OBS_SHAPE, 2)
     policy = CategoricalPolicy(2)
     table = InferenceTable(
-        num_actors=1, num_envs=2, obs_shape=OBS_SHAPE, obs_dtype=np.float32, policy=policy
+        num_actors=1, num_envs=2, obs=box_obs(OBS_SHAPE, np.float32), policy=policy
     )
     buffers = RolloutBuffers(
         rollout_spec(
             unroll_length=5,
-            obs_shape=OBS_SHAPE,
-            obs_dtype=np.float32,
+            obs=box_obs(OBS_SHAPE, np.float32),
             record=policy.record_spec(),
             core_state_shapes=core_state_shapes(model.initial_state(1)),
         ),

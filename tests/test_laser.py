@@ -23,7 +23,7 @@ from beast.algos.laser import Laser
 from beast.algos.policies import CategoricalPolicy
 from beast.buffers import RolloutBuffers, RolloutSource, rollout_spec
 from beast.config import CONFIGS_DIR, ConfigError, config_for, load_config_file, parse_args
-from beast.fields import core_state, core_state_shapes
+from beast.fields import box_obs, core_state, core_state_shapes
 from beast.learner import Learner, Stepper, TrainingProgress
 from beast.models import build_model
 from beast.rollout_replay import RolloutReplay
@@ -270,8 +270,7 @@ def make_learner(batch_size, replay_size=None, num_replayed=0, use_lstm=False):
     model = build_model("mlp", (4,), 2, use_lstm=use_lstm)
     spec = rollout_spec(
         unroll_length=UNROLL,
-        obs_shape=(4,),
-        obs_dtype=torch.float32,
+        obs=box_obs((4,), torch.float32),
         record=CategoricalPolicy(2).record_spec(),
         core_state_shapes=core_state_shapes(model.initial_state(1)),
     )

@@ -21,7 +21,7 @@ import torch
 from beast.algos.base import Batch, LearnerContext
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.algos.r2d2 import SequenceQUpdate, r2d2_loss
-from beast.fields import core_state_shapes
+from beast.fields import box_obs, core_state_shapes
 from beast.learner import Learner, NonFiniteError, Stepper, TrainingProgress
 from beast.models import build_q_model, copy_weights
 from beast.optim import build_optimizer
@@ -42,8 +42,7 @@ def filled_sink(model: torch.nn.Module, min_replay_size: int, seed: int = 0) -> 
     """A sink whose replay holds the sequences of a random stream with episode ends."""
     spec = sequence_spec(
         seq_len=SEQ_LEN,
-        obs_shape=(3,),
-        obs_dtype=np.float32,
+        obs=box_obs((3,), np.float32),
         record=EpsilonGreedyPolicy(NUM_ACTIONS).record_spec(),
         core_state_shapes=core_state_shapes(model.initial_state(1)),
     )

@@ -35,7 +35,12 @@ def best_mean_of_100(run_dir) -> float:
 
 
 def train_cartpole(
-    tmp_path, total_steps: int, seed: int = 1, policy: str = "local", algo: str = "impala"
+    tmp_path,
+    total_steps: int,
+    seed: int = 1,
+    policy: str = "local",
+    algo: str = "impala",
+    env: str = "CartPole-v1",
 ) -> float:
     result = subprocess.run(
         [
@@ -44,6 +49,8 @@ def train_cartpole(
             "--algo",
             algo,
             *CARTPOLE_FLAGS,
+            "--env",  # the last --env counts
+            env,
             "--total_steps",
             str(total_steps),
             "--seed",
@@ -71,6 +78,17 @@ def test_cartpole_learns_within_500k_steps(tmp_path):
     # 487, 493, 475, 493. The issue's bar (450) is the slow check's,
     # test_every_algorithm_reaches_its_bar_in_every_mode[impala-monobeast-local].
     assert train_cartpole(tmp_path, 500_000) >= 300
+
+
+def test_dict_cartpole_learns_within_500k_steps(tmp_path):
+    # The same check on DictCartPole-v1 (CartPole's observation as a Dict of a position
+    # and a velocity leaf): Dict observations through every buffer and the multi-input
+    # model. On 2 cores shared with other runs (load 2.5-3.5) this test took 52 s and
+    # the CartPole-v1 one above 49 s, one after the other (at load 6-8: 76 s, and 82 s
+    # against 69 s for the learning checks' runs); best means of 100 episodes of seed 1
+    # in three runs: 449.5, 453.9 (reaching 400 at 194k and 267k steps) and 465.7. The
+    # slow checks hold the issue's bar, 400 (benchmarks/learning_checks.py).
+    assert train_cartpole(tmp_path, 500_000, env="DictCartPole-v1") >= 300
 
 
 def test_ppo_cartpole_learns_within_100k_steps(tmp_path):

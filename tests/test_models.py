@@ -7,6 +7,8 @@ clipped and last action one-hot encoded as core inputs; a recurrent state reset 
 state_dicts portable between models built with the same arguments, in shared memory.
 """
 
+import re
+
 import pytest
 import torch
 
@@ -366,3 +368,124 @@ def test_parameter_counts_match_the_architectures():
     assert n_params(build_model("mlp", (4,), 2)) == (
         mlp_torso + _linear(core_in, 2) + _linear(core_in, 1)
     )
+
+
+# --- Dict and Tuple observations: the multi-input torso -------------------------------
+
+# DictCartPole-v1's leaves, and a Tuple holding an image and a Dict of a vector and a scalar.
+DICT_CARTPOLE = {"position": (2,), "velocity": (2,)}
+NESTED = ((1, 16, 16), {"arm": (3,), "grip": ()})
+
+
+def nested_inputs(T, B, num_actions, generator):
+    """Random inputs for NESTED: the observation a tuple of (uint8 image, dict)."""
+    inputs = make_inputs((3,), num_actions, T, B, generator=generator)
+    inputs["obs"] = (
+        torch.randint(0, 256, (T, B, 1, 16, 16), dtype=torch.uint8, generator=generator),
+        {"arm": torch.randn(T, B, 3, generator=generator), "grip": torch.rand(T, B)},
+    )
+    return inputs
+
+
+def test_the_multi_input_model_on_split_vectors_is_the_mlp_on_the_whole():
+    """An independent reference: DictCartPole's MLP on [x, theta, x_dot, theta_dot] (its
+    leaves concatenated in field order) is CartPole's MLPNet on [x, x_dot, theta,
+    theta_dot] with the first layer's columns permuted to match."""
+    generator = torch.Generator().manual_seed(0)
+    split = build_model("auto", DICT_CARTPOLE, 2, use_lstm=True)
+    whole = build_model("auto", (4,), 2, use_lstm=True)
+    state = split.state_dict()
+    # torso.vector_torso.1 is the first Linear (after a Flatten) of the vector MLP.
+    first = state.pop("torso.vector_torso.1.weight")
+    bias = state.pop("torso.vector_torso.1.bias")
+    rest = {key.replace("torso.vector_torso.", "torso."): value for key, value in state.items()}
+    order = [0, 2, 1, 3]  # split column j holds CartPole's element order[j]
+    permuted = torch.empty_like(first)
+    permuted[:, order] = first
+    whole.load_state_dict({**rest, "torso.1.weight": permuted, "torso.1.bias": bias})
+    inputs = make_inputs((4,), 2, 5, 3, generator=generator)
+    x = inputs["obs"]
+    split_inputs = {**inputs, "obs": {"position": x[..., [0, 2]], "velocity": x[..., [1, 3]]}}
+    with torch.no_grad():
+        (want, _), (got, _) = whole(inputs), split(split_inputs)
+    torch.testing.assert_close(got.policy_logits, want.policy_logits)
+    torch.testing.assert_close(got.baseline, want.baseline)
+
+
+def test_the_multi_input_torso_concatenates_images_then_vectors():
+    """Features = [conv torso of the image (scaled by 1/255), MLP of [arm, grip]]."""
+    from beast.models import MultiInputTorso
+
+    generator = torch.Generator().manual_seed(1)
+    torso = MultiInputTorso(NESTED, hidden_size=8)
+    assert torso.image_keys == ["obs[0]"] and torso.vector_keys == ["obs[1].arm", "obs[1].grip"]
+    image = torch.randint(0, 256, (6, 1, 16, 16), dtype=torch.uint8, generator=generator)
+    arm, grip = torch.randn(6, 3, generator=generator), torch.rand(6)
+    with torch.no_grad():
+        got = torso((image.float() / 255, {"arm": arm, "grip": grip}))
+        conv = torso.image_torsos[0](image.float() / 255)  # the IMPALA ResNet's, 16x16 < 36
+        vector = torso.vector_torso(torch.cat([arm, grip[:, None]], dim=1))
+    assert conv.shape == (6, 256) and torso.size == 256 + 8
+    torch.testing.assert_close(got, torch.cat([conv, vector], dim=1))
+
+
+@pytest.mark.parametrize("name", ["auto", "mlp", "separate_mlp"])
+@pytest.mark.parametrize("use_lstm", [False, True])
+def test_nested_observations_run_and_train_every_parameter(name, use_lstm):
+    if name == "separate_mlp" and use_lstm:
+        pytest.skip("separate_mlp is feed-forward")
+    generator = torch.Generator().manual_seed(2)
+    model = build_model(name, NESTED, 3, use_lstm=use_lstm)
+    inputs = nested_inputs(4, 2, 3, generator)
+    output, _ = model(inputs, model.initial_state(2))
+    assert output.policy_logits.shape == (4, 2, 3) and output.baseline.shape == (4, 2)
+    (output.policy_logits.sum() + output.baseline.sum()).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_the_gaussian_head_takes_nested_observations():
+    generator = torch.Generator().manual_seed(5)
+    model = build_model("separate_mlp", NESTED, 0, action_dim=2)
+    inputs = nested_inputs(3, 2, 1, generator)
+    inputs["last_action"] = torch.randn(3, 2, 2, generator=generator)
+    output, _ = model(inputs)
+    assert output.action_mean.shape == output.action_log_std.shape == (3, 2, 2)
+
+
+def test_q_networks_take_nested_observations():
+    from beast.models import build_q_model
+
+    generator = torch.Generator().manual_seed(3)
+    model = build_q_model("auto", NESTED, 3, use_lstm=True, num_atoms=5)
+    output, state = model(nested_inputs(4, 2, 3, generator), model.initial_state(2))
+    assert output.q_logits.shape == (4, 2, 3, 5) and len(state) == 2
+
+
+@pytest.mark.parametrize(
+    "name, obs_shape, fragment",
+    [
+        ("auto", {"grid": (5, 5)}, "observation leaf obs.grid has shape (5, 5)"),
+        ("auto", ((2,), (1, 2, 3, 4)), "observation leaf obs[1] has shape (1, 2, 3, 4)"),
+        ("atari", DICT_CARTPOLE, "the atari model reads one image observation"),
+        ("resnet", NESTED, "the resnet model reads one image observation"),
+    ],
+)
+def test_nested_observations_the_built_in_models_cannot_encode(name, obs_shape, fragment):
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        build_model(name, obs_shape, 2)
+
+
+def test_sac_networks_encode_leaves_and_keep_box_checkpoints():
+    from beast.algos.qpg.networks import ActorCriticQNet
+
+    # A vector Box: the torsos have no parameters, so a checkpoint's keys are as before.
+    box = ActorCriticQNet((3,), 1, hidden_sizes=(8,))
+    assert not any("torso" in key for key in box.state_dict())
+    nested = ActorCriticQNet(NESTED, 2, hidden_sizes=(8,))
+    generator = torch.Generator().manual_seed(4)
+    inputs = nested_inputs(1, 5, 2, generator)
+    outputs, _ = nested(inputs)
+    assert outputs["action_mean"].shape == (1, 5, 2)
+    assert nested.critic(inputs, torch.zeros(1, 5, 2)).shape == (2, 1, 5)
+    # The actor and the critics each have their own conv torso for the image.
+    assert nested.actor_torso.image_keys == nested.critic.torso.image_keys == ["obs[0]"]

@@ -39,6 +39,7 @@ from beast.buffers import (  # noqa: E402
     rollout_spec,
 )
 from beast.config import ConfigError, config_for  # noqa: E402
+from beast.fields import box_obs  # noqa: E402
 from beast.learner import Learner, Stepper, TrainingProgress  # noqa: E402
 from beast.models import build_model  # noqa: E402
 from beast.optim import build_optimizer  # noqa: E402
@@ -182,8 +183,7 @@ def impala_buffers(num_buffers: int, unroll_length: int = 5) -> RolloutBuffers:
     """Rollout slots laid out as an IMPALA learner's for CartPole (no LSTM)."""
     spec = rollout_spec(
         unroll_length=unroll_length,
-        obs_shape=(4,),
-        obs_dtype=np.float32,
+        obs=box_obs((4,), np.float32),
         record=CategoricalPolicy(2).record_spec(),
     )
     return RolloutBuffers(spec, num_buffers)
@@ -229,8 +229,7 @@ def test_env_server_cuts_sequences_for_a_replay_in_the_learner():
     )
     spec = sequence_spec(
         seq_len=4,
-        obs_shape=(4,),
-        obs_dtype=np.float32,
+        obs=box_obs((4,), np.float32),
         record=EpsilonGreedyPolicy(2).record_spec(),
         core_state_shapes=[(1, 64), (1, 64)],
     )

@@ -27,6 +27,7 @@ from beast.checkpoint import (
     load_latest_checkpoint,
     save_checkpoint,
 )
+from beast.fields import box_obs
 from tests.test_learning import CARTPOLE_FLAGS, best_mean_of_100
 from tests.test_monobeast import (
     CARTPOLE_SMALL,
@@ -123,7 +124,7 @@ def wait_for_rows(log, count, proc, timeout=90):
 
 def test_torn_slot_is_detected_and_reclaim_returns_owned_slots():
     record = CategoricalPolicy(2).record_spec()
-    spec = rollout_spec(unroll_length=4, obs_shape=(2,), obs_dtype=np.float32, record=record)
+    spec = rollout_spec(unroll_length=4, obs=box_obs((2,), np.float32), record=record)
     buffers = RolloutBuffers(spec, 4)
     indices = [buffers.free_queue.get(timeout=1) for _ in range(3)]
     buffers.tensors["rollout_id"][indices[0]] = 7  # one rollout wrote every step

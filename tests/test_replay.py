@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from beast.fields import Field
+from beast.fields import Field, box_obs
 from beast.replay import (
     PrioritizedReplay,
     SequenceBuilder,
@@ -39,8 +39,7 @@ RECORD = {"action": Field((), torch.int64)}
 def vector_spec(seq_len, obs_size=3, state_shapes=((1, 4),)):
     return sequence_spec(
         seq_len=seq_len,
-        obs_shape=(obs_size,),
-        obs_dtype=np.float32,
+        obs=box_obs((obs_size,), np.float32),
         record=RECORD,
         core_state_shapes=state_shapes,
     )
@@ -359,8 +358,7 @@ def test_frame_dedup_rebuilds_identical_batches():
     seq_len, overlap = 8, 4
     spec = sequence_spec(
         seq_len=seq_len,
-        obs_shape=(4, 6, 5),
-        obs_dtype=np.uint8,
+        obs=box_obs((4, 6, 5), np.uint8),
         record=RECORD,
         core_state_shapes=[(1, 2)],
     )
@@ -385,7 +383,7 @@ def test_frame_dedup_rebuilds_identical_batches():
 
 
 def test_frame_dedup_rejects_non_sliding_stacks():
-    spec = sequence_spec(seq_len=4, obs_shape=(4, 3, 3), obs_dtype=np.uint8, record=RECORD)
+    spec = sequence_spec(seq_len=4, obs=box_obs((4, 3, 3), np.uint8), record=RECORD)
     replay = PrioritizedReplay(spec, 4, frame_dedup=True)
     seq = filled_sequence(spec, 0)
     seq["obs"] = torch.randint(0, 255, (5, 4, 3, 3), dtype=torch.uint8)
@@ -399,8 +397,7 @@ def test_replay_footprint_atari():
     """R2D2 on Atari: 80-step sequences (81 rows) of uint8 [4, 84, 84], LSTM state 2 x 512."""
     spec = sequence_spec(
         seq_len=80,
-        obs_shape=(4, 84, 84),
-        obs_dtype=np.uint8,
+        obs=box_obs((4, 84, 84), np.uint8),
         record=RECORD,
         core_state_shapes=[(1, 512)] * 2,
     )

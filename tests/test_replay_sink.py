@@ -18,7 +18,7 @@ import torch
 from beast import actor as actor_module
 from beast.actor import Actor, ActorSettings
 from beast.algos.policies import EpsilonGreedyPolicy
-from beast.fields import core_state_shapes
+from beast.fields import box_obs, core_state_shapes
 from beast.inference import LocalPolicy
 from beast.models import build_q_model
 from beast.profile import ACTOR_PHASES, PhaseClock
@@ -34,8 +34,7 @@ def make_sink(*, num_actors=1, seq_len=5, seq_overlap=2, model=None, **kwargs):
     shapes = core_state_shapes(model.initial_state(1)) if model is not None else ()
     spec = sequence_spec(
         seq_len=seq_len,
-        obs_shape=(3,),
-        obs_dtype=np.float32,
+        obs=box_obs((3,), np.float32),
         record=EpsilonGreedyPolicy(3).record_spec(),
         core_state_shapes=shapes,
     )
@@ -115,6 +114,7 @@ class ScriptedEnvBatch:
         self.episode = self.in_episode = 0
         self.obs = np.zeros((num_envs, 3), dtype=np.float32)
         self.obs[:, 0] = np.arange(num_envs)
+        self.obs_arrays = {"obs": self.obs}  # the observation's one leaf (a Box)
         self.reward = np.zeros(num_envs, dtype=np.float32)
         self.done = np.ones(num_envs, dtype=bool)
         self.terminated = np.zeros(num_envs, dtype=bool)

@@ -12,6 +12,7 @@ import torch
 
 from beast.algos.policies import CategoricalPolicy
 from beast.buffers import rollout_spec
+from beast.fields import box_obs
 from beast.rollout_replay import RolloutReplay
 
 UNROLL_LENGTH = 3
@@ -22,8 +23,7 @@ def make_spec():
     # An LSTM-like state of two tensors, so the core_state_i fields are exercised.
     return rollout_spec(
         unroll_length=UNROLL_LENGTH,
-        obs_shape=(5,),
-        obs_dtype=torch.uint8,
+        obs=box_obs((5,), torch.uint8),
         record=CategoricalPolicy(NUM_ACTIONS).record_spec(),
         core_state_shapes=[(1, 6), (1, 6)],
     )

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from beast.fields import Field
+from beast.fields import Field, box_obs
 from beast.native import SumTree
 from beast.transition_replay import (
     RingAppender,
@@ -36,7 +36,7 @@ STACK, H, W = 4, 6, 5
 N_STEP = 3
 NUM_ACTIONS = 6
 RECORD = {"action": Field((), torch.int64)}
-SPEC = step_spec((STACK, H, W), torch.uint8, RECORD)
+SPEC = step_spec(box_obs((STACK, H, W), torch.uint8), RECORD)
 ROW_KEYS = ("reward", "done", "terminated", "truncated", "last_action", "action")
 
 
@@ -264,7 +264,7 @@ def test_samples_match_the_stream(frame_dedup, prioritized, small):
                 written = int(replay.written[e])
                 steps = range(max(0, written - ring + replay.history), written)
                 stacks = replay.observations(
-                    torch.full((len(steps),), e), torch.tensor([s % ring for s in steps])
+                    "obs", torch.full((len(steps),), e), torch.tensor([s % ring for s in steps])
                 )
                 for s, stack in zip(steps, stacks, strict=True):
                     assert torch.equal(stack, torch.from_numpy(streams[e].rows[s].obs))
@@ -345,7 +345,7 @@ def test_atari_footprint(capsys):
     """Bytes per stored Atari transition (obs uint8 [4, 84, 84], int64 actions), with the
     sum-tree leaf: 7,110 with frame dedup, 28,278 without (0.251x); a 1M-transition replay
     takes 7.11e9 B (6.62 GiB) with dedup."""
-    spec = step_spec((4, 84, 84), torch.uint8, RECORD)
+    spec = step_spec(box_obs((4, 84, 84), torch.uint8), RECORD)
     dedup = ring_footprint(spec, frame_dedup=True)
     full = ring_footprint(spec, frame_dedup=False)
     ratio = dedup / full

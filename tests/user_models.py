@@ -106,3 +106,29 @@ class NoInitialState(nn.Module):
 
     def forward(self, inputs, core_state=()):
         return self.inner(inputs, core_state)
+
+
+class DictActorCritic(nn.Module):
+    """For a Dict observation of vectors (DictCartPole-v1): obs_shape is a dict of the
+    leaves' shapes, and inputs["obs"] a dict of [T, B, ...] tensors with the same keys."""
+
+    def __init__(self, obs_shape: dict[str, tuple[int, ...]], num_actions: int) -> None:
+        super().__init__()
+        self.keys = sorted(obs_shape)
+        size = sum(int(torch.tensor(obs_shape[key]).prod()) for key in self.keys)
+        self.hidden = nn.Sequential(nn.Linear(size, 64), nn.ReLU())
+        self.policy = nn.Linear(64, num_actions)
+        self.value = nn.Linear(64, 1)
+
+    def initial_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    def forward(self, inputs, core_state=()):
+        obs = inputs["obs"]
+        T, B = obs[self.keys[0]].shape[:2]
+        x = torch.cat([obs[key].reshape(T * B, -1).float() for key in self.keys], dim=1)
+        x = self.hidden(x)
+        return {
+            "policy_logits": self.policy(x).view(T, B, -1),
+            "baseline": self.value(x).view(T, B),
+        }, ()

@@ -38,7 +38,7 @@ class ActorCriticAlgorithm(Algorithm):
         config, spec = self.config, self.spec
         return build_model(
             config.model,
-            spec.obs_shape,
+            spec.model_obs_shape(),
             spec.num_actions,
             use_lstm=config.use_lstm,
             hidden_size=config.hidden_size,

@@ -287,7 +287,7 @@ class Algorithm(abc.ABC):
             model = self.builtin_model()
         model = self.wrap_model(model)
         if self.config.normalize_obs:
-            model = ObservationNormalizer(model, self.spec.obs_shape)
+            model = ObservationNormalizer(model, self.spec.obs_fields())
         return model
 
     def wrap_model(self, model: nn.Module) -> nn.Module:

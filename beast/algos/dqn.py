@@ -30,6 +30,7 @@ split between its two neighbours in proportion to closeness).
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -58,7 +59,8 @@ from beast.algos.r2d2 import (
     value_rescaling,
 )
 from beast.config import ConfigError, flag
-from beast.models import MODEL_INPUT_KEYS, build_q_model, copy_weights, polyak_update
+from beast.fields import map_inputs, model_inputs
+from beast.models import build_q_model, copy_weights, polyak_update
 from beast.optim import build_optimizer
 
 __all__ = [
@@ -286,7 +288,7 @@ class ExplorationSchedule(nn.Module):
     def forward(self, inputs: Mapping[str, Tensor], core_state: Any = ()) -> Any:
         outputs, core_state = self.model(inputs, core_state)
         outputs = dict(as_outputs(outputs))
-        outputs["epsilon"] = self.epsilon.expand(inputs["obs"].shape[:2])
+        outputs["epsilon"] = self.epsilon.expand(inputs["reward"].shape[:2])
         return outputs, core_state
 
 
@@ -482,8 +484,9 @@ class TransitionQUpdate(TargetNetworkUpdate):
 
     def __call__(self, batch: Batch) -> UpdateInfo:
         data, context = batch.data, self.context
-        step = {key: data[key][:1] for key in MODEL_INPUT_KEYS}
-        bootstrap = {key: data[key][1:] for key in MODEL_INPUT_KEYS}
+        inputs = model_inputs(data)
+        step = map_inputs(operator.itemgetter(slice(None, 1)), inputs)
+        bootstrap = map_inputs(operator.itemgetter(slice(1, None)), inputs)
         if not self.model.training:
             self.model.train()
         with context.autocast():
@@ -610,7 +613,7 @@ class DQN(Algorithm):
     def builtin_model(self) -> nn.Module:
         return build_q_model(
             self.config.model,
-            self.spec.obs_shape,
+            self.spec.model_obs_shape(),
             self.spec.num_actions,
             hidden_size=self.config.hidden_size,
             dueling=self.config.dueling,
@@ -646,7 +649,7 @@ class DQN(Algorithm):
             priority_exponent=config.priority_exponent,
             importance_sampling_exponent=config.importance_sampling_exponent,
             samples_per_insert=config.samples_per_insert,
-            frame_dedup=config.frame_dedup and len(self.spec.obs_shape) == 3,
+            frame_dedup=config.frame_dedup and self.spec.has_images(),
         )
 
     def loss_fn(self, context: LearnerContext) -> Callable[..., QLossOutput]:

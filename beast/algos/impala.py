@@ -76,7 +76,7 @@ from beast.algos.base import (
 )
 from beast.algos.distributions import ActionDistribution, Categorical
 from beast.config import ConfigError, flag
-from beast.fields import core_state
+from beast.fields import core_state, model_inputs
 from beast.optim import build_optimizer
 
 __all__ = [
@@ -376,7 +376,7 @@ class ActorCriticUpdate(Update):
         data, context = batch.data, self.context
         self.model.train()
         with context.autocast():
-            outputs, _ = context.forward(data, core_state(data))
+            outputs, _ = context.forward(model_inputs(data), core_state(data))
         outputs = {key: value.float() for key, value in as_outputs(outputs).items()}
         loss = self.loss_fn(outputs, {**data, "reward": context.scale_rewards(data)})
         context.step(loss.total_loss, self.optimizer, self.model.parameters())

@@ -44,6 +44,7 @@ asynchronous actors").
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -66,8 +67,7 @@ from beast.algos.distributions import ActionDistribution
 from beast.algos.gae import generalized_advantages
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards, step_discounts_and_valid
 from beast.config import ConfigError, flag
-from beast.fields import core_state
-from beast.models import MODEL_INPUT_KEYS
+from beast.fields import core_state, map_inputs, model_inputs
 from beast.optim import build_optimizer
 
 __all__ = [
@@ -322,7 +322,7 @@ class PolicyGradientUpdate(Update):
         config, context, distribution = self.config, self.context, self.distribution
         self.model.eval()
         with context.autocast():
-            outputs, _ = context.forward(data, core_state(data))
+            outputs, _ = context.forward(model_inputs(data), core_state(data))
         outputs = {key: value.float() for key, value in as_outputs(outputs).items()}
         values = outputs["baseline"]
         actions = data["action"][:-1]
@@ -371,21 +371,30 @@ class PolicyGradientUpdate(Update):
         steps 0..T-1 train), targets [T, M].
         """
         T, B = targets.valid.shape
+        inputs = model_inputs(data)
         if self.recurrent:
             order = torch.randperm(B, device=targets.valid.device)
             for columns in order.chunk(self.num_minibatches):
-                inputs = {key: data[key][:, columns] for key in MODEL_INPUT_KEYS}
                 state = tuple(s[:, columns] for s in core_state(data))
                 actions = data["action"][:-1, columns]
-                yield inputs, state, actions, Targets(*(t[:, columns] for t in targets))
+                yield (
+                    map_inputs(operator.itemgetter((slice(None), columns)), inputs),
+                    state,
+                    actions,
+                    Targets(*(t[:, columns] for t in targets)),
+                )
             return
-        flat = {key: data[key][:-1].flatten(0, 1) for key in (*MODEL_INPUT_KEYS, "action")}
+        steps_inputs = map_inputs(lambda value: value[:-1].flatten(0, 1), inputs)
+        flat_actions = data["action"][:-1].flatten(0, 1)
         flat_targets = Targets(*(t.flatten(0, 1) for t in targets))
         order = torch.randperm(T * B, device=targets.valid.device)
         for steps in order.chunk(self.num_minibatches):
-            inputs = {key: flat[key][steps].unsqueeze(0) for key in MODEL_INPUT_KEYS}
-            actions = flat["action"][steps].unsqueeze(0)
-            yield inputs, (), actions, Targets(*(t[steps].unsqueeze(0) for t in flat_targets))
+            yield (
+                map_inputs(operator.itemgetter((None, steps)), steps_inputs),  # [1, M, ...]
+                (),
+                flat_actions[steps].unsqueeze(0),
+                Targets(*(t[steps].unsqueeze(0) for t in flat_targets)),
+            )
 
     def __call__(self, batch: Batch) -> UpdateInfo:
         data, context, config = batch.data, self.context, self.config

@@ -54,6 +54,7 @@ Q(x_t, a_t; theta)``, in the rescaled space the loss lives in.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -75,8 +76,8 @@ from beast.algos.base import (
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.config import ConfigError, flag
-from beast.fields import core_state
-from beast.models import MODEL_INPUT_KEYS, build_q_model, copy_weights
+from beast.fields import core_state, map_inputs, model_inputs
+from beast.models import build_q_model, copy_weights
 from beast.optim import build_optimizer
 
 __all__ = [
@@ -439,16 +440,19 @@ def unroll_with_burn_in(
         q_values [L, B, A] (rows before burn_in detached) and the state after
         the last row.
     """
-    num_rows = inputs["obs"].shape[0]
+    num_rows = inputs["reward"].shape[0]
     if not 0 <= burn_in < num_rows:
         raise ValueError(f"burn_in must be in [0, {num_rows}), got {burn_in}")
     parts = []
     if burn_in > 0:
         with torch.no_grad():
-            output, core_state = model({k: v[:burn_in] for k, v in inputs.items()}, core_state)
+            burn = map_inputs(operator.itemgetter(slice(None, burn_in)), inputs)
+            output, core_state = model(burn, core_state)
         parts.append(as_outputs(output)["q_values"])
         core_state = tuple(s.detach() for s in core_state)
-    output, core_state = model({k: v[burn_in:] for k, v in inputs.items()}, core_state)
+    output, core_state = model(
+        map_inputs(operator.itemgetter(slice(burn_in, None)), inputs), core_state
+    )
     parts.append(as_outputs(output)["q_values"])
     q_values = parts[0] if len(parts) == 1 else torch.cat(parts)
     return q_values, core_state
@@ -594,7 +598,7 @@ class SequenceQUpdate(TargetNetworkUpdate):
 
     def __call__(self, batch: Batch) -> UpdateInfo:
         data, context = batch.data, self.context
-        inputs = {key: data[key] for key in MODEL_INPUT_KEYS}
+        inputs = model_inputs(data)
         state = core_state(data)
         self.model.train()
         with context.autocast():
@@ -655,7 +659,7 @@ class R2D2(Algorithm):
     def builtin_model(self) -> nn.Module:
         return build_q_model(
             self.config.model,
-            self.spec.obs_shape,
+            self.spec.model_obs_shape(),
             self.spec.num_actions,
             use_lstm=True,
             hidden_size=self.config.hidden_size,

@@ -6,10 +6,19 @@
 See `beast.envs.factory` for the names `make` accepts and the wrapper order.
 """
 
-# Imported for its side effect: registers the "MaskedCartPole-v1" id.
-from beast.envs import masked_cartpole  # noqa: F401
+# Imported for their side effect: register "MaskedCartPole-v1", "DictCartPole-v1",
+# "DictPendulum-v1" and "DictGridTarget-v0".
+from beast.envs import dict_classic, grid_target, masked_cartpole  # noqa: F401
 from beast.envs.adapters import OldGymAdapter
 from beast.envs.factory import env_family, make
-from beast.envs.spec import EnvError, EnvSpec, env_spec
+from beast.envs.spec import EnvError, EnvSpec, env_spec, images_not_stacked
 
-__all__ = ["EnvError", "EnvSpec", "OldGymAdapter", "env_family", "env_spec", "make"]
+__all__ = [
+    "EnvError",
+    "EnvSpec",
+    "OldGymAdapter",
+    "env_family",
+    "env_spec",
+    "images_not_stacked",
+    "make",
+]

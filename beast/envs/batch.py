@@ -7,7 +7,12 @@
 Every backend exposes the same arrays, updated in place by `step` (actors keep
 `torch.from_numpy` views of them, so they are never reallocated):
 
-    obs             [K, *obs_shape]  obs_dtype (uint8 [K, 4, 84, 84] for Atari)
+    obs             [K, *obs_shape]  obs_dtype (uint8 [K, 4, 84, 84] for Atari); None for
+                                     a Dict or Tuple observation, whose leaves are in:
+    obs_arrays      {field: [K, ...]} one array per observation leaf, by its field name
+                                     (beast/fields.py): {"obs": obs} for a Box;
+                                     {"obs.image": uint8 [K, 1, 16, 16], "obs.position":
+                                     float32 [K, 2]} for DictGridTarget-v0
     reward          [K] float32      the step's raw reward (losses clip it)
     done            [K] bool         obs starts a new episode (recurrent state resets here);
                                      True for all K before the first step
@@ -105,6 +110,7 @@ from gymnasium.envs.registration import load_env_creator
 from beast.envs import factory
 from beast.envs.factory import make
 from beast.envs.spec import EnvError, EnvSpec, env_spec
+from beast.fields import numpy_dtype
 
 try:  # ale-py >= 0.11 ships the C++ vector env; older releases fall back to "loop"
     from ale_py.vector_env import AtariVectorEnv
@@ -198,9 +204,10 @@ class EnvBatch(abc.ABC):
     Attributes:
         env_name: the name the batch was made from, for error messages.
         num_envs: K.
-        spec: observation shape and dtype and number of actions of each env.
-        obs_shape: `spec.obs_shape`, one observation without the batch axis.
-        obs, reward, done, terminated, truncated, episode_end, episode_return,
+        spec: observation leaves and action space of each env.
+        obs_shape: `spec.obs_shape`, one Box observation without the batch axis (None for
+            a Dict or Tuple observation).
+        obs_arrays, obs, reward, done, terminated, truncated, episode_end, episode_return,
             episode_step, discounted_return: the arrays of the module docstring,
             overwritten in place by every `step`.
     """
@@ -208,8 +215,9 @@ class EnvBatch(abc.ABC):
     env_name: str
     num_envs: int
     spec: EnvSpec
-    obs_shape: tuple[int, ...]
-    obs: np.ndarray
+    obs_shape: tuple[int, ...] | None
+    obs_arrays: dict[str, np.ndarray]
+    obs: np.ndarray | None
     reward: np.ndarray
     done: np.ndarray
     terminated: np.ndarray
@@ -226,7 +234,11 @@ class EnvBatch(abc.ABC):
         self.num_envs = num_envs
         self.spec = spec
         self.obs_shape = spec.obs_shape
-        self.obs = np.zeros((num_envs, *spec.obs_shape), dtype=spec.obs_dtype)
+        self.obs_arrays = {
+            key: np.zeros((num_envs, *f.shape), dtype=numpy_dtype(f.dtype))
+            for key, f in spec.obs_fields().items()
+        }
+        self.obs = self.obs_arrays.get("obs")
         self.reward = np.zeros(num_envs, dtype=np.float32)
         self.done = np.ones(num_envs, dtype=bool)
         self.terminated = np.zeros(num_envs, dtype=bool)
@@ -402,15 +414,21 @@ class LoopEnvBatch(EnvBatch):
                 seed = None if first_seed is None else first_seed + i
                 self.envs.append(make(env_name, seed=seed, episodic_life=episodic_life))
             self._allocate(env_name, num_envs, env_spec(self.envs[0]))
-            # Env i's row of `obs`, as one view object: a frame stack that keeps its
-            # stack in it (Atari) returns this very object, which then needs no copy.
-            self._obs_rows = list(self.obs)
-            for env, row in zip(self.envs, self._obs_rows, strict=True):
-                try:
-                    stack_into = env.get_wrapper_attr("stack_into")
-                except AttributeError:
-                    continue
-                stack_into(row)
+            # Env i's row of each observation leaf, as one view object (0-d for a scalar
+            # leaf): a frame stack that keeps its stack in it (Atari) returns this very
+            # object, which then needs no copy.
+            self._obs_rows = {
+                key: [array[i, ...] for i in range(num_envs)]
+                for key, array in self.obs_arrays.items()
+            }
+            self._box_rows = self._obs_rows.get("obs")  # None for a Dict or Tuple
+            if not self.spec.nested:
+                for env, row in zip(self.envs, self._obs_rows["obs"], strict=True):
+                    try:
+                        stack_into = env.get_wrapper_attr("stack_into")
+                    except AttributeError:
+                        continue
+                    stack_into(row)
             for i, env in enumerate(self.envs):
                 self._store_obs(i, env.reset()[0], "reset")
         except BaseException:
@@ -447,17 +465,25 @@ class LoopEnvBatch(EnvBatch):
             self.truncated[i] = truncated and not terminated
         self._track_discounted_return()
 
-    def _store_obs(self, i: int, obs: np.ndarray, call: str) -> None:
-        row = self._obs_rows[i]
-        if obs is row:  # the env stacked it in place
+    def _store_obs(self, i: int, obs: Any, call: str) -> None:
+        if self._box_rows is not None:
+            self._store_leaf(self._box_rows[i], obs, "obs", call)
             return
-        shape = np.shape(obs)
-        if shape != self.obs_shape:
+        for key, value in self.spec.split_obs(obs).items():
+            self._store_leaf(self._obs_rows[key][i], value, key, call)
+
+    def _store_leaf(self, row: np.ndarray, value: Any, key: str, call: str) -> None:
+        """An observation leaf's value into its env's row (a float leaf cast to float32)."""
+        if value is row:  # the env stacked it in place
+            return
+        shape = np.shape(value)
+        if shape != row.shape:
+            what = "an observation" if key == "obs" else f"an observation leaf {key}"
             raise ValueError(
-                f"env {self.env_name} returned an observation of shape {shape} from {call}(),"
-                f" but its observation_space has shape {self.obs_shape}"
+                f"env {self.env_name} returned {what} of shape {shape} from {call}(),"
+                f" but its observation_space has shape {row.shape}"
             )
-        row[...] = obs
+        row[...] = value
 
     def close(self) -> None:
         envs, self.envs = self.envs, []

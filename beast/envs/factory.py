@@ -110,7 +110,11 @@ def refuse_episodic_life(name: str) -> NoReturn:
 
 
 # Entry points of the "classic" and "mujoco" families' envs.
-_CLASSIC_ENTRY_POINTS = ("gymnasium.envs.classic_control.", "beast.envs.masked_cartpole:")
+_CLASSIC_ENTRY_POINTS = (
+    "gymnasium.envs.classic_control.",
+    "beast.envs.masked_cartpole:",
+    "beast.envs.dict_classic:",
+)
 _MUJOCO_ENTRY_POINTS = ("gymnasium.envs.mujoco.",)
 
 
@@ -121,8 +125,9 @@ def env_family(name: str) -> str | None:
     `configs/<algo>/<family>.yaml` holds the hyperparameters tuned for a family, so
     this decides which defaults a run starts from. "atari" is a Gymnasium id whose entry
     point is ale_py's `AtariEnv` with pixel observations (the ids `make` preprocesses);
-    "classic" is Gymnasium's classic control and beast's MaskedCartPole-v1 (CartPole with
-    hidden velocities, beast.envs.masked_cartpole); "mujoco" is Gymnasium's MuJoCo
+    "classic" is Gymnasium's classic control, beast's MaskedCartPole-v1 (CartPole with
+    hidden velocities, beast.envs.masked_cartpole) and its Dict-observation CartPole and
+    Pendulum (beast.envs.dict_classic); "mujoco" is Gymnasium's MuJoCo
     locomotion (HalfCheetah, Hopper, Walker2d, Ant, Humanoid...: `pip install -e
     ".[mujoco]"`). Anything else, custom `module:Class` envs and unknown ids included,
     has no tuned family: None.

@@ -1,9 +1,14 @@
 """What the rest of beast needs to know about an environment, and the one error type for envs.
 
-Buffers, models and actors are built from an `EnvSpec` (observation shape and dtype,
-the action space: a number of discrete actions, or a bounded float vector) rather than
-from gymnasium spaces, so the space checks live here once: anything beast cannot handle
-yet is refused with a one-line `EnvError` before any process or buffer is allocated.
+Buffers, models and actors are built from an `EnvSpec` (the observation's leaves, each a
+shape and dtype; the action space: a number of discrete actions, or a bounded float
+vector) rather than from gymnasium spaces, so the space checks live here once: anything
+beast cannot handle yet is refused with a one-line `EnvError` before any process or
+buffer is allocated.
+
+Observations: a Box, or Dict and Tuple spaces (nested as deep as you like) whose leaves
+are Boxes. Each leaf is one buffer field (beast/fields.py: "obs" for a Box,
+"obs.position", "obs[0]", ... for the leaves of a Dict or a Tuple).
 """
 
 from __future__ import annotations
@@ -16,9 +21,18 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from beast.fields import Field
+from beast.fields import (
+    Field,
+    ObsPath,
+    box_obs,
+    nest_obs,
+    obs_key,
+    obs_leaf,
+    obs_path,
+    torch_dtype,
+)
 
-__all__ = ["EnvError", "EnvSpec", "env_spec"]
+__all__ = ["EnvError", "EnvSpec", "env_spec", "is_image", "images_not_stacked"]
 
 
 class EnvError(ValueError):
@@ -30,28 +44,78 @@ class EnvError(ValueError):
     """
 
 
+def is_image(shape: tuple[int, ...]) -> bool:
+    """Whether an observation leaf of `shape` is an image, [C, H, W] (a frame stack for
+    Atari): what conv torsos read and replays' frame deduplication stores once per frame."""
+    return len(shape) == 3
+
+
 @dataclass(frozen=True)
 class EnvSpec:
-    """Shape of one observation and the action space, as buffers and models need them.
+    """The observation's leaves and the action space, as buffers and models need them.
 
     Attributes:
-        obs_shape: shape of one observation, e.g. `(4, 84, 84)` for Atari, `(4,)` for
-            CartPole. No batch or time axis.
-        obs_dtype: `uint8` for Atari frames (and other integer Box observations),
-            `float32` for vector observations (`make` casts other float dtypes).
+        obs_shape: a Box observation's shape, e.g. `(4, 84, 84)` for Atari, `(4,)` for
+            CartPole (no batch or time axis); None for a Dict or Tuple observation.
+        obs_dtype: a Box observation's dtype: `uint8` for Atari frames (and other integer
+            Box observations), `float32` for vector observations (`make` casts other float
+            dtypes); None for a Dict or Tuple observation.
         num_actions: a Discrete action space's size (actions `0 .. num_actions - 1`);
             0 for a continuous one.
         action_shape: a continuous (Box) action space's shape, `(d,)`; `()` for Discrete.
         action_low, action_high: a continuous action space's finite bounds, d floats
             each (env batches clip actions to them); `()` for Discrete.
+        nested_obs: a Dict or Tuple observation's leaves, (field name, Field) in the
+            space's order (float leaves as float32); `()` for a Box.
     """
 
-    obs_shape: tuple[int, ...]
-    obs_dtype: np.dtype
+    obs_shape: tuple[int, ...] | None
+    obs_dtype: np.dtype | None
     num_actions: int
     action_shape: tuple[int, ...] = ()
     action_low: tuple[float, ...] = ()
     action_high: tuple[float, ...] = ()
+    nested_obs: tuple[tuple[str, Field], ...] = ()
+
+    @property
+    def nested(self) -> bool:
+        """Whether the observation is a Dict or Tuple (several fields) rather than a Box."""
+        return bool(self.nested_obs)
+
+    def obs_fields(self) -> dict[str, Field]:
+        """One observation's fields as buffers store them: {"obs": Field} for a Box, one
+        field per leaf for a Dict or Tuple."""
+        if self.nested:
+            return dict(self.nested_obs)
+        return box_obs(self.obs_shape, self.obs_dtype)
+
+    def model_obs_shape(self) -> tuple[int, ...] | dict | tuple:
+        """What models are built with (`obs_shape=`): a Box's shape, or the leaves' shapes
+        nested as `inputs["obs"]` is (a dict for a Dict, a tuple for a Tuple)."""
+        if not self.nested:
+            return tuple(self.obs_shape)
+        return nest_obs({key: field.shape for key, field in self.nested_obs})
+
+    def has_images(self) -> bool:
+        """Whether some observation leaf is an image, [C, H, W] (`is_image`)."""
+        return any(is_image(field.shape) for field in self.obs_fields().values())
+
+    def split_obs(self, obs: object) -> dict[str, object]:
+        """An observation as the env returns it -> its leaves by field name (a Box: the
+        observation itself). EnvError, naming the leaf, for one the observation lacks."""
+        if not self.nested:
+            return {"obs": obs}
+        return {key: _leaf(obs, key) for key, _ in self.nested_obs}
+
+    def describe_obs(self) -> str:
+        """For start-up lines: "(4,) float32", or "obs.image (1, 16, 16) uint8, obs.x (2,)
+        float32" for a Dict."""
+        if not self.nested:
+            return f"{self.obs_shape} {self.obs_dtype}"
+        return ", ".join(
+            f"{key} {field.shape} {str(field.dtype).removeprefix('torch.')}"
+            for key, field in self.nested_obs
+        )
 
     @property
     def continuous(self) -> bool:
@@ -87,10 +151,6 @@ class EnvSpec:
 
 # One hint per unsupported space type, so the error says how to get going today.
 _OBS_HINTS: dict[type, str] = {
-    spaces.Dict: "Dict observations are not supported yet; "
-    "flatten them with gymnasium.wrappers.FlattenObservation",
-    spaces.Tuple: "Tuple observations are not supported yet; "
-    "flatten them with gymnasium.wrappers.FlattenObservation",
     spaces.Discrete: "Discrete observations are not supported yet; "
     "one-hot encode them into a Box with an ObservationWrapper",
     spaces.MultiDiscrete: "MultiDiscrete observations are not supported yet; "
@@ -113,7 +173,8 @@ def env_spec(env: gymnasium.Env) -> EnvSpec:
 
     Raises:
         EnvError: an action space that is neither Discrete (starting at 0) nor a 1-D
-            float Box with finite bounds, or an observation space that is not a Box.
+            float Box with finite bounds, or an observation space that is not a Box, or a
+            Dict or Tuple of Boxes.
     """
     action_space = env.action_space
     if isinstance(action_space, spaces.Box):
@@ -134,16 +195,112 @@ def env_spec(env: gymnasium.Env) -> EnvSpec:
         raise EnvError(hint)
 
     obs_space = env.observation_space
+    if isinstance(obs_space, spaces.Dict | spaces.Tuple):
+        leaves = tuple(_obs_leaves(obs_space, ()))
+        return EnvSpec(obs_shape=None, obs_dtype=None, nested_obs=leaves, **action)
     if not isinstance(obs_space, spaces.Box):
         hint = _OBS_HINTS.get(
             type(obs_space),
-            f"observation space {obs_space} is not supported; beast needs a Box observation space",
+            f"observation space {obs_space} is not supported; beast needs a Box, Dict or"
+            " Tuple observation space",
         )
         raise EnvError(hint)
-    dtype = np.dtype(obs_space.dtype)
-    if dtype.kind == "f":
-        dtype = np.dtype(np.float32)
-    return EnvSpec(obs_shape=tuple(int(d) for d in obs_space.shape), obs_dtype=dtype, **action)
+    return EnvSpec(
+        obs_shape=tuple(int(d) for d in obs_space.shape), obs_dtype=_box_dtype(obs_space), **action
+    )
+
+
+def _box_dtype(space: spaces.Box) -> np.dtype:
+    """A Box observation's dtype as buffers store it: floats as float32 (`make` casts a
+    Box; env batches cast a Dict's leaves as they store them)."""
+    dtype = np.dtype(space.dtype)
+    return np.dtype(np.float32) if dtype.kind == "f" else dtype
+
+
+def _obs_leaves(space: spaces.Space, path: ObsPath) -> list[tuple[str, Field]]:
+    """The Box leaves of a Dict or Tuple observation space, depth first in the space's
+    order, as (field name, Field); EnvError naming the first leaf beast cannot store."""
+    key = obs_key(path)
+    if isinstance(space, spaces.Box):
+        if math.prod(space.shape) == 0:
+            raise EnvError(f"observation leaf {key} is an empty Box {space.shape}; drop it")
+        return [(key, Field(tuple(int(d) for d in space.shape), torch_dtype(_box_dtype(space))))]
+    if isinstance(space, spaces.Dict | spaces.Tuple):
+        children = space.spaces.items() if isinstance(space, spaces.Dict) else enumerate(space)
+        children = list(children)
+        if not children:
+            raise EnvError(f"observation {key} is an empty {type(space).__name__}; drop it")
+        leaves: list[tuple[str, Field]] = []
+        for name, child in children:
+            if isinstance(space, spaces.Dict) and not _storable_key(name):
+                raise EnvError(
+                    f"observation {key} has the Dict key {name!r}; beast names each leaf by"
+                    " its path (obs.key), so keys must be non-empty strings without '.', '['"
+                    " or ']': rename it with an ObservationWrapper"
+                )
+            leaves += _obs_leaves(child, (*path, name))
+        return leaves
+    raise EnvError(f"observation leaf {key} is {space}: {_leaf_hint(space)}")
+
+
+def _storable_key(name: object) -> bool:
+    if not isinstance(name, str) or not name:
+        return False
+    try:
+        return obs_path(obs_key((name,))) == (name,)
+    except ValueError:
+        return False
+
+
+def _leaf_hint(space: spaces.Space) -> str:
+    """Why a Dict or Tuple leaf cannot be stored, and what to do instead."""
+    if isinstance(space, spaces.Discrete):
+        return "beast stores Box leaves; one-hot encode it into a Box with an ObservationWrapper"
+    if isinstance(space, spaces.MultiDiscrete | spaces.MultiBinary):
+        return "beast stores Box leaves; cast it to a Box with an ObservationWrapper"
+    if isinstance(space, spaces.Text | spaces.Sequence | spaces.Graph):
+        return (
+            "its size varies from step to step, and beast stores every leaf in fixed-size"
+            " shared-memory arrays; encode it as a fixed-size Box with an ObservationWrapper"
+        )
+    return "beast stores Box leaves only; make it a Box with an ObservationWrapper"
+
+
+def _leaf(obs: object, key: str) -> object:
+    """The value of the leaf `key` in an observation as the env returns it."""
+    try:
+        return obs_leaf(obs, obs_path(key))
+    except (KeyError, IndexError, TypeError):
+        raise EnvError(
+            f"the env returned an observation without its leaf {key}"
+            f" (a {type(obs).__name__} where the observation space has it)"
+        ) from None
+
+
+def images_not_stacked(env: gymnasium.Env, spec: EnvSpec, steps: int = 8) -> list[str]:
+    """The image leaves of `env`'s observation that are not frame stacks, found by playing
+    `steps` random steps from a reset: a stack [k, H, W] slides by one frame a step
+    (obs_t[:-1] == obs_{t-1}[1:] within an episode), which replays' frame deduplication
+    relies on. A camera's RGB channels do not: deduplicated, none of its steps could be
+    rebuilt, and a replay would hold nothing to sample. (One-channel images always
+    slide.)"""
+    keys = [key for key, field in spec.obs_fields().items() if is_image(field.shape)]
+
+    def images(obs: object) -> dict[str, np.ndarray]:
+        leaves = spec.split_obs(obs)
+        return {key: np.array(leaves[key]) for key in keys}  # copies: stacks change in place
+
+    previous = images(env.reset()[0])
+    not_stacked: set[str] = set()
+    for _ in range(steps):
+        obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        current = images(env.reset()[0] if terminated or truncated else obs)
+        if not (terminated or truncated):
+            not_stacked |= {
+                key for key in keys if not np.array_equal(current[key][:-1], previous[key][1:])
+            }
+        previous = current
+    return [key for key in keys if key in not_stacked]
 
 
 def _box_action(space: spaces.Box) -> dict[str, object]:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from beast.actor import env_sources
+from beast.actor import env_sources, policy_inputs
 from beast.engine import build_algorithm
 from beast.envs.batch import make_env_batch
 from beast.inference import LocalPolicy, record_arrays
@@ -131,12 +131,7 @@ class EnvServer:
                 key: value[rows] for key, value in policy.env_params(config.servers * k).items()
             }
             self.policy = LocalPolicy(self.model, policy, k, params)
-            self.inputs = {
-                "obs": torch.from_numpy(self.env_batch.obs),
-                "reward": torch.from_numpy(self.env_batch.reward),
-                "done": torch.from_numpy(self.env_batch.done),
-                "last_action": torch.from_numpy(self.last_action),
-            }
+            self.inputs = policy_inputs(self.env_batch, self.last_action)
             # Rollout ids: a random 31-bit prefix per process and a counter; unique per
             # rollout and per env, as beast/buffers.py's torn-slot check needs.
             self.writer, self.staging = recipe.writer(

@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from beast.algos.base import Policy, as_outputs
+from beast.fields import map_inputs, model_inputs
 from beast.inference import record_arrays
 from beast.poly.config import PolyConfig
 from beast.poly.env_server import EnvServer, Incarnation, RolloutTimes
@@ -501,16 +502,18 @@ class CentralInference(_Feeder):
             if not replies:
                 continue
             start = time.perf_counter()
-            inputs = {
-                key: torch.from_numpy(np.concatenate([s.sources[key] for _, s in replies]))
-                for key in ("obs", "reward", "done", "last_action")
-            }
+            inputs = model_inputs(
+                {
+                    key: torch.from_numpy(np.concatenate([s.sources[key] for _, s in replies]))
+                    for key in replies[0][1].sources
+                }
+            )
             state_in = tuple(
                 torch.cat([s.state[i] for _, s in replies], dim=1)
                 for i in range(len(replies[0][1].state))
             )
             outputs, state_out = self.model(
-                {k: v.to(self.device).unsqueeze(0) for k, v in inputs.items()}, state_in
+                map_inputs(lambda v: v.to(self.device).unsqueeze(0), inputs), state_in
             )
             outputs = as_outputs(outputs)
             self.stats.server_policy_s += time.perf_counter() - start

@@ -213,8 +213,8 @@ class LearnerNode:
 
         log.print(
             f"learner {rank}/{world} on {device} in {precision}"
-            f" ({torch.get_num_threads()} thread(s)): env {config.env} (obs {spec.obs_shape}"
-            f" {spec.obs_dtype}, {spec.describe_actions()}), {run.describe()},"
+            f" ({torch.get_num_threads()} thread(s)): env {config.env} (obs {spec.describe_obs()},"
+            f" {spec.describe_actions()}), {run.describe()},"
             f" policy {config.resolved_policy}"
         )
         if run.progress.step >= local_total:

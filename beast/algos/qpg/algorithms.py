@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import copy
 import math
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -45,7 +46,8 @@ from beast.algos.qpg.functions import (
 )
 from beast.algos.qpg.networks import ActorCriticQNet
 from beast.config import ConfigError, flag
-from beast.models import MODEL_INPUT_KEYS, ModelError, PolyakAverager
+from beast.fields import map_inputs, model_inputs
+from beast.models import ModelError, PolyakAverager
 from beast.normalize import find_observation_normalizer
 from beast.optim import build_optimizer
 
@@ -287,7 +289,7 @@ class ActorCriticQUpdate(Update):
 
     def __call__(self, batch: Batch) -> UpdateInfo:
         data, context, config = batch.data, self.context, self.config
-        inputs = {key: data[key] for key in MODEL_INPUT_KEYS}
+        inputs = model_inputs(data)
         if self.normalizer is not None:
             inputs["obs"] = self.normalizer.normalize(inputs["obs"])
         rewards = context.scale_rewards({**data, "reward": data["n_step_rewards"]})
@@ -328,7 +330,7 @@ class ActorCriticQUpdate(Update):
 
 
 def _rows(inputs: Mapping[str, Tensor], row: int) -> dict[str, Tensor]:
-    return {key: value[row : row + 1] for key, value in inputs.items()}
+    return map_inputs(operator.itemgetter(slice(row, row + 1)), inputs)
 
 
 class TD3Update(ActorCriticQUpdate):
@@ -509,15 +511,17 @@ class DDPG(Algorithm):
 
     def builtin_model(self) -> nn.Module:
         config, spec = self.config, self.spec
-        if config.model not in ("auto", "mlp") or len(spec.obs_shape) != 1:
+        vector = spec.nested or len(spec.obs_shape) == 1
+        if config.model not in ("auto", "mlp") or not vector:
             raise ModelError(
                 f"--algo {config.algo}'s built-in network is an MLP on vector observations"
-                f" (--model auto or mlp), and --env {config.env} has {spec.obs_shape}"
-                f" observations with --model {config.model}; pass --model"
-                " package.module:Name (beast/algos/qpg/networks.py says what it returns)"
+                f" (or a Dict's or Tuple's leaves; --model auto or mlp), and --env"
+                f" {config.env} has {spec.describe_obs()} observations with --model"
+                f" {config.model}; pass --model package.module:Name"
+                " (beast/algos/qpg/networks.py says what it returns)"
             )
         return ActorCriticQNet(
-            spec.obs_shape,
+            spec.model_obs_shape(),
             spec.action_dim,
             hidden_sizes=parse_net_arch(config.net_arch),
             num_critics=self.Args.num_critics,

@@ -2,8 +2,8 @@
 
 The engine acts with ``model(inputs, core_state)``, like any algorithm's network; the
 learner also calls ``model.critic(inputs, actions)``. What a network (built-in, or the
-user's ``--model package.module:Name``, built with ``obs_shape=`` and ``action_dim=``)
-provides:
+user's ``--model package.module:Name``, built with ``obs_shape=`` (for a Dict or Tuple
+observation, the leaves' shapes nested) and ``action_dim=``) provides:
 
     forward(inputs, core_state) -> ({"action_mean": [T, B, d]}, ())
         the actor, before the tanh that puts actions in the unit box (the policy and the
@@ -14,13 +14,17 @@ provides:
     initial_state(batch_size) -> ()
 
 Every parameter outside `critic` is the actor's (its optimizer takes them). Inputs follow
-beast.models' contract; these read only ``inputs["obs"]`` (float vectors).
+beast.models' contract; these read only ``inputs["obs"]``.
 
 The built-in network is Stable-Baselines3's MlpPolicy for these algorithms: separate
 MLPs of ``net_arch`` widths with ReLU for the actor and for each critic (the critic on
 ``[obs, action]``), PyTorch's default initialisation; SAC's actor has a mean and a
 log-std head, the log-std clamped to [-20, 2]. The C critics are one `EnsembleMLP`: a
 batched matrix product per layer evaluates them all, where C separate networks take C.
+A Dict or Tuple observation goes through a `MultiInputTorso` without MLP (its vector
+leaves concatenated, a conv torso per image leaf) before the actor, and through another
+before the critics, as Stable-Baselines3's MultiInputPolicy gives the actor and the
+critics their own CombinedExtractor; for a vector Box that torso is the plain flatten.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
+
+from beast.models import MultiInputTorso, ObsShape, float_obs, time_and_batch
 
 __all__ = ["ActorCriticQNet", "EnsembleMLP", "LOG_STD_MAX", "LOG_STD_MIN"]
 
@@ -79,16 +85,19 @@ class EnsembleMLP(nn.Module):
 
 
 class _Critics(nn.Module):
-    """C critics Q_i(x, a) on ``[flattened obs, action]``: ``(inputs, actions) -> [C, T, B]``."""
+    """C critics Q_i(x, a) on ``[obs features, action]``: ``(inputs, actions) -> [C, T, B]``."""
 
-    def __init__(self, obs_size: int, action_dim: int, hidden: Sequence[int], num_critics: int):
+    def __init__(
+        self, obs_shape: ObsShape, action_dim: int, hidden: Sequence[int], num_critics: int
+    ) -> None:
         super().__init__()
-        self.net = EnsembleMLP(num_critics, [obs_size + action_dim, *hidden, 1])
+        self.torso = MultiInputTorso(obs_shape, hidden_size=None)
+        self.net = EnsembleMLP(num_critics, [self.torso.size + action_dim, *hidden, 1])
 
     def forward(self, inputs: Mapping[str, Tensor], actions: Tensor) -> Tensor:
         obs = inputs["obs"]
-        T, B = obs.shape[:2]
-        x = torch.cat([obs.reshape(T * B, -1).float(), actions.reshape(T * B, -1).float()], 1)
+        T, B = time_and_batch(obs)
+        x = torch.cat([self.torso(float_obs(obs)), actions.reshape(T * B, -1).float()], 1)
         return self.net(x).view(-1, T, B)
 
 
@@ -96,7 +105,8 @@ class ActorCriticQNet(nn.Module):
     """The built-in network (module docstring).
 
     Args:
-        obs_shape: one observation's shape (flattened for the MLPs).
+        obs_shape: one observation's shape (flattened for the MLPs), or a Dict's or
+            Tuple's leaves' shapes, nested (`EnvSpec.model_obs_shape`).
         action_dim: d.
         hidden_sizes: the widths of every MLP's hidden layers (SB3's net_arch).
         num_critics: C (2 for TD3 and SAC, 1 for DDPG).
@@ -105,7 +115,7 @@ class ActorCriticQNet(nn.Module):
 
     def __init__(
         self,
-        obs_shape: Sequence[int],
+        obs_shape: ObsShape,
         action_dim: int,
         *,
         hidden_sizes: Sequence[int] = (256, 256),
@@ -118,12 +128,12 @@ class ActorCriticQNet(nn.Module):
                 f"need action_dim, num_critics and hidden sizes >= 1, got {action_dim},"
                 f" {num_critics}, {tuple(hidden_sizes)}"
             )
-        obs_size = math.prod(obs_shape)
         self.action_dim = action_dim
         self.stochastic = stochastic
         heads = 2 * action_dim if stochastic else action_dim
-        self.actor = _mlp([obs_size, *hidden_sizes, heads])
-        self.critic = _Critics(obs_size, action_dim, hidden_sizes, num_critics)
+        self.actor_torso = MultiInputTorso(obs_shape, hidden_size=None)
+        self.actor = _mlp([self.actor_torso.size, *hidden_sizes, heads])
+        self.critic = _Critics(obs_shape, action_dim, hidden_sizes, num_critics)
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> tuple:
         return ()
@@ -132,8 +142,8 @@ class ActorCriticQNet(nn.Module):
         self, inputs: Mapping[str, Tensor], core_state: tuple = ()
     ) -> tuple[dict[str, Tensor], tuple]:
         obs = inputs["obs"]
-        T, B = obs.shape[:2]
-        out = self.actor(obs.reshape(T * B, -1).float()).view(T, B, -1)
+        T, B = time_and_batch(obs)
+        out = self.actor(self.actor_torso(float_obs(obs))).view(T, B, -1)
         if not self.stochastic:
             return {"action_mean": out}, ()
         mean, log_std = out.split(self.action_dim, dim=-1)
