@@ -16,6 +16,7 @@ import gymnasium
 import numpy as np
 import pytest
 import torch
+from gymnasium.envs.classic_control import CartPoleEnv
 from torch import nn
 
 from beast import envs
@@ -226,8 +227,19 @@ def check_until(evaluator, condition, what):
     wait_for(checked, what)
 
 
+class SlowCartPole(CartPoleEnv):
+    """CartPole whose steps take 20 ms: an evaluation lasts long enough to be killed in."""
+
+    def step(self, action):
+        time.sleep(0.02)
+        return super().step(action)
+
+
 def test_a_killed_evaluator_is_replaced_and_its_snapshot_evaluated_once(tmp_path):
-    evaluator, log = evaluator_for(cartpole_config(tmp_path))
+    # A slow env: on a fast machine 3 CartPole episodes end before the SIGKILL lands, and
+    # the kill would meet an evaluator with nothing outstanding.
+    config = cartpole_config(tmp_path, env="tests.test_evaluator:SlowCartPole")
+    evaluator, log = evaluator_for(config)
     os.makedirs(evaluator.run_dir)
     evaluator.start()
     try:
