@@ -236,7 +236,7 @@ class RunLog:
         run_dir: SAVEDIR/XPID; created if missing.
         config: the merged config as a dict (Config.to_dict()).
         total_steps: for the progress percentage and ETA.
-        stream: where console output goes.
+        stream: where console output goes; sys.stdout at construction by default.
         live: show a live progress bar; default: whether `stream` is a terminal.
         tensorboard: write TensorBoard event files into run_dir.
         evaluation: the run evaluates (--eval_interval): logs.csv has the eval columns.
@@ -248,7 +248,7 @@ class RunLog:
         run_dir: str,
         config: dict[str, Any],
         total_steps: int,
-        stream: TextIO = sys.stdout,
+        stream: TextIO | None = None,
         *,
         live: bool | None = None,
         tensorboard: bool = True,
@@ -257,7 +257,9 @@ class RunLog:
     ) -> None:
         self.run_dir = run_dir
         self.total_steps = total_steps
-        self.stream = stream
+        # sys.stdout as it is now (a notebook, or a caller's redirect_stdout, may have
+        # replaced it since import).
+        self.stream = stream if stream is not None else sys.stdout
         os.makedirs(run_dir, exist_ok=True)
         self._write_run_files(config)
         meta = {
@@ -299,7 +301,7 @@ class RunLog:
         )
         self._last_scalar_row = -float("inf")
         if live is None:
-            live = bool(getattr(stream, "isatty", lambda: False)())
+            live = bool(getattr(self.stream, "isatty", lambda: False)())
         self._progress: Progress | None = None
         if live:
             self._progress = Progress(
@@ -311,7 +313,7 @@ class RunLog:
                 TextColumn("loss {task.fields[loss]}"),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
-                console=Console(file=stream),
+                console=Console(file=self.stream),
                 # rich's speed estimate (SPS, ETA) averages over this many seconds.
                 speed_estimate_period=30.0,
             )

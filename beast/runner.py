@@ -50,7 +50,7 @@ from beast.inference import InferenceServer, InferenceTable
 from beast.learner import NonFiniteError, UpdateStats
 from beast.logs import RunLog
 from beast.profile import format_profile
-from beast.supervisor import ActorPool
+from beast.supervisor import ActorPool, start_actor_server
 from beast.wandb_log import WandbSettings
 
 __all__ = [
@@ -236,6 +236,7 @@ def train(config: Config) -> None:
 
         train_serial(config)
         return
+    start_actor_server()
     run, log = start_run(config)
     config = run.config
     if run.progress.step >= config.total_steps:

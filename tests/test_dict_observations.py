@@ -334,7 +334,19 @@ TOTAL_STEPS = 2000
 # DictCartPole-v1 (CartPole split into position and velocity) unless the algorithm needs
 # continuous actions: DictPendulum-v1.
 CONTINUOUS = ("sac", "td3", "ddpg")
+# The default run takes one algorithm per kind of experience and acting (rollouts,
+# synchronous rollouts, sequences with recurrent state, prioritized transitions with
+# distributional Q, the squashed Gaussian); the rest share those paths and run with
+# `-m slow`, as do the central cells that the local policy's kind already covers.
+DEFAULT_ALGOS = ("impala", "ppo", "r2d2", "rainbow", "sac")
+DEFAULT_CENTRAL = ("r2d2", "sac")
 CENTRAL = ("impala", "r2d2", "ppo", "sac")
+
+
+def default_or_slow(algos, default) -> list:
+    return [
+        pytest.param(algo, marks=[] if algo in default else [pytest.mark.slow]) for algo in algos
+    ]
 
 
 def dict_env(algo: str) -> str:
@@ -358,7 +370,7 @@ def play_checkpoint(tmp_path, xpid: str) -> dict:
     return json.loads((tmp_path / xpid / "test.json").read_text())
 
 
-@pytest.mark.parametrize("algo", list(ALGO_FLAGS))
+@pytest.mark.parametrize("algo", default_or_slow(ALGO_FLAGS, DEFAULT_ALGOS))
 def test_every_algorithm_trains_on_dict_observations_resumes_serially_and_tests(tmp_path, algo):
     """monobeast local, then the run resumed from its checkpoint with --serial (one
     process), then --mode test on the final checkpoint."""
@@ -371,13 +383,13 @@ def test_every_algorithm_trains_on_dict_observations_resumes_serially_and_tests(
     assert summary["episodes"] == 1
 
 
-@pytest.mark.parametrize("algo", CENTRAL)
+@pytest.mark.parametrize("algo", default_or_slow(CENTRAL, DEFAULT_CENTRAL))
 def test_central_inference_on_dict_observations(tmp_path, algo):
     train(tmp_path, "monobeast.py", algo, algo, TOTAL_STEPS, "--policy", "central")
     assert play_checkpoint(tmp_path, algo)["episodes"] == 1
 
 
-@pytest.mark.parametrize("policy", ["local", "central"])
+@pytest.mark.parametrize("policy", [pytest.param("local", marks=pytest.mark.slow), "central"])
 def test_polybeast_on_dict_observations(tmp_path, request, policy):
     address = request.getfixturevalue("ray_address")
     flags = ("--policy", policy, "--ray_address", address)

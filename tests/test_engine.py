@@ -92,9 +92,12 @@ def test_a_model_that_does_not_fit_exits_2_with_one_line(tmp_path):
     assert len(lines) == 1 and "--model atari does not fit --env CartPole-v1" in lines[0]
 
 
+@pytest.mark.slow
 def test_a_user_model_learns_cartpole(tmp_path):
     """IMPALA with configs/impala/classic.yaml and the user's TinyActorCritic; about
-    18 s on 2 cores. Best means of 100 episodes at 300k steps, seeds 1-3: 367, 251, 350
+    18 s on 2 cores. Slow: the default run's check of a user model learning is
+    tests/test_api.py::test_a_model_class_learns_cartpole, whose class becomes the same
+    `module:Class` reference in the actors. Best means of 100 episodes at 300k steps, seeds 1-3: 367, 251, 350
     (asynchronous runs: a seed does not repeat a run exactly)."""
     result = run(
         [

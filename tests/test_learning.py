@@ -80,10 +80,12 @@ def test_cartpole_learns_within_500k_steps(tmp_path):
     assert train_cartpole(tmp_path, 500_000) >= 300
 
 
+@pytest.mark.slow
 def test_dict_cartpole_learns_within_500k_steps(tmp_path):
     # The same check on DictCartPole-v1 (CartPole's observation as a Dict of a position
     # and a velocity leaf): Dict observations through every buffer and the multi-input
-    # model. On 2 cores shared with other runs (load 2.5-3.5) this test took 52 s and
+    # model (slow: the default run's Dict cells in test_dict_observations.py smoke-test
+    # the same path). On 2 cores shared with other runs (load 2.5-3.5) this test took 52 s and
     # the CartPole-v1 one above 49 s, one after the other (at load 6-8: 76 s, and 82 s
     # against 69 s for the learning checks' runs); best means of 100 episodes of seed 1
     # in three runs: 449.5, 453.9 (reaching 400 at 194k and 267k steps) and 465.7. The

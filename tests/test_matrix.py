@@ -11,7 +11,9 @@ actors, sink, learner and checkpoint; learning itself is checked elsewhere
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import os
 import subprocess
@@ -50,7 +52,11 @@ ALGO_FLAGS = {
 ENVS = {"sac": "Pendulum-v1", "td3": "Pendulum-v1", "ddpg": "Pendulum-v1"}
 # Algorithms whose acting and experience are another's, with only their loss differing:
 # they run one cell, and the other runs them all.
-ONE_CELL = {"c51": "rainbow", "td3": "sac", "ddpg": "sac"}
+ONE_CELL = {"c51": "rainbow", "dqn": "rainbow", "td3": "sac", "ddpg": "sac", "a2c": "ppo"}
+# Cells whose code paths other default cells already run, kept for `-m slow`: Rainbow on
+# polybeast is Ape-X's transition replay on the env servers with Rainbow's acting, which
+# its monobeast cells run.
+SLOW_CELLS = {("rainbow", "polybeast.py", "local"), ("rainbow", "polybeast.py", "central")}
 LAYOUT = {
     "monobeast.py": ["--num_actors", "2", "--num_envs_per_actor", "2"],
     "polybeast.py": ["--num_env_servers", "2", "--num_envs_per_server", "2"],
@@ -60,6 +66,17 @@ COMMON += ["--num_threads", "1", "--log_interval", "1", "--total_steps", str(TOT
 
 
 def entry(script: str, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run `script`'s main with `argv`. monobeast.py runs in this process (its output
+    captured): its actors still fork from the fork server, but the run skips a new
+    interpreter's start-up and exit (importing torch and torch._dynamo, ~3 s of a
+    2,000-step cell). polybeast.py runs as a user runs it, a process of its own (Ray
+    drivers do not share a process). Process-level behaviour (signals, orphans, exit
+    codes from a shell) has its own tests (test_monobeast.py, test_reliability.py)."""
+    if script == "monobeast.py":
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            returncode = monobeast.main(argv)
+        return subprocess.CompletedProcess(argv, returncode, stdout.getvalue(), stderr.getvalue())
     return subprocess.run(
         [sys.executable, os.path.join(ROOT, script), *argv],
         capture_output=True,
@@ -89,9 +106,21 @@ def test_the_matrix_covers_every_registered_algorithm():
     assert set(ALGO_FLAGS) == set(ALGORITHMS)
 
 
-@pytest.mark.parametrize("policy", ["local", "central"])
-@pytest.mark.parametrize("script", ["monobeast.py", "polybeast.py"])
-@pytest.mark.parametrize("algo", list(ALGO_FLAGS))
+CELLS = [
+    pytest.param(
+        algo,
+        script,
+        policy,
+        marks=[pytest.mark.slow] if (algo, script, policy) in SLOW_CELLS else [],
+        id=f"{algo}-{script}-{policy}",
+    )
+    for algo in ALGO_FLAGS
+    for script in ("monobeast.py", "polybeast.py")
+    for policy in ("local", "central")
+]
+
+
+@pytest.mark.parametrize("algo, script, policy", CELLS)
 def test_every_algorithm_trains_checkpoints_and_tests_in_every_mode(
     tmp_path, request, algo, script, policy
 ):

@@ -227,7 +227,10 @@ def test_cartpole_learns_while_actors_are_killed(tmp_path):
     rows = read_csv(tmp_path / "kills" / "logs.csv")
     # The invariant: every slot of every batch held exactly one rollout.
     assert int(rows[-1]["torn_rollouts"]) == 0
-    assert best_mean_of_100(tmp_path / "kills") >= 450
+    # Learning goes on through the kills: the floor of the default learning check
+    # (test_learning.py), whose unkilled runs of this config spread from 383 to 493.
+    # A run with kills reached 432 on CI, and random play averages 22.
+    assert best_mean_of_100(tmp_path / "kills") >= 300
     print(f"survived {kills} actor kills ({restarts} restarts logged)")
     assert wait_until_gone(marker) == []
     assert shm_entries() - before == set()
