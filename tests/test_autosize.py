@@ -11,7 +11,8 @@ from beast import autosize, envs
 from beast.config import AUTO, ConfigError, parse_args
 from beast.engine import build_algorithm
 from beast.measure import TrivialModel
-from tests.test_monobeast import CARTPOLE_SMALL, run
+from tests.in_process import run_monobeast
+from tests.test_monobeast import CARTPOLE_SMALL
 
 
 def auto_config(*flags):
@@ -111,7 +112,7 @@ def test_acting_cost_is_a_real_cpu_time_per_step():
 
 def test_monobeast_logs_the_measured_layout(tmp_path):
     flags = ["--num_actors", "auto", "--num_envs_per_actor", "auto", "--total_steps", "3000"]
-    result = run([*CARTPOLE_SMALL, *flags, "--savedir", str(tmp_path), "--xpid", "auto"])
+    result = run_monobeast([*CARTPOLE_SMALL, *flags, "--savedir", str(tmp_path), "--xpid", "auto"])
     assert result.returncode == 0, result.stderr
     assert "--num_envs_per_actor auto: " in result.stdout
     assert "--num_actors auto: " in result.stdout

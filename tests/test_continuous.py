@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from beast.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from tests.in_process import run_monobeast
 from tests.test_monobeast import (
     assert_refused_in_one_line,
     read_csv,
@@ -75,7 +76,7 @@ def test_gaussian_head_trains_with_other_actor_critics(tmp_path, algo):
     argv = ["--algo", algo, *PENDULUM, "--total_steps", "1500"]
     if algo == "laser":
         argv += ["--replay_size", "20"]
-    result = run([*argv, "--savedir", str(tmp_path), "--xpid", algo])
+    result = run_monobeast([*argv, "--savedir", str(tmp_path), "--xpid", algo])
     assert result.returncode == 0, result.stderr
     rows = read_csv(tmp_path / algo / "logs.csv")
     assert int(rows[-1]["step"]) >= 1500
@@ -86,7 +87,7 @@ def test_ppo_on_halfcheetah_picks_the_mujoco_config(tmp_path):
     pytest.importorskip("mujoco")
     argv = ["--algo", "ppo", "--env", "HalfCheetah-v5", "--unroll_length", "64"]
     argv += ["--total_steps", "640", "--num_epochs", "1", "--num_threads", "1"]
-    result = run([*argv, "--savedir", str(tmp_path), "--xpid", "cheetah"])
+    result = run_monobeast([*argv, "--savedir", str(tmp_path), "--xpid", "cheetah"])
     assert result.returncode == 0, result.stderr
     assert "Box(6) actions in [-1, 1]" in result.stdout
     checkpoint = load_checkpoint(str(tmp_path / "cheetah" / CHECKPOINT_NAME))
@@ -100,7 +101,7 @@ def test_ppo_on_halfcheetah_picks_the_mujoco_config(tmp_path):
 def test_a_user_model_with_a_gaussian_head_trains_on_pendulum(tmp_path):
     argv = ["--algo", "ppo", *PENDULUM, "--num_minibatches", "4", "--total_steps", "1000"]
     argv += ["--model", "tests.user_models:TinyGaussianActorCritic"]
-    result = run([*argv, "--savedir", str(tmp_path), "--xpid", "user"])
+    result = run_monobeast([*argv, "--savedir", str(tmp_path), "--xpid", "user"])
     assert result.returncode == 0, result.stderr
     assert int(read_csv(tmp_path / "user" / "logs.csv")[-1]["step"]) >= 1000
 

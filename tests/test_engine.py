@@ -19,6 +19,7 @@ from beast import envs
 from beast.algos import ALGORITHMS
 from beast.config import ConfigError, parse_args
 from beast.engine import build_algorithm, build_checked_model
+from tests.in_process import run_monobeast
 from tests.test_learning import best_mean_of_100
 from tests.test_monobeast import CARTPOLE_SMALL, ROOT, run, start, wait_until_gone
 
@@ -97,8 +98,8 @@ def test_a_user_model_learns_cartpole(tmp_path):
     """IMPALA with configs/impala/classic.yaml and the user's TinyActorCritic; about
     18 s on 2 cores. Slow: the default run's check of a user model learning is
     tests/test_api.py::test_a_model_class_learns_cartpole, whose class becomes the same
-    `module:Class` reference in the actors. Best means of 100 episodes at 300k steps, seeds 1-3: 367, 251, 350
-    (asynchronous runs: a seed does not repeat a run exactly)."""
+    `module:Class` reference in the actors. Best means of 100 episodes at 300k steps,
+    seeds 1-3: 367, 251, 350 (asynchronous runs: a seed does not repeat a run exactly)."""
     result = run(
         [
             "--env",
@@ -185,10 +186,9 @@ def test_serial_runs_every_kind_of_experience(tmp_path, algo):
         flags += ["--seq_len", "10", "--seq_overlap", "5", "--burn_in", "5"]
     if algo == "ppo":  # synchronous: a batch is one rollout of each of the serial envs
         flags += ["--num_minibatches", "2"]
-    result = run(
+    result = run_monobeast(
         ["--algo", algo, *CARTPOLE_SMALL, "--serial", "--total_steps", "2000", *flags]
-        + ["--savedir", str(tmp_path), "--xpid", algo],
-        timeout=120,
+        + ["--savedir", str(tmp_path), "--xpid", algo]
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / algo / "model.tar").is_file()
@@ -196,11 +196,13 @@ def test_serial_runs_every_kind_of_experience(tmp_path, algo):
 
 
 def test_serial_refuses_what_it_cannot_do(tmp_path):
-    central = run([*CARTPOLE_SMALL, "--serial", "--policy", "central", "--savedir", str(tmp_path)])
+    central = run_monobeast(
+        [*CARTPOLE_SMALL, "--serial", "--policy", "central", "--savedir", str(tmp_path)]
+    )
     assert (
         central.returncode == 2 and "--serial acts with the learner's own model" in central.stderr
     )
-    unlimited = run(
+    unlimited = run_monobeast(
         ["--algo", "apex", *CARTPOLE_SMALL, "--serial", "--samples_per_insert", "0"]
         + ["--savedir", str(tmp_path)]
     )

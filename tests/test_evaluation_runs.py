@@ -20,6 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import monobeast
 from beast.logs import EVAL_COLUMNS
+from tests.in_process import run_monobeast
 from tests.test_matrix import ALGO_FLAGS, COMMON, ENVS, LAYOUT
 from tests.test_monobeast import (
     CARTPOLE_SMALL,
@@ -102,7 +103,9 @@ def test_cartpole_eval_rows_at_the_right_steps_and_the_best_checkpoint_loads(tmp
 
 def test_serial_evaluates_inline_at_every_multiple(tmp_path):
     argv = [*CARTPOLE_SMALL, "--serial", "--total_steps", "3000", "--eval_interval", "1000"]
-    result = run([*argv, "--eval_episodes", "2", "--savedir", str(tmp_path), "--xpid", "s"])
+    result = run_monobeast(
+        [*argv, "--eval_episodes", "2", "--savedir", str(tmp_path), "--xpid", "s"]
+    )
     assert result.returncode == 0, result.stderr
     assert "2 episodes between updates" in result.stdout
     _, evals = split_rows(tmp_path / "s")
@@ -121,7 +124,7 @@ def test_every_family_evaluates_and_its_best_checkpoint_tests(tmp_path, algo, po
     argv = ["--algo", algo, "--env", ENVS.get(algo, "CartPole-v1"), *COMMON]
     argv += [*LAYOUT["monobeast.py"], *ALGO_FLAGS[algo], "--policy", policy]
     argv += ["--eval_interval", "1000", "--eval_episodes", "2"]
-    result = run([*argv, "--savedir", str(tmp_path), "--xpid", algo], timeout=240)
+    result = run_monobeast([*argv, "--savedir", str(tmp_path), "--xpid", algo])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     _, evals = split_rows(tmp_path / algo)
     steps = [int(row["eval_step"]) for row in evals]
@@ -217,7 +220,9 @@ def test_bad_evaluation_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
 def test_eval_statistics_in_logs_csv_match_the_episodes(tmp_path):
     """The eval columns are the statistics of the returns the console line lists."""
     argv = [*CARTPOLE_SMALL, "--serial", "--total_steps", "1000", "--eval_interval", "1000"]
-    result = run([*argv, "--eval_episodes", "4", "--savedir", str(tmp_path), "--xpid", "x"])
+    result = run_monobeast(
+        [*argv, "--eval_episodes", "4", "--savedir", str(tmp_path), "--xpid", "x"]
+    )
     assert result.returncode == 0, result.stderr
     (row,) = split_rows(tmp_path / "x")[1]
     best = torch.load(tmp_path / "x" / "model_best.tar", weights_only=True)

@@ -8,8 +8,6 @@ import csv
 import functools
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -27,8 +25,7 @@ from beast.fields import box_obs, core_state, core_state_shapes
 from beast.learner import Learner, Stepper, TrainingProgress
 from beast.models import build_model
 from beast.rollout_replay import RolloutReplay
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.in_process import run_monobeast
 
 LOSS_KWARGS = {
     "discounting": 0.9,
@@ -477,43 +474,11 @@ def test_bad_laser_flags_are_one_line_errors(argv, fragment, capsys):
 
 
 def test_monobeast_with_replay_runs_and_checkpoints(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "monobeast.py"),
-            "--env",
-            "CartPole-v1",
-            "--num_actors",
-            "1",
-            "--num_envs_per_actor",
-            "2",
-            "--unroll_length",
-            "10",
-            "--batch_size",
-            "4",
-            "--algo",
-            "laser",
-            "--replay_ratio",
-            "1",
-            "--replay_size",
-            "50",
-            "--trust_region_threshold",
-            "0.5",
-            "--use_lstm",
-            "--total_steps",
-            "4000",
-            "--num_threads",
-            "1",
-            "--savedir",
-            str(tmp_path),
-            "--xpid",
-            "laser",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    argv = ["--env", "CartPole-v1", "--num_actors", "1", "--num_envs_per_actor", "2"]
+    argv += ["--unroll_length", "10", "--batch_size", "4", "--algo", "laser"]
+    argv += ["--replay_ratio", "1", "--replay_size", "50", "--trust_region_threshold", "0.5"]
+    argv += ["--use_lstm", "--total_steps", "4000", "--num_threads", "1"]
+    result = run_monobeast([*argv, "--savedir", str(tmp_path), "--xpid", "laser"])
     assert result.returncode == 0, result.stderr
     assert "a replay of 50 rollouts" in result.stdout
     with open(tmp_path / "laser" / "logs.csv") as f:

@@ -7,14 +7,11 @@ trajectory is not reproducible; the floors leave room for that.
 
 import csv
 import os
-import subprocess
-import sys
 
 import pytest
 
 from benchmarks.learning_checks import CHECKS, run_check
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.in_process import run_monobeast
 
 # The tuned flags live in configs/impala/classic.yaml, which --env CartPole-v1
 # picks: this checks that the shipped config learns, as a user runs it.
@@ -42,31 +39,9 @@ def train_cartpole(
     algo: str = "impala",
     env: str = "CartPole-v1",
 ) -> float:
-    result = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "monobeast.py"),
-            "--algo",
-            algo,
-            *CARTPOLE_FLAGS,
-            "--env",  # the last --env counts
-            env,
-            "--total_steps",
-            str(total_steps),
-            "--seed",
-            str(seed),
-            "--policy",
-            policy,
-            "--savedir",
-            str(tmp_path),
-            "--xpid",
-            "cartpole",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
+    argv = ["--algo", algo, *CARTPOLE_FLAGS, "--env", env]  # the last --env counts
+    argv += ["--total_steps", str(total_steps), "--seed", str(seed), "--policy", policy]
+    result = run_monobeast([*argv, "--savedir", str(tmp_path), "--xpid", "cartpole"])
     assert result.returncode == 0, result.stderr
     return best_mean_of_100(tmp_path / "cartpole")
 

@@ -11,9 +11,7 @@ actors, sink, learner and checkpoint; learning itself is checked elsewhere
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
 import json
 import os
 import subprocess
@@ -24,6 +22,7 @@ import torch
 
 import monobeast
 from beast.algos import ALGORITHMS
+from tests.in_process import run_monobeast
 from tests.test_monobeast import ROOT
 
 TOTAL_STEPS = 2000
@@ -66,17 +65,10 @@ COMMON += ["--num_threads", "1", "--log_interval", "1", "--total_steps", str(TOT
 
 
 def entry(script: str, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """Run `script`'s main with `argv`. monobeast.py runs in this process (its output
-    captured): its actors still fork from the fork server, but the run skips a new
-    interpreter's start-up and exit (importing torch and torch._dynamo, ~3 s of a
-    2,000-step cell). polybeast.py runs as a user runs it, a process of its own (Ray
-    drivers do not share a process). Process-level behaviour (signals, orphans, exit
-    codes from a shell) has its own tests (test_monobeast.py, test_reliability.py)."""
+    """Run `script`'s main with `argv`: monobeast.py in this process (tests/in_process.py),
+    polybeast.py as a user runs it, a process of its own (a Ray driver each)."""
     if script == "monobeast.py":
-        stdout, stderr = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            returncode = monobeast.main(argv)
-        return subprocess.CompletedProcess(argv, returncode, stdout.getvalue(), stderr.getvalue())
+        return run_monobeast(argv)
     return subprocess.run(
         [sys.executable, os.path.join(ROOT, script), *argv],
         capture_output=True,

@@ -18,6 +18,8 @@ import gymnasium
 import numpy as np
 import pytest
 
+from tests.in_process import run_monobeast
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MONOBEAST = os.path.join(ROOT, "monobeast.py")
 
@@ -245,7 +247,7 @@ def test_ctrl_c_stops_everything_within_10s(tmp_path, algo_flags):
 def test_old_gym_api_env_learns_through_the_adapter(tmp_path):
     # OldStyleEnv (tests/test_envs.py): old gym API, reward = action, 5 steps.
     # Always choosing action 1 scores 5; a uniform policy scores 2.5.
-    result = run(
+    result = run_monobeast(
         [
             *CARTPOLE_SMALL,
             "--env",
@@ -261,7 +263,7 @@ def test_old_gym_api_env_learns_through_the_adapter(tmp_path):
         ]
     )
     assert result.returncode == 0, result.stderr
-    tested = run(
+    tested = run_monobeast(
         ["--mode", "test", "--savedir", str(tmp_path), "--xpid", "old", "--num_test_episodes", "20"]
     )
     assert tested.returncode == 0, tested.stderr

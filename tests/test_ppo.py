@@ -329,13 +329,14 @@ def test_recurrent_minibatches_keep_whole_rollouts_with_their_stored_state():
 
 
 def test_ppo_with_an_lstm_trains_through_monobeast(tmp_path):
-    from tests.test_monobeast import read_csv, run
+    from tests.in_process import run_monobeast
+    from tests.test_monobeast import read_csv
 
     argv = ["--algo", "ppo", "--env", "CartPole-v1", "--use_lstm", "--model", "mlp"]
     argv += ["--num_actors", "2", "--num_envs_per_actor", "2", "--batch_size", "4"]
     argv += ["--unroll_length", "16", "--num_minibatches", "2", "--num_epochs", "2"]
     argv += ["--num_threads", "1", "--total_steps", "1500"]
-    result = run([*argv, "--savedir", str(tmp_path), "--xpid", "lstm"])
+    result = run_monobeast([*argv, "--savedir", str(tmp_path), "--xpid", "lstm"])
     assert result.returncode == 0, result.stderr
     rows = read_csv(tmp_path / "lstm" / "logs.csv")
     assert int(rows[-1]["step"]) >= 1500 and all(math.isfinite(float(r["pg_loss"])) for r in rows)

@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 from beast.profile import ACTOR_PHASES, LEARNER_PHASES, PhaseClock, format_profile, shared_counters
-from tests.test_monobeast import CARTPOLE_SMALL, run
+from tests.in_process import run_monobeast
+from tests.test_monobeast import CARTPOLE_SMALL
 
 
 def test_clock_adds_each_interval_to_the_phase_named_at_its_end():
@@ -38,7 +39,7 @@ def test_format_profile_gives_shares_and_per_update_times():
 
 
 def test_monobeast_profile_prints_a_breakdown_at_the_end(tmp_path):
-    result = run(
+    result = run_monobeast(
         [*CARTPOLE_SMALL, "--total_steps", "3000", "--profile"]
         + ["--savedir", str(tmp_path), "--xpid", "profile"]
     )

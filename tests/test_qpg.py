@@ -36,7 +36,8 @@ from beast.engine import build_algorithm
 from beast.envs import EnvSpec
 from beast.learner import Stepper, TrainingProgress
 from beast.models import PolyakAverager
-from tests.test_monobeast import assert_refused_in_one_line, run
+from tests.in_process import run_monobeast
+from tests.test_monobeast import assert_refused_in_one_line
 
 # 1. The numerics, against per-element loops.
 
@@ -416,7 +417,7 @@ def test_utd_ratio_holds_through_a_run(tmp_path):
     argv += ["--num_envs_per_actor", "2", "--batch_size", str(batch), "--net_arch", "16,16"]
     argv += ["--utd_ratio", str(utd), "--learning_starts", str(starts), "--num_threads", "1"]
     argv += ["--total_steps", str(total), "--savedir", str(tmp_path), "--xpid", "utd"]
-    result = run(argv)
+    result = run_monobeast(argv)
     assert result.returncode == 0, result.stderr
     checkpoint = torch.load(tmp_path / "utd" / "model.tar", weights_only=True)
     steps, updates = checkpoint["step"], checkpoint["progress"]["num_updates"]

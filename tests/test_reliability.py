@@ -28,6 +28,7 @@ from beast.checkpoint import (
     save_checkpoint,
 )
 from beast.fields import box_obs
+from tests.in_process import run_monobeast
 from tests.test_learning import CARTPOLE_FLAGS, best_mean_of_100
 from tests.test_monobeast import (
     CARTPOLE_SMALL,
@@ -286,26 +287,26 @@ def test_resume_falls_back_from_a_corrupt_checkpoint(tmp_path):
         "--xpid",
         "corrupt",
     ]
-    assert run([*argv, "--total_steps", "6000"]).returncode == 0
+    assert run_monobeast([*argv, "--total_steps", "6000"]).returncode == 0
     newest = tmp_path / "corrupt" / CHECKPOINT_NAME
     assert (tmp_path / "corrupt" / PREVIOUS_CHECKPOINT_NAME).is_file()
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
-    result = run([*argv, "--total_steps", "9000"])
+    result = run_monobeast([*argv, "--total_steps", "9000"])
     assert result.returncode == 0, result.stderr
     assert "the newest checkpoint is unusable" in result.stdout
     assert f"from {tmp_path / 'corrupt' / PREVIOUS_CHECKPOINT_NAME}" in result.stdout
 
     for name in (CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME):
         (tmp_path / "corrupt" / name).write_bytes(b"not a checkpoint")
-    result = run([*argv, "--total_steps", "12000"])
+    result = run_monobeast([*argv, "--total_steps", "12000"])
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "cannot load checkpoint" in result.stderr
 
 
 def test_resume_with_a_different_model_names_the_mismatch(tmp_path):
     argv = [*CARTPOLE_SMALL, "--total_steps", "2000", "--savedir", str(tmp_path), "--xpid", "m"]
-    assert run(argv).returncode == 0
-    result = run([*argv, "--use_lstm"])
+    assert run_monobeast(argv).returncode == 0
+    result = run_monobeast([*argv, "--use_lstm"])
     assert result.returncode == 2
     assert "--use_lstm False in the checkpoint, True now" in result.stderr.strip()
 
