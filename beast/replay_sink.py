@@ -45,6 +45,7 @@ from __future__ import annotations
 import abc
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,15 @@ _POLL_SECONDS = 0.2
 # one that falls further behind than half of it loses the oldest (counted), so a
 # reader never reads a row the writer is overwriting.
 EPISODE_RING_SIZE = 4096
+
+
+def tensor_view(array: np.ndarray) -> torch.Tensor:
+    """A tensor on `array`'s memory without a copy. Arrays that arrive from Ray are
+    read-only views of its object store, for which torch warns that writing through
+    the tensor is undefined; the replay only copies from it into its own storage."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 class ReplaySink(abc.ABC):
@@ -306,7 +316,7 @@ class SequenceSink(ReplaySink):
         for i in range(count):
             if not self.wait_for_room(1, stop.is_set):
                 return False
-            self.replay.add({key: torch.from_numpy(value[i]) for key, value in sequences.items()})
+            self.replay.add({key: tensor_view(value[i]) for key, value in sequences.items()})
             self.inserted[row] += 1
         self.env_steps[row] += int(payload["env_steps"])
         for episode_return, length in zip(

@@ -1,9 +1,11 @@
 """Every algorithm in every mode: {impala, laser, r2d2, apex, ppo, a2c, dqn, c51, rainbow,
 sac, td3, ddpg} x {monobeast local, monobeast central, polybeast local, polybeast
 central}. Each runs a short CartPole training (Pendulum for the continuous-action
-algorithms) through its entry point, as a user runs it, writes a checkpoint,
-and `--mode test` loads that checkpoint and plays an episode with the algorithm's
-evaluation policy.
+algorithms) through its entry point's main with the user's flags (in this process:
+tests/in_process.py), writes a checkpoint, and `--mode test` loads that checkpoint and
+plays an episode with the algorithm's evaluation policy. Algorithms that share another's
+acting and experience run one cell (ONE_CELL); cells that other default cells cover run
+with `-m slow` (SLOW_CELLS).
 
 The runs are small (a few thousand steps, tiny replays) but real: the algorithm's own
 actors, sink, learner and checkpoint; learning itself is checked elsewhere
@@ -13,17 +15,14 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
 
 import monobeast
 from beast.algos import ALGORITHMS
-from tests.in_process import run_monobeast
-from tests.test_monobeast import ROOT
+from tests.in_process import run_monobeast, run_polybeast
 
 TOTAL_STEPS = 2000
 # Small enough for smoke runs: replays learn from their 20th sequence.
@@ -64,19 +63,10 @@ COMMON = ["--unroll_length", "10", "--batch_size", "4"]
 COMMON += ["--num_threads", "1", "--log_interval", "1", "--total_steps", str(TOTAL_STEPS)]
 
 
-def entry(script: str, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """Run `script`'s main with `argv`: monobeast.py in this process (tests/in_process.py),
-    polybeast.py as a user runs it, a process of its own (a Ray driver each)."""
-    if script == "monobeast.py":
-        return run_monobeast(argv)
-    return subprocess.run(
-        [sys.executable, os.path.join(ROOT, script), *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
+def entry(script: str, argv: list[str]) -> subprocess.CompletedProcess:
+    """Run `script`'s main with `argv` in this process (tests/in_process.py): polybeast.py
+    joins the module's Ray cluster."""
+    return run_monobeast(argv) if script == "monobeast.py" else run_polybeast(argv)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +114,7 @@ def test_every_algorithm_trains_checkpoints_and_tests_in_every_mode(
     argv += ["--policy", policy]
     if script == "polybeast.py":
         argv += ["--ray_address", request.getfixturevalue("ray_address")]
-    trained = entry(script, [*argv, "--savedir", str(tmp_path), "--xpid", xpid], timeout=240)
+    trained = entry(script, [*argv, "--savedir", str(tmp_path), "--xpid", xpid])
     output = trained.stdout + trained.stderr
     assert trained.returncode == 0, output[-3000:]
     assert f"reached total_steps {TOTAL_STEPS:,}" in output
