@@ -64,7 +64,7 @@ from beast.evaluate import play_episodes
 from beast.inference import LocalPolicy
 from beast.learner import UpdateStats
 from beast.models import copy_weights
-from beast.supervisor import RestartWindow, stop_processes
+from beast.supervisor import RestartWindow, actor_context, stop_processes
 from beast.threads import process_alive
 
 if TYPE_CHECKING:
@@ -417,7 +417,7 @@ class Evaluator(Evaluation):
 
     def __init__(self, run: Run, log: RunLog, step: int) -> None:
         super().__init__(run, log, step)
-        self.ctx = mp.get_context("forkserver")
+        self.ctx = actor_context()  # the actors' fork server
         snapshot = build_checked_model(run.algorithm)
         snapshot.share_memory()
         self.channel = EvalChannel(self.ctx, snapshot, run.config.eval_episodes)
