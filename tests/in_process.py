@@ -23,10 +23,14 @@ import polybeast
 
 
 def run_main(main: Callable[[list[str]], int], argv: list[str]) -> subprocess.CompletedProcess:
-    """main(argv), its stdout and stderr captured, as subprocess.run returns them."""
+    """main(argv), its stdout and stderr captured, as subprocess.run returns them (argparse
+    exits with SystemExit: its code is the return code)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        returncode = main(argv)
+        try:
+            returncode = main(argv)
+        except SystemExit as exit:
+            returncode = exit.code
     return subprocess.CompletedProcess(argv, returncode, stdout.getvalue(), stderr.getvalue())
 
 

@@ -158,7 +158,7 @@ def test_monobeast_without_envpool_is_one_line_and_exit_2(tmp_path, monkeypatch)
     )
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(shadow.parent), ROOT]))
     argv = ["--env", "PongNoFrameskip-v4", "--env_backend", "envpool"]
-    assert_refused_in_one_line(tmp_path, argv, "pip install envpool")
+    assert_refused_in_one_line(tmp_path, argv, "pip install envpool", process=True)
 
 
 def test_monobeast_refuses_an_env_envpool_cannot_run(tmp_path):

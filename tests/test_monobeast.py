@@ -7,6 +7,7 @@ and /dev/shm must hold no new segment.
 
 import csv
 import json
+import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -188,18 +189,34 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
     assert_refused_in_one_line(tmp_path, argv, fragment)
 
 
-def assert_refused_in_one_line(tmp_path, argv: list[str], fragment: str) -> None:
+def test_bad_input_from_a_shell_is_one_line_exit_2_and_leaves_nothing(tmp_path):
+    assert_refused_in_one_line(tmp_path, ["--env", "NoSuchEnv-v0"], "NoSuchEnv-v0", process=True)
+
+
+def assert_refused_in_one_line(tmp_path, argv: list[str], fragment: str, process=False) -> None:
     """monobeast.py with `argv` exits 2 with one stderr line holding `fragment`, and leaves
-    no process or shared-memory segment behind."""
-    marker = uuid.uuid4().hex
-    before = shm_entries()
-    result = run([*argv, "--savedir", str(tmp_path)], timeout=60, marker=marker)
+    no process or shared-memory segment behind.
+
+    In the test process by default (`tests/in_process.py`): no actor process it started
+    may be left, and no new /dev/shm entry. With `process`, as a process from a shell,
+    for what only a new interpreter shows (its exit status, imports it cannot make)."""
+    if process:
+        marker = uuid.uuid4().hex
+        before = shm_entries()
+        result = run([*argv, "--savedir", str(tmp_path)], timeout=60, marker=marker)
+        assert wait_until_gone(marker) == []
+        assert shm_entries() - before == set()
+    else:
+        started = {child.pid for child in mp.active_children()}
+        before = set(os.listdir("/dev/shm"))
+        result = run_monobeast([*argv, "--savedir", str(tmp_path)])
+        assert {child.pid for child in mp.active_children()} <= started
+        new = set(os.listdir("/dev/shm")) - before
+        assert {name for name in new if not name.startswith("sem.")} == set()
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], result.stderr
     assert lines[0].startswith("monobeast.py: error:")
-    assert wait_until_gone(marker) == []
-    assert shm_entries() - before == set()
 
 
 # PPO with a central policy: synchronous actors, two lanes each, waiting on their slots.
