@@ -16,8 +16,9 @@ import torch
 
 from beast.config import parse_args
 from beast.runner import start_run
+from tests.in_process import run_monobeast
 from tests.test_monobeast import CARTPOLE_SMALL, read_csv, start, wait_until_gone
-from tests.test_r2d2_monobeast import R2D2_SMALL, run
+from tests.test_r2d2_monobeast import R2D2_SMALL
 
 LASER_SMALL = ["--algo", "laser", *CARTPOLE_SMALL, "--replay_size", "50", "--batch_size", "4"]
 RAINBOW_SMALL = ["--algo", "rainbow", *CARTPOLE_SMALL, "--replay_size", "400"]
@@ -26,8 +27,8 @@ RAINBOW_SMALL += ["--learning_starts", "20", "--samples_per_insert", "0.5"]
 SAC_SMALL = ["--algo", "sac", "--env", "Pendulum-v1", "--num_actors", "1"]
 SAC_SMALL += ["--num_envs_per_actor", "2", "--batch_size", "16", "--net_arch", "32,32"]
 SAC_SMALL += ["--replay_size", "4000", "--learning_starts", "50", "--num_threads", "1"]
-SAC_SMALL += ["--log_interval", "0.2"]
 RUNS = {"r2d2": R2D2_SMALL, "laser": LASER_SMALL, "rainbow": RAINBOW_SMALL, "sac": SAC_SMALL}
+RUNS = {algo: [*argv, "--log_interval", "0.2"] for algo, argv in RUNS.items()}
 RING_REPLAYS = ("rainbow", "sac")
 
 
@@ -103,7 +104,7 @@ def test_sigterm_then_resume_restores_the_replay_as_saved(tmp_path, algo):
         run_.source.close()
 
     # And the resumed run goes on from it.
-    resumed = run(
+    resumed = run_monobeast(
         [*argv, "--total_steps", str(checkpoint["step"] + 2000)]
         + ["--savedir", str(tmp_path), "--xpid", algo]
     )
@@ -111,7 +112,7 @@ def test_sigterm_then_resume_restores_the_replay_as_saved(tmp_path, algo):
     assert "restored replay of" in resumed.stdout
     if algo == "laser":  # and a user who prefers a cold replay can have one
         step = torch.load(tmp_path / algo / "model.tar", weights_only=True)["step"]
-        cold = run(
+        cold = run_monobeast(
             [*argv, "--no-checkpoint_replay", "--total_steps", str(step + 500)]
             + ["--savedir", str(tmp_path), "--xpid", algo]
         )
