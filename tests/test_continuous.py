@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import uuid
 
 import pytest
 
@@ -15,9 +14,7 @@ from tests.in_process import run_monobeast
 from tests.test_monobeast import (
     assert_refused_in_one_line,
     read_csv,
-    run,
     shm_entries,
-    wait_until_gone,
 )
 
 PENDULUM = ["--env", "Pendulum-v1", "--num_actors", "2", "--num_envs_per_actor", "2"]
@@ -31,12 +28,11 @@ def normaliser_count(checkpoint: dict) -> float:
 
 @pytest.mark.parametrize("policy", ["local", "central"])
 def test_ppo_on_pendulum_normalises_checkpoints_resumes_and_tests(tmp_path, policy):
-    marker = uuid.uuid4().hex
     before = shm_entries()
     argv = ["--algo", "ppo", *PENDULUM, "--policy", policy, "--num_minibatches", "4"]
     argv += ["--num_epochs", "2", "--normalize_obs", "--normalize_reward"]
     argv += ["--savedir", str(tmp_path), "--xpid", "pendulum"]
-    result = run([*argv, "--total_steps", "2000"], marker=marker)
+    result = run_monobeast([*argv, "--total_steps", "2000"])
     assert result.returncode == 0, result.stderr
     assert "Box(1) actions in [-2, 2]" in result.stdout
     first = load_checkpoint(str(tmp_path / "pendulum" / CHECKPOINT_NAME))
@@ -48,7 +44,7 @@ def test_ppo_on_pendulum_normalises_checkpoints_resumes_and_tests(tmp_path, poli
     # The Gaussian head's state-independent log-std is a trained parameter.
     assert first["model_state_dict"]["model.log_std"].shape == (1,)
 
-    resumed = run([*argv, "--total_steps", "4000"], marker=marker)
+    resumed = run_monobeast([*argv, "--total_steps", "4000"])
     assert resumed.returncode == 0, resumed.stderr
     assert f"at step {first['progress']['step']:,}" in resumed.stdout
     final = load_checkpoint(str(tmp_path / "pendulum" / CHECKPOINT_NAME))
@@ -58,10 +54,9 @@ def test_ppo_on_pendulum_normalises_checkpoints_resumes_and_tests(tmp_path, poli
     assert float(final["reward_scaler"]["count"]) > float(first["reward_scaler"]["count"])
     steps = [int(row["step"]) for row in read_csv(tmp_path / "pendulum" / "logs.csv")]
     assert steps == sorted(steps)
-    assert wait_until_gone(marker) == []
     assert shm_entries() - before == set()
 
-    tested = run(
+    tested = run_monobeast(
         ["--mode", "test", "--savedir", str(tmp_path), "--xpid", "pendulum"]
         + ["--num_test_episodes", "2"]
     )
