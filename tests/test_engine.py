@@ -142,13 +142,20 @@ def children(pid: int) -> dict[int, str]:
     return found
 
 
-def test_serial_learns_cartpole_in_one_process(tmp_path):
+@pytest.mark.parametrize(
+    "total_steps, floor",
+    [
+        pytest.param(100_000, 100, id="100k"),  # seed 1: 159.5 (random play: 22)
+        pytest.param(200_000, 200, id="200k", marks=pytest.mark.slow),
+    ],
+)
+def test_serial_learns_cartpole_in_one_process(tmp_path, total_steps, floor):
     """--serial: the actor's envs and the learner take turns in the main thread; no
     worker process is ever started (checked every 50 ms while it runs: the only children
     are the run log's short `git` calls for the run's metadata; a child seen for 0.5 s
-    that is not git would be a worker). One process and one
-    torch thread make the run repeatable: best means of 100 episodes at 200k steps were
-    302, 305 and 337 (seeds 1-3), in 12 s each; 236, 302 and 296 with fused Adam."""
+    that is not git would be a worker). One process and one torch thread make the run
+    repeatable: best means of 100 episodes at 200k steps were 302, 305 and 337 (seeds
+    1-3), in 12 s each; 236, 302 and 296 with fused Adam. Seed 1 had 159.5 at 100k."""
     marker = uuid.uuid4().hex
     proc = start(
         [
@@ -156,7 +163,7 @@ def test_serial_learns_cartpole_in_one_process(tmp_path):
             "CartPole-v1",
             "--serial",
             "--total_steps",
-            "200000",
+            str(total_steps),
             "--seed",
             "1",
             "--num_threads",
@@ -182,7 +189,7 @@ def test_serial_learns_cartpole_in_one_process(tmp_path):
     workers = {pid: name for pid, name in workers.items() if name != "git"}
     assert workers == {}, workers
     assert "2 actors" not in out and "1 actors x 4 envs" in out
-    assert best_mean_of_100(tmp_path / "serial") >= 200
+    assert best_mean_of_100(tmp_path / "serial") >= floor
     assert wait_until_gone(marker) == []
 
 

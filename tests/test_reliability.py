@@ -183,14 +183,29 @@ def test_checkpoint_that_would_run_code_is_refused(tmp_path):
 # --- End to end ---------------------------------------------------------------------
 
 
-def test_cartpole_learns_while_actors_are_killed(tmp_path):
+@pytest.mark.parametrize(
+    "total_steps, gaps, least_kills, floor",
+    [
+        # The default run: a kill every 0.25 s on average through a short run.
+        pytest.param(100_000, (0.1, 0.4), 10, None, id="survives"),
+        # And learning goes on through them: the floor of the default learning check
+        # (test_learning.py), whose unkilled runs of this config spread from 383 to 493.
+        # A run with kills reached 432 on CI, and random play averages 22. A kill every
+        # 0.5 s on average: at least 20 of them land even when the run is fast (CI once
+        # finished 500k steps after 19 slower kills).
+        pytest.param(500_000, (0.2, 0.8), 20, 300, id="learns", marks=pytest.mark.slow),
+    ],
+)
+def test_cartpole_run_survives_actor_kills(tmp_path, total_steps, gaps, least_kills, floor):
+    """Actors SIGKILLed at random: each is replaced, every batch slot still holds exactly
+    one rollout, the run ends normally and leaves nothing behind."""
     marker = uuid.uuid4().hex
     before = shm_entries()
     proc = start(
         [
             *CARTPOLE_FLAGS,
             "--total_steps",
-            "500000",
+            str(total_steps),
             "--max_actor_restarts",
             "1000",
             "--savedir",
@@ -207,9 +222,7 @@ def test_cartpole_learns_while_actors_are_killed(tmp_path):
     try:
         wait_for_rows(tmp_path / "kills" / "logs.csv", 1, proc)
         while proc.poll() is None:
-            # A kill every 0.5 s on average: at least 20 of them land even when
-            # the run is fast (CI once finished 500k steps after 19 slower kills).
-            time.sleep(rng.uniform(0.2, 0.8))
+            time.sleep(rng.uniform(*gaps))
             pids = actor_pids(proc.pid)
             if pids:
                 try:
@@ -222,16 +235,15 @@ def test_cartpole_learns_while_actors_are_killed(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err
-    assert kills >= 20, f"only {kills} kills happened"
+    assert kills >= least_kills, f"only {kills} kills happened"
     restarts = out.count("killed by SIGKILL")
     assert restarts >= kills - 2, (kills, restarts)  # the last kills may land during shutdown
     rows = read_csv(tmp_path / "kills" / "logs.csv")
+    assert int(rows[-1]["step"]) >= total_steps
     # The invariant: every slot of every batch held exactly one rollout.
     assert int(rows[-1]["torn_rollouts"]) == 0
-    # Learning goes on through the kills: the floor of the default learning check
-    # (test_learning.py), whose unkilled runs of this config spread from 383 to 493.
-    # A run with kills reached 432 on CI, and random play averages 22.
-    assert best_mean_of_100(tmp_path / "kills") >= 300
+    if floor is not None:
+        assert best_mean_of_100(tmp_path / "kills") >= floor
     print(f"survived {kills} actor kills ({restarts} restarts logged)")
     assert wait_until_gone(marker) == []
     assert shm_entries() - before == set()
