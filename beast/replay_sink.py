@@ -85,13 +85,11 @@ _POLL_SECONDS = 0.2
 EPISODE_RING_SIZE = 4096
 
 
-def tensor_view(array: np.ndarray) -> torch.Tensor:
-    """A tensor on `array`'s memory without a copy. Arrays that arrive from Ray are
-    read-only views of its object store, for which torch warns that writing through
-    the tensor is undefined; the replay only copies from it into its own storage."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array)
+# Sequences that arrive from Ray are read-only views of its object store; torch warns
+# that writing through a tensor on one is undefined. The replay only copies from them
+# into its own storage: one filter, for this module's calls only (a per-call
+# catch_warnings would rewrite the process's filters from every feeder thread).
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=__name__)
 
 
 class ReplaySink(abc.ABC):
@@ -316,7 +314,7 @@ class SequenceSink(ReplaySink):
         for i in range(count):
             if not self.wait_for_room(1, stop.is_set):
                 return False
-            self.replay.add({key: tensor_view(value[i]) for key, value in sequences.items()})
+            self.replay.add({key: torch.from_numpy(value[i]) for key, value in sequences.items()})
             self.inserted[row] += 1
         self.env_steps[row] += int(payload["env_steps"])
         for episode_return, length in zip(
