@@ -85,13 +85,6 @@ _POLL_SECONDS = 0.2
 EPISODE_RING_SIZE = 4096
 
 
-# Sequences that arrive from Ray are read-only views of its object store; torch warns
-# that writing through a tensor on one is undefined. The replay only copies from them
-# into its own storage: one filter, for this module's calls only (a per-call
-# catch_warnings would rewrite the process's filters from every feeder thread).
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=__name__)
-
-
 class ReplaySink(abc.ABC):
     """Where actors put their steps; the learner's view of the actors (module docstring).
 
@@ -268,6 +261,15 @@ class SequenceSink(ReplaySink):
     ) -> None:
         super().__init__(replay, **kwargs)
         self.seq_len, self.seq_overlap = seq_len, seq_overlap
+        # Sequences that `commit` gets from Ray are read-only views of its object store;
+        # torch warns that writing through a tensor on one is undefined. The replay only
+        # copies from them. One filter for this module's calls, set here in the run's
+        # main thread before any feeder starts (a catch_warnings per sequence would
+        # rewrite the process's filters from every feeder thread; one at import would
+        # not outlive a harness, such as pytest, that restores filters after each test).
+        warnings.filterwarnings(
+            "ignore", message="The given NumPy array is not writable", module=__name__
+        )
 
     def describe(self) -> str:
         footprint = replay_footprint(
