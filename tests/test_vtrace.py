@@ -3,7 +3,7 @@
 In order of strength: an independent NumPy reference written from the
 paper's definition (explicit double sum and explicit trace product, float64,
 O(T^3)); small cases worked by hand; invariants (detached outputs, dtypes,
-shape errors).
+the shape contract of scalable_agent and TorchBeast).
 """
 
 from __future__ import annotations
@@ -320,7 +320,103 @@ def test_does_not_modify_inputs():
 
 @pytest.mark.parametrize("bad", ["discounts", "rewards", "values", "bootstrap_value"])
 def test_shape_mismatch_raises(bad):
-    arrays = to_torch(random_inputs((4, 2), seed=0, log_rho_std=1.0))
-    arrays[bad] = arrays[bad][..., :1]
+    # Two columns of three: a size of 1 would broadcast (see the shape contract below).
+    arrays = to_torch(random_inputs((4, 3), seed=0, log_rho_std=1.0))
+    arrays[bad] = arrays[bad][..., :2]
     with pytest.raises(ValueError, match=bad):
+        vtrace.from_importance_weights(**arrays)
+
+
+# The shape contract of scalable_agent and TorchBeast: the inputs share one rank, the
+# bootstrap value has one less; values and bootstrap_value set the targets' shape and
+# the other three broadcast against it.
+
+HEADS = 5  # value heads sharing one importance weight per step
+
+
+@pytest.mark.parametrize(
+    "singletons",
+    [("log_rhos",), ("log_rhos", "discounts"), ("log_rhos", "discounts", "rewards"), ("rewards",)],
+)
+def test_higher_rank_inputs_broadcast_against_the_values(singletons):
+    arrays = random_inputs((6, 3, HEADS), seed=4, log_rho_std=1.0)
+    for name in singletons:
+        arrays[name] = arrays[name][..., :1]
+    out = vtrace.from_importance_weights(**to_torch(arrays))
+    assert out.vs.shape == (6, 3, HEADS) and out.pg_advantages.shape == (6, 3, HEADS)
+    for head in range(HEADS):
+        # Each head is the [T, B] problem with the broadcast inputs' single column.
+        column = {
+            name: value[..., 0 if name in singletons else head] for name, value in arrays.items()
+        }
+        expected_vs, expected_pg, vs_scale, pg_scale = vtrace_reference(
+            **column,
+            clip_rho_threshold=1.0,
+            clip_pg_rho_threshold=1.0,
+            lambda_=1.0,
+            clip_c_threshold=1.0,
+        )
+        # Tolerance: as test_matches_paper_reference's, for T = 6.
+        bound = (3 * 6 + 10) * EPS32
+        np.testing.assert_array_less(
+            np.abs(out.vs[..., head].numpy() - expected_vs), bound * vs_scale + 1e-30
+        )
+        np.testing.assert_array_less(
+            np.abs(out.pg_advantages[..., head].numpy() - expected_pg), bound * pg_scale + 1e-30
+        )
+
+
+def higher_rank_zeros():
+    """TorchBeast's and scalable_agent's test inputs: T = 3, B = 2, 42 value heads."""
+    return {
+        "log_rhos": torch.zeros(3, 2, 1),
+        "discounts": torch.zeros(3, 2, 1),
+        "rewards": torch.zeros(3, 2, 42),
+        "values": torch.zeros(3, 2, 42),
+        "bootstrap_value": torch.zeros(2, 42),
+    }
+
+
+def test_bootstrap_value_of_the_wrong_rank_is_both_references_error():
+    arrays = {**higher_rank_zeros(), "bootstrap_value": torch.zeros(2)}  # should be [2, 42]
+    # scalable_agent: ValueError, "must have rank 2".
+    with pytest.raises(ValueError, match="bootstrap_value must have rank 2"):
+        vtrace.from_importance_weights(**arrays)
+    # TorchBeast: RuntimeError, "same number of dimensions: got 3 and 2".
+    with pytest.raises(RuntimeError, match="same number of dimensions: got 3 and 2"):
+        vtrace.from_importance_weights(**arrays)
+
+
+@pytest.mark.parametrize("bad", ["values", "discounts", "rewards"])
+def test_per_step_input_of_the_wrong_rank_is_an_error(bad):
+    arrays = higher_rank_zeros()
+    arrays[bad] = arrays[bad][..., 0]  # [3, 2]: rank 2 where log_rhos has 3
+    with pytest.raises(vtrace.VTraceShapeError, match=f"{bad} must have rank 3"):
+        vtrace.from_importance_weights(**arrays)
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("log_rhos", (3, 2, 2)),  # neither 1 nor 42 heads
+        ("discounts", (3, 2, 2)),
+        ("rewards", (1, 2, 42)),  # the time axis never broadcasts
+        ("log_rhos", (4, 2, 1)),
+    ],
+)
+def test_inputs_that_do_not_broadcast_to_the_values_are_errors(name, shape):
+    arrays = {**higher_rank_zeros(), name: torch.zeros(shape)}
+    with pytest.raises(vtrace.VTraceShapeError, match=f"{name} has shape"):
+        vtrace.from_importance_weights(**arrays)
+
+
+def test_values_and_bootstrap_value_must_agree():
+    arrays = {**higher_rank_zeros(), "bootstrap_value": torch.zeros(2, 1)}
+    with pytest.raises(vtrace.VTraceShapeError, match="bootstrap_value has shape"):
+        vtrace.from_importance_weights(**arrays)
+
+
+def test_scalar_log_rhos_is_an_error():
+    arrays = {**higher_rank_zeros(), "log_rhos": torch.zeros(())}
+    with pytest.raises(vtrace.VTraceShapeError, match="log_rhos must have rank >= 1"):
         vtrace.from_importance_weights(**arrays)

@@ -4,6 +4,16 @@ Pure functions: tensors in, tensors out, every constant an argument. All
 tensors are time-major, ``[T, B]`` for per-step quantities and ``[B]`` for the
 bootstrap value; any trailing batch shape ``[T, *batch]`` works the same way.
 
+Shapes, as DeepMind's scalable_agent and TorchBeast take them (code and tests
+ported from either work here): ``values`` ``[T, *batch]`` and ``bootstrap_value``
+``[*batch]`` set the shape of the targets; ``log_rhos``, ``discounts`` and
+``rewards`` have the same rank as ``values`` and broadcast against it, so
+importance weights ``[T, B, 1]`` serve value heads ``[T, B, C]``. A rank that
+does not fit is a `VTraceShapeError` saying which input "must have rank" what.
+
+Dtypes (beast/algos/dtypes.py): the targets have the promoted dtype of the five
+inputs, at least float32.
+
 The n-step V-trace target for ``V(x_s)`` (paper eq. 1, with the per-step
 discounts ``gamma_t`` that make episode ends possible inside a rollout):
 
@@ -23,16 +33,18 @@ probabilities would not be.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from beast.algos.dtypes import compute_dtype
+
 __all__ = [
     "VTraceFromLogitsReturns",
     "VTraceReturns",
+    "VTraceShapeError",
     "action_log_probs",
     "from_importance_weights",
     "from_logits",
@@ -65,11 +77,49 @@ class VTraceFromLogitsReturns(NamedTuple):
     target_action_log_probs: Tensor
 
 
-def _compute_dtype(*tensors: Tensor) -> torch.dtype:
-    # At least float32: V-trace sums up to T discounted terms, which bf16/fp16
-    # (from an autocast forward pass) cannot do faithfully. float64 inputs
-    # stay float64, which the tests use.
-    return functools.reduce(torch.promote_types, (t.dtype for t in tensors), torch.float32)
+class VTraceShapeError(ValueError, RuntimeError):
+    """Inputs whose shapes do not fit together (module docstring).
+
+    A ValueError, as scalable_agent raises for a wrong rank ("must have rank"),
+    and a RuntimeError, as TorchBeast's ``torch.cat`` raises for the same mistake
+    ("same number of dimensions"), so that tests ported from either still hold.
+    """
+
+
+def _check_shapes(
+    log_rhos: Tensor, discounts: Tensor, rewards: Tensor, values: Tensor, bootstrap_value: Tensor
+) -> None:
+    """Raise `VTraceShapeError` unless the shapes fit (module docstring)."""
+    rank = log_rhos.dim()
+    if rank < 1:
+        raise VTraceShapeError("log_rhos must have rank >= 1 ([T, ...]), got a scalar")
+    per_step = (("values", values), ("discounts", discounts), ("rewards", rewards))
+    for name, tensor in per_step:
+        if tensor.dim() != rank:
+            raise VTraceShapeError(
+                f"{name} must have rank {rank}, as log_rhos {tuple(log_rhos.shape)} has,"
+                f" got shape {tuple(tensor.shape)}"
+            )
+    if bootstrap_value.dim() != rank - 1:
+        raise VTraceShapeError(
+            f"bootstrap_value must have rank {rank - 1} (values' shape without the time"
+            f" axis), got shape {tuple(bootstrap_value.shape)}: values and"
+            f" bootstrap_value[None] need the same number of dimensions: got {rank} and"
+            f" {bootstrap_value.dim() + 1}"
+        )
+    if bootstrap_value.shape != values.shape[1:]:
+        raise VTraceShapeError(
+            f"bootstrap_value has shape {tuple(bootstrap_value.shape)}, expected"
+            f" {tuple(values.shape[1:])} (values {tuple(values.shape)} without the time axis)"
+        )
+    for name, tensor in (("log_rhos", log_rhos), *per_step[1:]):
+        fits = all(n in (1, v) for n, v in zip(tensor.shape[1:], values.shape[1:], strict=True))
+        if tensor.shape[0] != values.shape[0] or not fits:
+            raise VTraceShapeError(
+                f"{name} has shape {tuple(tensor.shape)}, which does not fit values"
+                f" {tuple(values.shape)}: the same T, and each later dimension equal to"
+                " values' or 1"
+            )
 
 
 def action_log_probs(policy_logits: Tensor, actions: Tensor) -> Tensor:
@@ -87,7 +137,7 @@ def action_log_probs(policy_logits: Tensor, actions: Tensor) -> Tensor:
             f"policy_logits {tuple(policy_logits.shape)} and actions "
             f"{tuple(actions.shape)} disagree on the leading dimensions"
         )
-    log_probs = F.log_softmax(policy_logits.to(_compute_dtype(policy_logits)), dim=-1)
+    log_probs = F.log_softmax(policy_logits.to(compute_dtype(policy_logits)), dim=-1)
     return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
 
 
@@ -134,7 +184,8 @@ def from_importance_weights(
     """V-trace targets from log importance ratios (paper eq. 1 and section 4.2).
 
     Args:
-        log_rhos: float32 ``[T, B]``, ``log pi(a_t|x_t) - log mu(a_t|x_t)``.
+        log_rhos: float32 ``[T, B]``, ``log pi(a_t|x_t) - log mu(a_t|x_t)``
+            (or ``[T, B, 1]`` etc.: see the shapes in the module docstring).
         discounts: float32 ``[T, B]``, ``gamma_t``, the discount applied to
             what follows step t; 0 where the transition out of ``x_t`` ended
             the episode.
@@ -152,8 +203,11 @@ def from_importance_weights(
             scalable_agent and TorchBeast use.
 
     Returns:
-        ``VTraceReturns(vs, pg_advantages)``, each ``[T, B]``, detached, in
-        at least float32 (float64 if any input is float64).
+        ``VTraceReturns(vs, pg_advantages)``, each of ``values``' shape,
+        detached, in at least float32 (float64 if any input is float64).
+
+    Raises:
+        VTraceShapeError: shapes that do not fit (module docstring).
 
     The sum over t runs as a doubling scan (``ceil(log2 T)`` rounds). With
     ``c_bar <= 1``, ``lambda <= 1`` and ``gamma <= 1`` every trace product is
@@ -161,20 +215,8 @@ def from_importance_weights(
     products of large ratios can overflow float32, as they would in the
     reverse loop.
     """
-    if log_rhos.dim() < 1:
-        raise ValueError("log_rhos must be at least [T]")
-    for name, tensor in (("discounts", discounts), ("rewards", rewards), ("values", values)):
-        if tensor.shape != log_rhos.shape:
-            raise ValueError(
-                f"{name} has shape {tuple(tensor.shape)}, expected {tuple(log_rhos.shape)}"
-            )
-    if bootstrap_value.shape != log_rhos.shape[1:]:
-        raise ValueError(
-            f"bootstrap_value has shape {tuple(bootstrap_value.shape)}, "
-            f"expected {tuple(log_rhos.shape[1:])}"
-        )
-
-    dtype = _compute_dtype(log_rhos, discounts, rewards, values, bootstrap_value)
+    _check_shapes(log_rhos, discounts, rewards, values, bootstrap_value)
+    dtype = compute_dtype(log_rhos, discounts, rewards, values, bootstrap_value)
     log_rhos, discounts, rewards, values, bootstrap_value = (
         t.to(dtype) for t in (log_rhos, discounts, rewards, values, bootstrap_value)
     )
