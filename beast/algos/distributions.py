@@ -10,7 +10,8 @@ policy) and computes those from them:
     DiagGaussian  action_mean [d], action_log_std [d]  continuous actions (a float vector)
 
 `action_distribution(spec)` picks by the env's action space. Tensors are time-major,
-`[T, B, ...]`, and results `[T, B]`, in at least float32.
+`[T, B, ...]`, and results `[T, B]`, in the promoted dtype of the parameters, at least
+float32 (beast/algos/dtypes.py); actions are taken in the parameters' dtype.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from beast.algos.base import Policy
+from beast.algos.dtypes import compute_dtype
 from beast.algos.policies import CategoricalPolicy, GaussianPolicy
 
 __all__ = ["ActionDistribution", "Categorical", "DiagGaussian", "action_distribution"]
@@ -34,7 +36,7 @@ _LOG_2PI = math.log(2.0 * math.pi)
 
 
 def _float(x: Tensor) -> Tensor:
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+    return x.to(compute_dtype(x))
 
 
 class ActionDistribution(abc.ABC):
@@ -89,8 +91,9 @@ class Categorical(ActionDistribution):
     ) -> Tensor:
         """Exact, in log space: ``log min(rho_bar mu, pi) = min(log rho_bar + log mu, log
         pi)`` stays finite where the probabilities underflow."""
-        log_pi = F.log_softmax(_float(target["policy_logits"]), dim=-1)
-        log_mu = F.log_softmax(_float(behaviour["policy_logits"]).to(log_pi.dtype), dim=-1)
+        dtype = compute_dtype(target["policy_logits"], behaviour["policy_logits"])
+        log_pi = F.log_softmax(target["policy_logits"].to(dtype), dim=-1)
+        log_mu = F.log_softmax(behaviour["policy_logits"].to(dtype), dim=-1)
         log_min = torch.minimum(log_mu + math.log(rho_bar), log_pi)
         log_implied = log_min - torch.logsumexp(log_min, dim=-1, keepdim=True)
         # log pi >= log min and the normaliser is <= 1, so every term is >= 0 up to

@@ -25,6 +25,9 @@ target distribution is the return distribution at (x_{s+k}, a*) under theta-, sh
 and shrunk by ``G + gamma^k z_j`` (G alone when terminal), clipped to [z_1, z_N] and
 projected back onto the support (Bellemare et al. 2017, algorithm 1: each atom's mass
 split between its two neighbours in proportion to closeness).
+
+Dtypes (beast/algos/dtypes.py): the pure functions return the promoted dtype of their
+float inputs, at least float32: float32 in, float32 out; float64 in, float64 out.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from beast.algos.base import (
     UpdateInfo,
     as_outputs,
 )
+from beast.algos.dtypes import compute_dtype
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.algos.r2d2 import (
@@ -88,7 +92,7 @@ EXPLORATION = ("linear", "per_env")
 
 
 class NStepReturns(NamedTuple):
-    """``G`` and ``gamma^k`` per transition, float [B] each."""
+    """``G`` and ``gamma^k`` per transition, float [B] each, of one dtype."""
 
     returns: Tensor
     discounts: Tensor
@@ -101,6 +105,10 @@ def n_step_returns(rewards: Tensor, n_steps: Tensor, discounting: float) -> NSte
         rewards: float [n, B], the window's rewards (those past k are ignored).
         n_steps: int [B], k in [1, n].
         discounting: gamma in [0, 1].
+
+    Returns:
+        `NStepReturns`, [B] each, in rewards' dtype and at least float32; summed in
+        float64 whatever that is, so a float32 G is the float64 sum rounded once.
     """
     if not 0.0 <= discounting <= 1.0:
         raise ValueError(f"discounting must be in [0, 1], got {discounting}")
@@ -110,7 +118,8 @@ def n_step_returns(rewards: Tensor, n_steps: Tensor, discounting: float) -> NSte
     powers = torch.pow(torch.full_like(rewards, discounting, dtype=torch.float64), steps)
     returns = torch.where(taken, powers * rewards.double(), 0.0).sum(dim=0)
     discounts = torch.pow(torch.tensor(discounting, dtype=torch.float64), n_steps.double())
-    return NStepReturns(returns.float(), discounts.float())
+    dtype = compute_dtype(rewards)
+    return NStepReturns(returns.to(dtype), discounts.to(dtype))
 
 
 def bootstrap_targets(returns: NStepReturns, terminal: Tensor, values: Tensor) -> Tensor:
@@ -147,9 +156,13 @@ def q_learning_targets(
             for DQN's max over the target network.
         rescale_eps: learn h(Q) (Pohlen et al. 2018; Ape-X): y = h(G + gamma^k
             h^-1(Q')), with Q' in h's space; None for none.
+
+    Returns:
+        y in the promoted dtype of the returns and next_target_q, at least float32.
     """
     best = _greedy_actions(next_online_q, next_target_q)
-    bootstrap = next_target_q.gather(-1, best.unsqueeze(-1)).squeeze(-1).float()
+    bootstrap = next_target_q.gather(-1, best.unsqueeze(-1)).squeeze(-1)
+    bootstrap = bootstrap.to(compute_dtype(bootstrap))
     if rescale_eps is not None:
         bootstrap = inverse_value_rescaling(bootstrap, rescale_eps)
     targets = bootstrap_targets(returns, terminal, bootstrap)
@@ -177,19 +190,24 @@ def q_loss(
         q_taken: float [B], Q(x_s, a_s; theta), differentiable.
         targets: float [B], y (no gradient).
         weights: float [B], importance weights (1 for a uniform replay, 0 to ignore).
+
+    The TD errors are computed in the promoted dtype of q_taken and targets, at least
+    float32.
     """
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-    td = targets.detach() - q_taken.float()
+    dtype = compute_dtype(q_taken, targets)
+    q_taken, targets = q_taken.to(dtype), targets.detach().to(dtype)
+    td = targets - q_taken
     if loss == "huber":
-        per_sample = F.smooth_l1_loss(q_taken.float(), targets.detach(), reduction="none")
+        per_sample = F.smooth_l1_loss(q_taken, targets, reduction="none")
     else:
         per_sample = 0.5 * td.pow(2)
     total = (weights * per_sample).mean()
     priorities = td.detach().abs()
     stats = {
         "total_loss": total.detach(),
-        "mean_q": q_taken.detach().float().mean(),
+        "mean_q": q_taken.detach().mean(),
         "mean_target": targets.mean(),
         "mean_abs_td": priorities.mean(),
     }
@@ -214,17 +232,21 @@ def categorical_projection(
         support: float [N], evenly spaced z_1 < ... < z_N.
 
     Returns:
-        float [B, N], rows summing to 1 (as next_probs' do).
+        float [B, N], rows summing to 1 (as next_probs' do), in the promoted dtype of
+        the four float inputs, at least float32.
     """
+    dtype = compute_dtype(returns.returns, returns.discounts, next_probs, support)
+    support = support.to(dtype)
     num_atoms = support.shape[0]
     v_min, v_max = float(support[0]), float(support[-1])
     delta = (v_max - v_min) / (num_atoms - 1)
-    discounts = torch.where(terminal, 0.0, returns.discounts).unsqueeze(1)
-    shifted = (returns.returns.unsqueeze(1) + discounts * support.unsqueeze(0)).clamp(v_min, v_max)
+    discounts = torch.where(terminal, 0.0, returns.discounts.to(dtype)).unsqueeze(1)
+    shifted = returns.returns.to(dtype).unsqueeze(1) + discounts * support.unsqueeze(0)
+    shifted = shifted.clamp(v_min, v_max)
     position = (shifted - v_min) / delta  # [B, N], in [0, N - 1]
     lower = position.floor().clamp(0, num_atoms - 1)
     upper = position.ceil().clamp(0, num_atoms - 1)
-    probs = next_probs.float()
+    probs = next_probs.to(dtype)
     on_atom = (upper == lower).float()
     target = torch.zeros_like(probs)
     target.scatter_add_(1, lower.long(), probs * (upper - position + on_atom))
@@ -244,8 +266,11 @@ def categorical_loss(
         target_probs: float [B, N], `categorical_projection`.
         weights: float [B].
         support: float [N].
+
+    The cross-entropies are computed in the promoted dtype of logits_taken and
+    target_probs, at least float32.
     """
-    log_probs = F.log_softmax(logits_taken.float(), dim=-1)
+    log_probs = F.log_softmax(logits_taken.to(compute_dtype(logits_taken, target_probs)), dim=-1)
     cross_entropy = -(target_probs.detach() * log_probs).sum(dim=-1)
     total = (weights * cross_entropy).mean()
     with torch.no_grad():

@@ -17,7 +17,8 @@ Episode ends, as rollouts carry them (beast/envs/batch.py):
   have gone on. No action is taken from a final observation (the env resets instead), so
   step t+1 is no transition: its advantage is 0, which also stops the trace of A_t.
 
-Shapes are time-major: T transitions of B envs.
+Shapes are time-major: T transitions of B envs. Dtypes (beast/algos/dtypes.py): the
+promoted dtype of rewards and values, at least float32.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from beast.algos.dtypes import compute_dtype
 
 __all__ = ["GAE", "generalized_advantages"]
 
@@ -72,7 +75,7 @@ def generalized_advantages(
         )
     if not (0.0 <= discount <= 1.0 and 0.0 <= lambda_ <= 1.0):
         raise ValueError(f"discount and lambda_ must be in [0, 1], got {discount}, {lambda_}")
-    dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
+    dtype = compute_dtype(rewards, values)
     rewards, values = rewards.to(dtype), values.to(dtype)
     continues = terminated.logical_not().to(dtype)  # [T, B]
     valid = truncated[:-1].logical_not().to(dtype)  # step t is a transition

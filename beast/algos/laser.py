@@ -57,6 +57,7 @@ from torch import Tensor
 from beast.algos import impala
 from beast.algos.base import Experience, Rollouts
 from beast.algos.distributions import ActionDistribution, Categorical
+from beast.algos.dtypes import compute_dtype
 from beast.algos.impala import Impala, ImpalaArgs, LossOutput
 from beast.config import ConfigError, flag
 
@@ -102,9 +103,9 @@ def trust_region_kl(
                 f" {tuple(target[key].shape)} differ"
             )
     if clip_rho_threshold is None:
-        param = next(iter(target.values()))  # [T, B, ...]
-        dtype = torch.promote_types(param.dtype, torch.float32)
-        return torch.zeros(param.shape[:2], dtype=dtype, device=param.device)
+        params = [*target.values(), *behaviour.values()]  # [T, B, ...] each
+        dtype = compute_dtype(*params)
+        return torch.zeros(params[0].shape[:2], dtype=dtype, device=params[0].device)
     return distribution.implied_kl(behaviour, target, clip_rho_threshold)
 
 

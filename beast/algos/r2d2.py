@@ -49,6 +49,10 @@ episode's).
 Priorities (R2D2 section 2.3): ``p = eta * max_t |delta_t| + (1 - eta) *
 mean_t |delta_t|`` over the sequence's trained steps, ``delta_t = y_t -
 Q(x_t, a_t; theta)``, in the rescaled space the loss lives in.
+
+Dtypes (beast/algos/dtypes.py): results have the promoted dtype of the float
+inputs (float32 in, float32 out; float64 in, float64 out); the targets and the
+loss are computed in at least float32.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ from beast.algos.base import (
     UpdateInfo,
     as_outputs,
 )
+from beast.algos.dtypes import compute_dtype
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.config import ConfigError, flag
@@ -100,12 +105,6 @@ __all__ = [
 # R2D2's defaults, here only as the defaults of the arguments below.
 DEFAULT_RESCALE_EPS = 1e-3  # Pohlen et al. 2018; R2D2 section 2
 DEFAULT_ETA = 0.9  # priority mix, R2D2 section 2.3
-
-
-def _compute_dtype(*tensors: Tensor) -> torch.dtype:
-    # At least float32 (bf16/fp16 Q-values from an autocast forward pass cannot
-    # hold an n-step return faithfully); float64 inputs stay float64.
-    return functools.reduce(torch.promote_types, (t.dtype for t in tensors), torch.float32)
 
 
 def value_rescaling(x: Tensor, eps: float = DEFAULT_RESCALE_EPS) -> Tensor:
@@ -242,7 +241,7 @@ def n_step_double_q_targets(
             raise ValueError(
                 f"{name} has shape {tuple(tensor.shape)}, expected {tuple(online_q.shape[:-1])}"
             )
-    dtype = _compute_dtype(online_q, target_q, rewards)
+    dtype = compute_dtype(online_q, target_q, rewards)
     rewards = rewards.to(dtype)
     terminated, truncated = terminated.bool(), truncated.bool()
     bootstrap = double_q_values(online_q, target_q).to(dtype)
@@ -404,7 +403,7 @@ def r2d2_loss(
     td_errors = (targets - q_taken) * valid_f
     count = valid_f.sum(dim=0)
     per_sequence = (0.5 * td_errors.pow(2)).sum(dim=0) / count.clamp(min=1.0)
-    total_loss = (weights.to(dtype) * per_sequence).mean()
+    total_loss = (weights * per_sequence).mean()
 
     priorities = sequence_priorities(td_errors.detach(), valid, eta)
     with torch.no_grad():

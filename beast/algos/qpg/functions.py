@@ -27,6 +27,10 @@ SAC (Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and Applications", eq. 
 
 Every bootstrap is dropped when the window ended in a terminal state. The critics regress
 on y with ``0.5 sum_i mean_b (Q_i(x_s, a_s) - y)^2``.
+
+Dtypes (beast/algos/dtypes.py): results have the promoted dtype of the float inputs
+(float32 in, float32 out; float64 in, float64 out); a 0-dim ``alpha`` or ``log_alpha``
+counts as a Python number does.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from beast.algos.dqn import NStepReturns, bootstrap_targets
+from beast.algos.dtypes import compute_dtype
 
 __all__ = [
     "critic_loss",
@@ -146,8 +151,10 @@ def critic_loss(q: Tensor, targets: Tensor, weights: Tensor | None = None) -> Te
         q: float [C, B], every critic at the stored actions, differentiable.
         targets: float [B], y (no gradient).
         weights: float [B] importance weights, or None for 1.
+
+    Computed in the promoted dtype of q and targets, at least float32.
     """
-    squared = (q.float() - targets.detach().unsqueeze(0)).square()
+    squared = (q.to(compute_dtype(q, targets)) - targets.detach().unsqueeze(0)).square()
     if weights is not None:
         squared = squared * weights.unsqueeze(0)
     return 0.5 * squared.mean(dim=1).sum()
