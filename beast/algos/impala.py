@@ -41,6 +41,9 @@ not means: TorchBeast's tuned learning rates, baseline and entropy costs
 (lr 4.8e-4 for T=80, B=8 and so on) assume sums and stay meaningful here.
 The price is that the effective step size scales with ``T * B``.
 
+Dtypes (beast/algos/dtypes.py): the loss and its terms have the promoted dtype of
+their float inputs (float32 in, float32 out; float64 in, float64 out).
+
 The three terms are small pure functions with an optional ``[T, B]`` mask so
 that other losses compose them: ``impala_loss`` itself takes a ``keep`` mask
 of steps whose data may train the policy and baseline (LASER's trust region
@@ -75,6 +78,7 @@ from beast.algos.base import (
     as_outputs,
 )
 from beast.algos.distributions import ActionDistribution, Categorical
+from beast.algos.dtypes import compute_dtype
 from beast.config import ConfigError, flag
 from beast.fields import core_state, model_inputs
 from beast.optim import build_optimizer
@@ -212,23 +216,24 @@ def policy_params(source: Mapping[str, Tensor], distribution: ActionDistribution
 
 
 def step_discounts_and_valid(
-    batch: Mapping[str, Tensor], discounting: float
+    batch: Mapping[str, Tensor], discounting: float, dtype: torch.dtype = torch.float32
 ) -> tuple[Tensor, Tensor]:
     """Per-transition discounts and the steps that train, from the episode-end flags.
 
     Args:
         batch: ``terminated`` and ``truncated``, bool ``[T+1, B]`` (module docstring).
         discounting: ``gamma``.
+        dtype: the discounts' (float64 keeps all of gamma's digits).
 
     Returns:
-        ``discounts`` float32 ``[T, B]``: ``gamma`` for the transition out of step t,
+        ``discounts`` ``dtype`` ``[T, B]``: ``gamma`` for the transition out of step t,
         0 where it ended the episode in a terminal state (``terminated[t+1]``) or is
         no transition (``truncated[t]``: the env reset instead); and ``valid`` bool
         ``[T, B]``: the steps whose action was taken, ``~truncated[t]``.
     """
     terminated = batch["terminated"][1:]
     valid = batch["truncated"][:-1].logical_not()
-    discounts = discounting * (terminated.logical_not() & valid).to(torch.float32)
+    discounts = discounting * (terminated.logical_not() & valid).to(dtype)
     return discounts, valid
 
 
@@ -288,8 +293,9 @@ def impala_loss(
     check_loss_inputs(learner_outputs, batch, distribution)
     rewards = clip_rewards(batch["reward"][1:], reward_clipping)
     baseline = learner_outputs["baseline"]
-    discounts, valid = step_discounts_and_valid(batch, discounting)
-    discounts = discounts.to(rewards.dtype)
+    discounts, valid = step_discounts_and_valid(
+        batch, discounting, compute_dtype(rewards, baseline)
+    )
     target = policy_params(learner_outputs, distribution)
     actions = batch["action"][:-1]
     values = baseline[:-1]
