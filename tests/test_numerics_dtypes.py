@@ -14,7 +14,8 @@ Each case is run three ways:
   computed from: float64 outputs (inputs of mixed precision promote).
 
 Not here, having no float tensor input: `dqn.linear_epsilon` (Python numbers),
-`impala.step_discounts_and_valid` (episode flags; float32 discounts, documented),
+`impala.step_discounts_and_valid` (episode flags; its discounts take the dtype asked
+for, tested at the end),
 `laser.trust_region_mask` (a comparison), `r2d2.unroll_with_burn_in` (a model's unroll).
 """
 
@@ -992,3 +993,19 @@ def test_categorical_projection_takes_a_float64_support_with_float32_returns():
     assert target[1].tolist() == [mass[1].item()] + [0.0] * 10
     # Tolerance: float64 sums of 11 terms.
     torch.testing.assert_close(target.sum(-1), mass, rtol=1e-15, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float32, torch.float64])
+def test_step_discounts_take_the_dtype_asked_for(dtype):
+    # Rows 0..3: the transition into row 1 terminates; row 2 is a truncated final
+    # observation. Transition 0: terminal, 0; transition 1: gamma; step 2: no transition.
+    batch = {
+        "terminated": torch.tensor([[False], [True], [False], [False]]),
+        "truncated": torch.tensor([[False], [False], [True], [False]]),
+    }
+    args = () if dtype is None else (dtype,)
+    discounts, valid = impala.step_discounts_and_valid(batch, GAMMA, *args)
+    expected_dtype = torch.float32 if dtype is None else dtype
+    assert discounts.dtype == expected_dtype
+    assert discounts[:, 0].tolist() == [0.0, torch.tensor(GAMMA, dtype=expected_dtype).item(), 0.0]
+    assert valid[:, 0].tolist() == [True, True, False]
