@@ -213,11 +213,15 @@ class Config:
         choices=("auto", "fp32", "bf16"),
     )
 
-    compile: bool = flag(
-        False,
-        "torch.compile the learner's forward pass (a 20-40 s first update; about 20% cheaper"
-        " AtariNet updates on CPU after it). A failed compilation is logged and the learner"
-        " goes on uncompiled. The Atari config turns it on.",
+    compile: str = flag(
+        "auto",
+        "Compile the learner's whole update (forward passes, losses, backward, optimizer"
+        " steps, target updates) into one graph with torch.compile (beast/train_step.py):"
+        " on, off, or auto: on where the run's updates save more time than compiling"
+        " costs (the first steps measure the eager update; compiled graphs are cached in"
+        " ~/.cache/beast/inductor, so a second run of a config compiles in seconds). A"
+        " failed compilation is logged once and the learner goes on eagerly.",
+        choices=("auto", "on", "off"),
     )
 
     # Model.
@@ -684,6 +688,9 @@ def check_value(
     f = fields[key]
     if value is None and "None" in f.type:
         return None
+    if isinstance(value, bool) and {"on", "off"} <= set(f.metadata.get("choices", ())):
+        # YAML 1.1 reads on, off, true and false as booleans.
+        value = "on" if value else "off"
     if f.type == "int | str":
         if value == AUTO or (isinstance(value, int) and not isinstance(value, bool)):
             return value

@@ -49,7 +49,6 @@ from beast.checkpoint import (
     save_checkpoint,
     save_replay_file,
 )
-from beast.compile import CompiledForward
 from beast.config import Config, ConfigError
 from beast.envs.batch import check_backend
 from beast.fields import Field, core_state_shapes
@@ -547,9 +546,11 @@ def build_run(
     context = LearnerContext(
         device=device,
         bf16=precision == "bf16",
-        forward=CompiledForward(model, log) if config.compile else model,
         step=stepper,
         progress=progress,
+        compile=config.compile,
+        log=log,
+        optimizer_steps=algorithm.optimizer_steps(total_steps),
     )
     observers = []
     if reward_scaler is not None:

@@ -208,6 +208,13 @@ def obs_leaf(obs: Any, path: ObsPath) -> Any:
     return obs
 
 
+def index_inputs(inputs: Any, index: Any) -> Any:
+    """Every tensor of model inputs indexed by `index` (time rows, batch columns), the
+    structure kept. A plain function rather than `operator.itemgetter`, which
+    torch.compile cannot trace (beast/train_step.py compiles losses that call this)."""
+    return map_inputs(lambda value: value[index], inputs)
+
+
 def map_inputs(fn: Callable[[Any], Any], inputs: Any) -> Any:
     """`fn` applied to every tensor of model inputs (nested observations included), the
     structure kept: slicing time steps, picking columns, moving to a device."""

@@ -166,25 +166,58 @@ class Stepper:
         if not finite:
             for each in optimizers:
                 each.zero_grad(set_to_none=True)
-            self.progress.skipped_updates += 1
-            self._consecutive_nonfinite += 1
-            if self._consecutive_nonfinite >= self.max_nonfinite_updates:
-                raise NonFiniteError(
-                    f"{self._consecutive_nonfinite} consecutive updates had a non-finite loss or"
-                    f" gradient (loss {float(loss.detach())}, gradient norm {float(grad_norm)});"
-                    " lower --learning_rate, check the env's rewards and observations, or raise"
-                    " --max_nonfinite_updates"
-                )
+            self._skipped(loss, grad_norm)
             return False
         self._consecutive_nonfinite = 0
-        multiplier = lr_multiplier(self.lr_schedule, self.progress.step, self.total_steps)
+        multiplier = self.lr_multiplier()
         for each in optimizers:
             for group in each.param_groups:
                 group["lr"] = group[INITIAL_LR] * multiplier
             each.step()
+        self._applied(optimizers, params)
+        self._mark("optimizer")
+        return True
+
+    def lr_multiplier(self) -> float:
+        """The schedule's factor now (`beast.optim.lr_multiplier` at the run's step)."""
+        return lr_multiplier(self.lr_schedule, self.progress.step, self.total_steps)
+
+    def _applied(self, optimizers: Sequence[torch.optim.Optimizer], params: list) -> None:
         self.learning_rate = optimizers[0].param_groups[0]["lr"]
         self._stepped[id(optimizers[0])] = params
         self.steps_applied += 1
+
+    def _skipped(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Count a non-finite step; NonFiniteError after max_nonfinite_updates in a row."""
+        self.progress.skipped_updates += 1
+        self._consecutive_nonfinite += 1
+        if self._consecutive_nonfinite >= self.max_nonfinite_updates:
+            raise NonFiniteError(
+                f"{self._consecutive_nonfinite} consecutive updates had a non-finite loss or"
+                f" gradient (loss {float(loss.detach())}, gradient norm {float(grad_norm)});"
+                " lower --learning_rate, check the env's rewards and observations, or raise"
+                " --max_nonfinite_updates"
+            )
+
+    def record(
+        self,
+        *,
+        finite: bool,
+        loss: torch.Tensor,
+        grad_norm: torch.Tensor,
+        optimizers: Sequence[torch.optim.Optimizer],
+        params: list,
+    ) -> bool:
+        """Account for a step taken elsewhere (beast/train_step.py's compiled step, which
+        clipped, guarded and stepped on the device with this stepper's settings and
+        schedule): the counters, the guard's verdict and the log's figures, as `__call__`
+        keeps them. Returns `finite` (whether the step was applied)."""
+        self.grad_norm = float(grad_norm)
+        if not finite:
+            self._skipped(loss, grad_norm)
+            return False
+        self._consecutive_nonfinite = 0
+        self._applied(optimizers, params)
         self._mark("optimizer")
         return True
 

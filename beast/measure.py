@@ -130,7 +130,7 @@ def learning_cost(
             progress=progress,
         )
         context = LearnerContext(
-            device=torch.device("cpu"), bf16=bf16, forward=model, step=stepper, progress=progress
+            device=torch.device("cpu"), bf16=bf16, step=stepper, progress=progress
         )
         update = algorithm.learner(model, context)
         layout = rollout_spec(

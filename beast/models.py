@@ -423,6 +423,8 @@ def _unroll_lstm(
         core_state = _zero_state(core, B, core_input.device)
     # [T, 1, B, 1]: indexing t gives [1, B, 1], broadcasting over (layers, B, hidden).
     done = done.bool().view(T, 1, B, 1)
+    if torch.compiler.is_compiling():
+        return _lstm_steps(core, core_input, done, core_state)
     # Chunk starts: 0, then every t > 0 where some sample's episode starts. T == 1 is the
     # actors' path and skips the search, which would cost a host sync on GPU.
     starts = [0]
@@ -436,6 +438,31 @@ def _unroll_lstm(
         output, core_state = core(core_input[start:end], core_state)
         outputs.append(output)
     return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), tuple(core_state)
+
+
+def _lstm_steps(
+    core: nn.LSTM, core_input: Tensor, done: Tensor, core_state: CoreState
+) -> tuple[Tensor, CoreState]:
+    """`_unroll_lstm` for a compiled learner step (beast/train_step.py): finding the chunk
+    starts reads the batch on the host, which a graph cannot, so here every step resets
+    its samples' state and runs the LSTM's cell arithmetic (nn.LSTM's: gates i, f, g, o;
+    c' = f c + i g, h' = o tanh(c')), the input's part of every gate for all T steps in one
+    matrix product. One layer, no projection, as beast's models build it."""
+    if core.num_layers != 1 or core.proj_size or core.bidirectional or not core.bias:
+        raise ModelError("a compiled step runs one-layer, unidirectional LSTMs with biases")
+    weight_ih, weight_hh = core.weight_ih_l0, core.weight_hh_l0
+    input_gates = core_input @ weight_ih.t() + core.bias_ih_l0 + core.bias_hh_l0  # [T, B, 4H]
+    h, c = core_state[0][0], core_state[1][0]  # [B, H]
+    outputs = []
+    for t in range(core_input.shape[0]):
+        reset = done[t, 0]  # [B, 1]
+        h, c = h.masked_fill(reset, 0.0), c.masked_fill(reset, 0.0)
+        gates = input_gates[t] + h @ weight_hh.t()
+        i, f, g, o = gates.chunk(4, dim=1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        outputs.append(h)
+    return torch.stack(outputs), (h.unsqueeze(0), c.unsqueeze(0))
 
 
 class AtariNet(ActorCriticNet):

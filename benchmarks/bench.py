@@ -139,9 +139,9 @@ class LearnerVariant:
     bf16: forward pass under `torch.autocast(dtype=torch.bfloat16)`; the loss and the
         optimizer stay float32 (logits and baseline are cast back before the loss).
     channels_last: model weights and the torso's input in channels-last memory format.
-    compile: `torch.compile` of the model (default mode). On CPU the generated code reads
-        the torch thread count at run time (inductor `cpp.dynamic_threads`), so one
-        compiled model serves every thread count measured.
+    compile: the whole update compiled (beast/train_step.py, --compile on). On CPU the
+        generated code reads the torch thread count at run time (inductor
+        `cpp.dynamic_threads`), so one compiled step serves every thread count measured.
     """
 
     name: str
@@ -265,20 +265,12 @@ class LearnerStep:
         self.context = LearnerContext(
             device=self.device,
             bf16=self.variant.bf16,
-            forward=torch.compile(self.model) if self.variant.compile else self.model,
             step=self.stepper,
             progress=progress,
+            compile="on" if self.variant.compile else "off",
+            log=lambda line: None,
         )
         self.update = ActorCriticUpdate(self.model, self.context, self.optimizer, self.loss_fn)
-
-    def _compile_settings(self) -> contextlib.AbstractContextManager:
-        if not self.variant.compile:
-            return contextlib.nullcontext()
-        import torch._inductor.config as inductor_config
-
-        # Generated CPU kernels otherwise hard-code the thread count seen at compile time
-        # (as beast.compile.CompiledForward does in a run).
-        return inductor_config.patch({"cpp.dynamic_threads": True})
 
     def loss_and_grad_norm(
         self, batch: Mapping[str, torch.Tensor], max_norm: float | None = None
@@ -293,25 +285,24 @@ class LearnerStep:
         bound = self.stepper.grad_norm_clipping if max_norm is None else max_norm
         norms: list[float] = []
 
-        def backward_only(loss, optimizer, parameters) -> bool:
-            optimizer.zero_grad(set_to_none=True)
+        def backward_only(loss, optimizers, parameters) -> bool:
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
             loss.backward()
             params = [p for p in parameters if p.requires_grad]
             # clip_grad_norm_ with an infinite bound just measures the norm.
             norms.append(float(nn.utils.clip_grad_norm_(params, bound if bound > 0 else math.inf)))
             return False
 
-        context = dataclasses.replace(self.context, step=backward_only)
+        context = dataclasses.replace(self.context, step=backward_only, compile="off")
         update = ActorCriticUpdate(self.model, context, self.optimizer, self.loss_fn)
-        with self._compile_settings():
-            info = update(Batch(data=dict(batch)))
+        info = update(Batch(data=dict(batch)))
         return {key: float(value) for key, value in info.stats.items()}, norms[0]
 
     def __call__(self, batch: Mapping[str, torch.Tensor]) -> dict[str, float]:
         """One whole update; returns the loss statistics and the gradient norm."""
         applied = self.stepper.steps_applied
-        with self._compile_settings():
-            info = self.update(Batch(data=dict(batch)))
+        info = self.update(Batch(data=dict(batch)))
         # The learner publishes only a step that was taken (a non-finite one is skipped).
         if self.stepper.steps_applied > applied:
             copy_weights(self.actor_model, self.model)

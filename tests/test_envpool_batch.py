@@ -432,7 +432,7 @@ def test_monobeast_trains_pong_on_envpool(tmp_path):
     before = shm_entries()
     argv = ["--env", "PongNoFrameskip-v4", "--env_backend", "envpool", "--num_actors", "1"]
     argv += ["--num_envs_per_actor", "4", "--unroll_length", "10", "--batch_size", "2"]
-    argv += ["--total_steps", "200", "--num_threads", "1", "--no-compile"]
+    argv += ["--total_steps", "200", "--num_threads", "1", "--compile", "off"]
     result = run([*argv, "--savedir", str(tmp_path), "--xpid", "pong"], marker=marker)
     assert result.returncode == 0, result.stderr
     assert "1 actors x 4 envs (envpool env batches)" in result.stdout

@@ -288,7 +288,7 @@ def make_learner(batch_size, replay_size=None, num_replayed=0, use_lstm=False):
         total_steps=10**9,
         progress=progress,
     )
-    context = LearnerContext(torch.device("cpu"), False, model, stepper, progress)
+    context = LearnerContext(torch.device("cpu"), False, stepper, progress)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     optimizer.param_groups[0]["initial_lr"] = 1e-3
     loss_fn = functools.partial(laser.laser_loss, trust_region_threshold=None, **LOSS_KWARGS)

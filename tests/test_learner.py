@@ -96,7 +96,7 @@ def make_learner(
         total_steps=total_steps,
         progress=progress,
     )
-    context = LearnerContext(torch.device("cpu"), False, model, stepper, progress)
+    context = LearnerContext(torch.device("cpu"), False, stepper, progress)
     optimizer_flags = SimpleNamespace(optimizer="adam", learning_rate=1e-3, epsilon=1e-3)
     update = SequenceQUpdate(
         model,

@@ -337,7 +337,7 @@ def run_learner(rollouts, batch_size, reducer=None) -> Learner:
         baseline_cost=0.5,
         entropy_cost=0.01,
     )
-    context = LearnerContext(torch.device("cpu"), False, model, stepper, progress)
+    context = LearnerContext(torch.device("cpu"), False, stepper, progress)
     learner = Learner(
         update=ActorCriticUpdate(model, context, build_optimizer(config, model), loss_fn),
         source=RolloutSource(buffers, batch_size=batch_size, device=torch.device("cpu")),

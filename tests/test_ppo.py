@@ -298,11 +298,19 @@ def minibatch_fixture(T: int, B: int, recurrent: bool, num_minibatches: int):
     return update, data, targets
 
 
+def minibatches(update, data, targets):
+    """The minibatches of one epoch, cut as the update cuts them."""
+    inputs = update._step_inputs(data, targets)
+    count = targets.valid.shape[1] if update.recurrent else targets.valid.numel()
+    for index in torch.randperm(count).chunk(update.num_minibatches):
+        yield update.minibatch({**inputs, "index": index})
+
+
 def test_feed_forward_minibatches_cover_every_step_once_per_epoch():
     T, B = 5, 4
     update, data, targets = minibatch_fixture(T, B, recurrent=False, num_minibatches=4)
     seen = []
-    for inputs, state, actions, mb in update._minibatches(data, targets):
+    for inputs, state, actions, mb in minibatches(update, data, targets):
         assert state == () and inputs["obs"].shape == (1, T * B // 4)
         # Inputs, actions and every target of a step stay together.
         for field in (*inputs.values(), actions, *mb):
@@ -315,7 +323,7 @@ def test_recurrent_minibatches_keep_whole_rollouts_with_their_stored_state():
     T, B = 5, 4
     update, data, targets = minibatch_fixture(T, B, recurrent=True, num_minibatches=2)
     columns_seen = []
-    for inputs, state, actions, mb in update._minibatches(data, targets):
+    for inputs, state, actions, mb in minibatches(update, data, targets):
         obs = inputs["obs"]
         assert obs.shape == (T + 1, 2)  # all T+1 steps: the model runs from step 0
         columns = (obs[0] % 100).long()

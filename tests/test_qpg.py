@@ -287,7 +287,7 @@ def _update(algo: str, *flags: str):
         progress=progress,
     )
     context = LearnerContext(
-        device=torch.device("cpu"), bf16=False, forward=model, step=stepper, progress=progress
+        device=torch.device("cpu"), bf16=False, step=stepper, progress=progress
     )
     return model, algorithm.learner(model, context)
 

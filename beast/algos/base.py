@@ -28,8 +28,7 @@ How a new algorithm plugs in, and what its model must return: docs/algorithms.md
 from __future__ import annotations
 
 import abc
-import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
@@ -43,6 +42,7 @@ if TYPE_CHECKING:
     from beast.config import Config
     from beast.envs import EnvSpec
     from beast.learner import Stepper, TrainingProgress
+    from beast.train_step import ParameterGroup, StepLoss, TargetNetwork, TrainStep
 
 __all__ = [
     "Algorithm",
@@ -194,30 +194,65 @@ class UpdateInfo(NamedTuple):
     priorities: Tensor | None = None
 
 
+def batch_rewards(data: Mapping[str, Tensor]) -> Tensor:
+    """A batch's rewards as stored (`LearnerContext.scale_rewards` without
+    --normalize_reward)."""
+    return data["reward"]
+
+
 @dataclass
 class LearnerContext:
     """What the engine gives an algorithm's learner.
 
     device: where the model and batches live.
     bf16: run forward passes under bf16 autocast (`autocast()`); losses stay float32.
-    forward: the model, or a torch.compile wrapper of it (--compile).
     step: the one optimizer step (beast/learner.py `Stepper`): zero_grad, backward,
         clipping, the non-finite guard, the learning-rate schedule, the step.
     progress: the run's counters (agent steps, updates), read-only for the algorithm.
     scale_rewards: a batch's data -> its rewards `[L, B]` as the loss must see them
         (--normalize_reward scales them, beast/normalize.py; else `data["reward"]`).
         Models read the raw `data["reward"]`, as they did when acting.
+    compile: --compile: whether `train_step` compiles the update (on, off, or auto:
+        where it pays, beast/train_step.py).
+    log: where the learner's one-off lines go (the path its update took).
+    optimizer_steps: about how many optimizer steps the run takes
+        (`Algorithm.optimizer_steps`), which --compile auto weighs; None: unknown.
     """
 
     device: torch.device
     bf16: bool
-    forward: Callable[..., Any]
     step: Stepper
     progress: TrainingProgress
-    scale_rewards: Callable[[Mapping[str, Tensor]], Tensor] = operator.itemgetter("reward")
+    scale_rewards: Callable[[Mapping[str, Tensor]], Tensor] = batch_rewards
+    compile: str = "off"
+    log: Callable[[str], None] = print
+    optimizer_steps: int | None = None
 
     def autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+    def train_step(
+        self,
+        loss: Callable[[Mapping[str, Tensor], tuple[str, ...]], StepLoss],
+        *,
+        modules: Mapping[str, nn.Module],
+        groups: Sequence[ParameterGroup],
+        targets: Sequence[TargetNetwork] = (),
+    ) -> TrainStep:
+        """The algorithm's optimizer step over `loss` (beast/train_step.py), eager or
+        compiled as the run says."""
+        from beast.train_step import TrainStep
+
+        return TrainStep(
+            loss,
+            modules=modules,
+            groups=groups,
+            targets=targets,
+            stepper=self.step,
+            compile=self.compile,
+            log=self.log,
+            expected_steps=self.optimizer_steps,
+        )
 
 
 class Update(abc.ABC):
@@ -314,3 +349,18 @@ class Algorithm(abc.ABC):
     def describe(self) -> str:
         """A fragment for the start-up line (e.g. the loss's settings); empty by default."""
         return ""
+
+    def optimizer_steps(self, total_steps: int) -> int | None:
+        """About how many optimizer steps a run of `total_steps` agent steps takes (what
+        --compile auto weighs against the cost of compiling); None when unknown. By
+        default one per batch: of rollouts, or of samples at the replay's rate limit."""
+        config, experience = self.config, self.experience()
+        if isinstance(experience, Rollouts):
+            return total_steps // (experience.unroll_length * config.batch_size)
+        if experience.samples_per_insert <= 0:
+            return None
+        inserted = total_steps  # the replay's unit: a step, or a sequence of them
+        if isinstance(experience, SequenceReplay):
+            inserted //= max(1, experience.seq_len - experience.seq_overlap)
+        inserted = max(0, inserted - experience.min_size)
+        return int(inserted * experience.samples_per_insert / config.batch_size)

@@ -33,7 +33,6 @@ float inputs, at least float32: float32 in, float32 out; float64 in, float64 out
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -63,9 +62,10 @@ from beast.algos.r2d2 import (
     value_rescaling,
 )
 from beast.config import ConfigError, flag
-from beast.fields import map_inputs, model_inputs
-from beast.models import build_q_model, copy_weights, polyak_update
+from beast.fields import index_inputs, model_inputs
+from beast.models import build_q_model, copy_weights
 from beast.optim import build_optimizer
+from beast.train_step import ParameterGroup, StepLoss, TargetNetwork
 
 __all__ = [
     "C51",
@@ -479,9 +479,10 @@ class TransitionQUpdate(TargetNetworkUpdate):
     1. the online network's forward pass over x_s (with gradient), and over x_{s+k}
        without (only for double Q's a*), and the target network's over x_{s+k};
     2. the loss (`loss_fn`: Q-values or return distributions, targets, importance weights);
-    3. the optimizer step (beast/learner.py `Stepper`; skipped when not finite);
-    4. every `target_update_period` applied updates, the target network moves `tau` of the
-       way to the online one; the exploration schedule (if any) is set from the env steps.
+    3. the optimizer step (beast/train_step.py: eager or compiled; skipped when not
+       finite), and every `target_update_period` applied updates the target network
+       moved `tau` of the way to the online one;
+    4. the exploration schedule (if any) set from the env steps.
     """
 
     def __init__(
@@ -506,36 +507,48 @@ class TransitionQUpdate(TargetNetworkUpdate):
         self.epsilon = epsilon
         self.schedule = _schedule_of(model)
         self.num_updates = 0  # applied updates, for the target updates
+        self.train_step = context.train_step(
+            self.loss,
+            modules={"model": model, "target": self.target_model},
+            groups=[ParameterGroup("model", optimizer)],
+            targets=[TargetNetwork(self.target_model, model)],
+        )
 
-    def __call__(self, batch: Batch) -> UpdateInfo:
-        data, context = batch.data, self.context
+    def loss(self, data: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
+        """The loss on a batch's tensors (steps 1-2 of the class docstring)."""
         inputs = model_inputs(data)
-        step = map_inputs(operator.itemgetter(slice(None, 1)), inputs)
-        bootstrap = map_inputs(operator.itemgetter(slice(1, None)), inputs)
-        if not self.model.training:
-            self.model.train()
-        with context.autocast():
-            online, _ = context.forward(step, ())
+        step = index_inputs(inputs, slice(None, 1))
+        bootstrap = index_inputs(inputs, slice(1, None))
+        with self.context.autocast():
+            online, _ = self.model(step, ())
             # Without gradient: the backward pass then covers the B rows the loss trains.
             with torch.no_grad():
-                next_online = (
-                    as_outputs(context.forward(bootstrap, ())[0]) if self.double_q else None
-                )
+                next_online = as_outputs(self.model(bootstrap, ())[0]) if self.double_q else None
                 target, _ = self.target_model(bootstrap, ())
         loss = self.loss_fn(
-            as_outputs(online), next_online, as_outputs(target), data, batch.weights
+            as_outputs(online), next_online, as_outputs(target), data, data["weights"]
         )
-        stats = dict(loss.stats)
+        return StepLoss(loss.total_loss, loss.stats, loss.priorities if self.prioritized else None)
+
+    def __call__(self, batch: Batch) -> UpdateInfo:
+        stats: dict[str, Any] = {}
         if self.schedule is not None and self.epsilon is not None:
-            value = self.epsilon(context.progress.step)
+            value = self.epsilon(self.context.progress.step)
             self.schedule.epsilon.fill_(value)
             stats["epsilon"] = value
-        if not context.step(loss.total_loss, self.optimizer, self.model.parameters()):
+        inputs = dict(batch.data)
+        inputs["weights"] = (
+            batch.weights
+            if batch.weights is not None
+            else torch.ones(inputs["n_steps"].shape, device=inputs["n_steps"].device)
+        )
+        averages = (self.num_updates + 1) % self.target_update_period == 0
+        result = self.train_step(inputs, train=("model",), tau=self.tau if averages else None)
+        stats.update(result.stats)
+        if not result.applied:
             return UpdateInfo(stats=stats)
         self.num_updates += 1
-        if self.num_updates % self.target_update_period == 0:
-            polyak_update(self.target_model, self.model, self.tau)
-        return UpdateInfo(stats=stats, priorities=loss.priorities if self.prioritized else None)
+        return UpdateInfo(stats=stats, priorities=result.priorities)
 
 
 def _scaled_returns(

@@ -82,6 +82,7 @@ from beast.algos.dtypes import compute_dtype
 from beast.config import ConfigError, flag
 from beast.fields import core_state, model_inputs
 from beast.optim import build_optimizer
+from beast.train_step import ParameterGroup, StepLoss
 
 __all__ = [
     "REWARD_CLIPPING_MODES",
@@ -367,7 +368,7 @@ class ImpalaArgs:
 
 class ActorCriticUpdate(Update):
     """One optimizer step per batch of rollouts on `loss_fn(outputs, batch) -> LossOutput`
-    (the IMPALA or LASER loss with its constants bound)."""
+    (the IMPALA or LASER loss with its constants bound), through beast/train_step.py."""
 
     def __init__(
         self,
@@ -377,22 +378,27 @@ class ActorCriticUpdate(Update):
         loss_fn: Callable[[Mapping[str, Tensor], Mapping[str, Tensor]], LossOutput],
     ) -> None:
         self.model, self.context, self.optimizer, self.loss_fn = model, context, optimizer, loss_fn
+        self.train_step = context.train_step(
+            self.loss, modules={"model": model}, groups=[ParameterGroup("model", optimizer)]
+        )
 
-    def __call__(self, batch: Batch) -> UpdateInfo:
-        data, context = batch.data, self.context
-        self.model.train()
+    def loss(self, data: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
+        context = self.context
         with context.autocast():
-            outputs, _ = context.forward(model_inputs(data), core_state(data))
+            outputs, _ = self.model(model_inputs(data), core_state(data))
         outputs = {key: value.float() for key, value in as_outputs(outputs).items()}
         loss = self.loss_fn(outputs, {**data, "reward": context.scale_rewards(data)})
-        context.step(loss.total_loss, self.optimizer, self.model.parameters())
-        return UpdateInfo(stats=loss.stats)
+        return StepLoss(loss.total_loss, loss.stats)
+
+    def __call__(self, batch: Batch) -> UpdateInfo:
+        return UpdateInfo(stats=self.train_step(batch.data, train=("model",)).stats)
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        self.train_step.load_optimizer_states()
 
 
 class Impala(ActorCriticAlgorithm):

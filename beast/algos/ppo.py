@@ -44,7 +44,6 @@ asynchronous actors").
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -67,8 +66,9 @@ from beast.algos.distributions import ActionDistribution
 from beast.algos.gae import generalized_advantages
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards, step_discounts_and_valid
 from beast.config import ConfigError, flag
-from beast.fields import core_state, map_inputs, model_inputs
+from beast.fields import core_state, index_inputs, map_inputs, model_inputs
 from beast.optim import build_optimizer
+from beast.train_step import ParameterGroup, StepLoss
 
 __all__ = [
     "A2C",
@@ -308,6 +308,11 @@ class PolicyGradientUpdate(Update):
         self.num_epochs, self.num_minibatches = num_epochs, num_minibatches
         self.recurrent = bool(model.initial_state(1))
         self.param_keys = tuple(distribution.param_shapes())
+        self.train_step = context.train_step(
+            self.minibatch_loss,
+            modules={"model": model},
+            groups=[ParameterGroup("model", optimizer)],
+        )
 
     def current_clip_range(self) -> float | None:
         """--clip_range now: constant, or linearly annealed with the agent steps."""
@@ -322,7 +327,7 @@ class PolicyGradientUpdate(Update):
         config, context, distribution = self.config, self.context, self.distribution
         self.model.eval()
         with context.autocast():
-            outputs, _ = context.forward(model_inputs(data), core_state(data))
+            outputs, _ = self.model(model_inputs(data), core_state(data))
         outputs = {key: value.float() for key, value in as_outputs(outputs).items()}
         values = outputs["baseline"]
         actions = data["action"][:-1]
@@ -362,104 +367,128 @@ class PolicyGradientUpdate(Update):
             initial_log_ratio=log_ratio,
         )
 
-    def _minibatches(self, data: Mapping[str, Tensor], targets: Targets):
-        """(inputs, core state, actions, targets) per minibatch of one epoch, shuffled by
-        torch's global generator (which checkpoints save and restore).
+    def _step_inputs(self, data: Mapping[str, Tensor], targets: Targets) -> dict[str, Any]:
+        """What every minibatch step reads: the whole batch laid out for indexing by a
+        minibatch's `index` (inside the step, where the gathers fuse with the loss).
 
-        Feed-forward: single steps, inputs [1, M, ...]. Recurrent: whole rollouts,
-        inputs [T+1, M, ...] (the model runs over them from their stored state; only
-        steps 0..T-1 train), targets [T, M].
+        Feed-forward: single steps, [T*B, ...] (the model sees [1, M, ...]). Recurrent:
+        whole rollouts, inputs [T+1, B, ...], state and targets by column (the model
+        runs over them from their stored state; only steps 0..T-1 train).
         """
-        T, B = targets.valid.shape
         inputs = model_inputs(data)
         if self.recurrent:
-            order = torch.randperm(B, device=targets.valid.device)
-            for columns in order.chunk(self.num_minibatches):
-                state = tuple(s[:, columns] for s in core_state(data))
-                actions = data["action"][:-1, columns]
-                yield (
-                    map_inputs(operator.itemgetter((slice(None), columns)), inputs),
-                    state,
-                    actions,
-                    Targets(*(t[:, columns] for t in targets)),
-                )
-            return
-        steps_inputs = map_inputs(lambda value: value[:-1].flatten(0, 1), inputs)
-        flat_actions = data["action"][:-1].flatten(0, 1)
-        flat_targets = Targets(*(t.flatten(0, 1) for t in targets))
-        order = torch.randperm(T * B, device=targets.valid.device)
-        for steps in order.chunk(self.num_minibatches):
-            yield (
-                map_inputs(operator.itemgetter((None, steps)), steps_inputs),  # [1, M, ...]
-                (),
-                flat_actions[steps].unsqueeze(0),
-                Targets(*(t[steps].unsqueeze(0) for t in flat_targets)),
+            return {
+                "model_inputs": inputs,
+                "core_state": core_state(data),
+                "actions": data["action"][:-1],
+                "targets": targets._asdict(),
+            }
+        return {
+            "model_inputs": map_inputs(lambda value: value[:-1].flatten(0, 1), inputs),
+            "core_state": (),
+            "actions": data["action"][:-1].flatten(0, 1),
+            "targets": {key: t.flatten(0, 1) for key, t in targets._asdict().items()},
+        }
+
+    def minibatch(
+        self, inputs: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], tuple[Tensor, ...], Tensor, Targets]:
+        """The minibatch `inputs["index"]` picks from `_step_inputs`: (model inputs, core
+        state, actions, targets); feed-forward [1, M, ...], recurrent [T+1, M, ...]."""
+        index = inputs["index"]
+        targets = inputs["targets"]
+        if self.recurrent:
+            return (
+                index_inputs(inputs["model_inputs"], (slice(None), index)),
+                tuple(s[:, index] for s in inputs["core_state"]),
+                inputs["actions"][:, index],
+                Targets(**{key: t[:, index] for key, t in targets.items()}),
             )
+        return (
+            index_inputs(inputs["model_inputs"], (None, index)),
+            (),
+            inputs["actions"][index].unsqueeze(0),
+            Targets(**{key: t[index].unsqueeze(0) for key, t in targets.items()}),
+        )
+
+    def minibatch_loss(self, inputs: Mapping[str, Any], train: tuple[str, ...]) -> StepLoss:
+        """The clipped surrogate (or A2C's policy gradient), the value loss and the
+        entropy bonus on the minibatch `inputs["index"]` selects (module docstring);
+        does not proceed past --target_kl."""
+        config, distribution = self.config, self.distribution
+        model_in, state, actions, mb = self.minibatch(inputs)
+        clip_range = inputs.get("clip_range")
+        valid = mb.valid
+        with self.context.autocast():
+            outputs, _ = self.model(model_in, state)
+        outputs = {key: value.float() for key, value in as_outputs(outputs).items()}
+        if self.recurrent:  # the rollouts' steps 0..T-1 train; step T bootstraps
+            outputs = {key: value[:-1] for key, value in outputs.items()}
+        params = {key: outputs[key] for key in self.param_keys}
+        log_probs = distribution.log_prob(params, actions)
+        log_ratio = log_probs - mb.behaviour_log_probs
+        advantages = mb.advantages
+        if config.normalize_advantage:
+            # Where the minibatch has one valid step or none, its advantages stay as they are.
+            mean = masked_mean(advantages, valid)
+            std = masked_mean((advantages - mean).square(), valid).sqrt()
+            normalized = (advantages - mean) / (std + _ADVANTAGE_EPSILON)
+            advantages = torch.where(valid.sum() > 1, normalized, advantages)
+        policy_term = masked_mean(
+            clipped_surrogate(
+                log_ratio if clip_range is not None else log_probs, advantages, clip_range
+            ),
+            valid,
+        )
+        clip_vf = getattr(config, "clip_range_vf", None)
+        value_term = masked_mean(
+            value_loss(outputs["baseline"], mb.returns, mb.old_values, clip_vf), valid
+        )
+        entropy = masked_mean(distribution.entropy(params), valid)
+        loss = policy_term + config.baseline_cost * value_term - config.entropy_cost * entropy
+        with torch.no_grad():
+            ratio = log_ratio.detach().exp()
+            approx_kl = masked_mean((ratio - 1.0) - log_ratio.detach(), valid)
+            clipped = (
+                masked_mean(((ratio - 1.0).abs() > clip_range).float(), valid)
+                if clip_range is not None
+                else torch.zeros((), device=ratio.device)
+            )
+        stats = {
+            "total_loss": loss.detach(),
+            "pg_loss": policy_term.detach(),
+            "baseline_loss": value_term.detach(),
+            "entropy": entropy.detach(),
+            "approx_kl": approx_kl,
+            "clip_fraction": clipped,
+        }
+        target_kl = getattr(config, "target_kl", None)
+        proceed = None if target_kl is None else approx_kl <= _TARGET_KL_MARGIN * target_kl
+        return StepLoss(loss, stats, proceed=proceed)
 
     def __call__(self, batch: Batch) -> UpdateInfo:
-        data, context, config = batch.data, self.context, self.config
-        distribution = self.distribution
+        data = batch.data
         targets = self.targets(data)
         clip_range = self.current_clip_range()
-        clip_vf = getattr(config, "clip_range_vf", None)
-        target_kl = getattr(config, "target_kl", None)
+        inputs = self._step_inputs(data, targets)
+        if clip_range is not None:
+            inputs["clip_range"] = torch.tensor(clip_range, device=targets.valid.device)
+        count = targets.valid.shape[1] if self.recurrent else targets.valid.numel()
         sums: dict[str, Tensor] = {}
         minibatches = 0
         stopped_early = False
         self.model.train()
         for _ in range(self.num_epochs):
-            for inputs, state, actions, mb in self._minibatches(data, targets):
-                valid = mb.valid
-                with context.autocast():
-                    outputs, _ = context.forward(inputs, state)
-                outputs = {key: value.float() for key, value in as_outputs(outputs).items()}
-                if self.recurrent:  # the rollouts' steps 0..T-1 train; step T bootstraps
-                    outputs = {key: value[:-1] for key, value in outputs.items()}
-                params = {key: outputs[key] for key in self.param_keys}
-                log_probs = distribution.log_prob(params, actions)
-                log_ratio = log_probs - mb.behaviour_log_probs
-                advantages = mb.advantages
-                if config.normalize_advantage and int(valid.sum()) > 1:
-                    mean = masked_mean(advantages, valid)
-                    std = masked_mean((advantages - mean).square(), valid).sqrt()
-                    advantages = (advantages - mean) / (std + _ADVANTAGE_EPSILON)
-                policy_term = masked_mean(
-                    clipped_surrogate(
-                        log_ratio if clip_range is not None else log_probs,
-                        advantages,
-                        clip_range,
-                    ),
-                    valid,
-                )
-                value_term = masked_mean(
-                    value_loss(outputs["baseline"], mb.returns, mb.old_values, clip_vf), valid
-                )
-                entropy = masked_mean(distribution.entropy(params), valid)
-                loss = (
-                    policy_term + config.baseline_cost * value_term - config.entropy_cost * entropy
-                )
-                with torch.no_grad():
-                    ratio = log_ratio.detach().exp()
-                    approx_kl = masked_mean((ratio - 1.0) - log_ratio.detach(), valid)
-                    clipped = (
-                        masked_mean(((ratio - 1.0).abs() > clip_range).float(), valid)
-                        if clip_range is not None
-                        else torch.zeros(())
-                    )
-                if target_kl is not None and float(approx_kl) > _TARGET_KL_MARGIN * target_kl:
+            # Shuffled by torch's global generator (which checkpoints save and restore).
+            order = torch.randperm(count, device=targets.valid.device)
+            for index in order.chunk(self.num_minibatches):
+                result = self.train_step({**inputs, "index": index}, train=("model",))
+                if result.stopped:
                     stopped_early = True
                     break
-                context.step(loss, self.optimizer, self.model.parameters())
                 minibatches += 1
-                for key, value in (
-                    ("total_loss", loss),
-                    ("pg_loss", policy_term),
-                    ("baseline_loss", value_term),
-                    ("entropy", entropy),
-                    ("approx_kl", approx_kl),
-                    ("clip_fraction", clipped),
-                ):
-                    sums[key] = sums.get(key, 0.0) + value.detach()
+                for key, value in result.stats.items():
+                    sums[key] = sums.get(key, 0.0) + value
             if stopped_early:
                 break
         return UpdateInfo(stats=self._stats(sums, minibatches, targets, clip_range, stopped_early))
@@ -498,6 +527,7 @@ class PolicyGradientUpdate(Update):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        self.train_step.load_optimizer_states()
 
 
 class PPO(ActorCriticAlgorithm):
@@ -529,6 +559,11 @@ class PPO(ActorCriticAlgorithm):
         """(clip_range, num_epochs, num_minibatches) of each batch's update."""
         config = self.config
         return config.clip_range, config.num_epochs, config.num_minibatches
+
+    def optimizer_steps(self, total_steps: int) -> int | None:
+        batches = super().optimizer_steps(total_steps)
+        _, num_epochs, num_minibatches = self.passes()
+        return None if batches is None else batches * num_epochs * num_minibatches
 
     def experience(self) -> Experience:
         return Rollouts(

@@ -58,7 +58,6 @@ loss are computed in at least float32.
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -81,9 +80,10 @@ from beast.algos.dtypes import compute_dtype
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.config import ConfigError, flag
-from beast.fields import core_state, map_inputs, model_inputs
+from beast.fields import core_state, index_inputs, model_inputs
 from beast.models import build_q_model, copy_weights
 from beast.optim import build_optimizer
+from beast.train_step import ParameterGroup, StepLoss, TargetNetwork, TrainStep
 
 __all__ = [
     "NStepTargets",
@@ -445,13 +445,11 @@ def unroll_with_burn_in(
     parts = []
     if burn_in > 0:
         with torch.no_grad():
-            burn = map_inputs(operator.itemgetter(slice(None, burn_in)), inputs)
+            burn = index_inputs(inputs, slice(None, burn_in))
             output, core_state = model(burn, core_state)
         parts.append(as_outputs(output)["q_values"])
         core_state = tuple(s.detach() for s in core_state)
-    output, core_state = model(
-        map_inputs(operator.itemgetter(slice(burn_in, None)), inputs), core_state
-    )
+    output, core_state = model(index_inputs(inputs, slice(burn_in, None)), core_state)
     parts.append(as_outputs(output)["q_values"])
     q_values = parts[0] if len(parts) == 1 else torch.cat(parts)
     return q_values, core_state
@@ -548,6 +546,7 @@ class TargetNetworkUpdate(Update):
     optimizer: torch.optim.Optimizer
     target_model: nn.Module
     num_updates: int
+    train_step: TrainStep
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -560,6 +559,7 @@ class TargetNetworkUpdate(Update):
         self.optimizer.load_state_dict(state["optimizer"])
         self.target_model.load_state_dict(state["target_model"])
         self.num_updates = int(state["num_updates"])
+        self.train_step.load_optimizer_states()
 
 
 class SequenceQUpdate(TargetNetworkUpdate):
@@ -569,10 +569,10 @@ class SequenceQUpdate(TargetNetworkUpdate):
        stored LSTM state without gradient, then the rest with it (R2D2 section 3); the
        target network unrolls all rows from the same state, without gradient;
     2. the loss (`loss_fn`, `r2d2_loss` with its constants bound), each sequence weighted
-       by its importance weight;
-    3. the optimizer step (beast/learner.py `Stepper`; skipped when not finite);
-    4. the sequences' new priorities, returned to the replay;
-    5. every `target_update_period` applied updates, the online weights into the target.
+       by its importance weight, and the sequences' new priorities;
+    3. the optimizer step (beast/train_step.py: eager or compiled; skipped when not
+       finite), and every `target_update_period` applied updates the online weights
+       copied into the target.
     """
 
     def __init__(
@@ -594,14 +594,20 @@ class SequenceQUpdate(TargetNetworkUpdate):
         self.target_update_period = target_update_period
         self.reward_clipping = reward_clipping
         self.num_updates = 0  # applied updates, for the target copies
+        self.train_step = context.train_step(
+            self.loss,
+            modules={"model": model, "target": self.target_model},
+            groups=[ParameterGroup("model", optimizer)],
+            targets=[TargetNetwork(self.target_model, model)],
+        )
 
-    def __call__(self, batch: Batch) -> UpdateInfo:
-        data, context = batch.data, self.context
+    def loss(self, data: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
+        """Steps 1-2 of the class docstring on a batch's tensors."""
+        context = self.context
         inputs = model_inputs(data)
         state = core_state(data)
-        self.model.train()
         with context.autocast():
-            online_q, _ = unroll_with_burn_in(context.forward, inputs, state, self.burn_in)
+            online_q, _ = unroll_with_burn_in(self.model, inputs, state, self.burn_in)
             with torch.no_grad():
                 target_outputs, _ = self.target_model(inputs, state)
         reward = clip_rewards(context.scale_rewards(data), self.reward_clipping)
@@ -609,14 +615,20 @@ class SequenceQUpdate(TargetNetworkUpdate):
             online_q.float(),
             as_outputs(target_outputs)["q_values"].float(),
             {**data, "reward": reward},
-            batch.weights,
+            data.get("weights"),
         )
-        if not context.step(loss.total_loss, self.optimizer, self.model.parameters()):
-            return UpdateInfo(stats=loss.stats)
+        return StepLoss(loss.total_loss, loss.stats, loss.priorities)
+
+    def __call__(self, batch: Batch) -> UpdateInfo:
+        inputs = dict(batch.data)
+        if batch.weights is not None:
+            inputs["weights"] = batch.weights
+        copies = (self.num_updates + 1) % self.target_update_period == 0
+        result = self.train_step(inputs, train=("model",), tau=1.0 if copies else None)
+        if not result.applied:
+            return UpdateInfo(stats=result.stats)
         self.num_updates += 1
-        if self.num_updates % self.target_update_period == 0:
-            copy_weights(self.target_model, self.model)
-        return UpdateInfo(stats=loss.stats, priorities=loss.priorities)
+        return UpdateInfo(stats=result.stats, priorities=result.priorities)
 
 
 class R2D2(Algorithm):

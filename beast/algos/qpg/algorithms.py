@@ -15,7 +15,6 @@ from __future__ import annotations
 import abc
 import copy
 import math
-import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -46,10 +45,11 @@ from beast.algos.qpg.functions import (
 )
 from beast.algos.qpg.networks import ActorCriticQNet
 from beast.config import ConfigError, flag
-from beast.fields import map_inputs, model_inputs
-from beast.models import ModelError, PolyakAverager
+from beast.fields import index_inputs, model_inputs
+from beast.models import ModelError
 from beast.normalize import find_observation_normalizer
 from beast.optim import build_optimizer
+from beast.train_step import ParameterGroup, StepLoss, TargetNetwork
 
 __all__ = [
     "DDPG",
@@ -211,6 +211,23 @@ def find_actor_critic(model: nn.Module) -> nn.Module:
     raise ModelError("the network has no critic submodule (beast/algos/qpg/networks.py)")
 
 
+class Temperature(nn.Module):
+    """SAC's learned temperature, as log alpha: a module so that the learner's step trains
+    it as it trains the networks (beast/train_step.py)."""
+
+    def __init__(self, alpha: float) -> None:
+        super().__init__()
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(alpha)))
+
+
+def frozen_call(module: nn.Module, *args: Any) -> Any:
+    """`module(*args)` with its parameters as constants: gradients reach the inputs only
+    (the actor's loss through the critics). Under the learner's compiled step the
+    parameters it reads are the step's own (beast/train_step.py)."""
+    constants = {name: p.detach() for name, p in module.named_parameters()}
+    return torch.func.functional_call(module, constants, args)
+
+
 class ActorCriticQUpdate(Update):
     """What DDPG, TD3 and SAC share in the learner:
 
@@ -221,10 +238,14 @@ class ActorCriticQUpdate(Update):
        the temperature's) where this update trains them; the actor's loss sees the
        critics as constants (their parameters' gradients are not taken), so one backward
        pass serves every optimizer;
-    3. one `context.step` over the optimizers the losses train (separate states, all in
-       the checkpoint);
-    4. the target networks' Polyak averaging (`--tau`) after every actor update, and the
-       end of the random warm-up (the exploration rate to 0) at the first update.
+    3. one optimizer step (beast/train_step.py: eager or compiled) over the groups the
+       losses train ("critic", "actor", SAC's "alpha"; separate optimizer states, all in
+       the checkpoint), and the target networks' Polyak averaging (`--tau`) after every
+       actor update;
+    4. the end of the random warm-up (the exploration rate to 0) at the first update.
+
+    The losses draw no random numbers: the noise they need comes with the inputs
+    (`noise`), drawn here from torch's generator (checkpointed).
     """
 
     def __init__(
@@ -236,6 +257,7 @@ class ActorCriticQUpdate(Update):
         action_low: tuple[float, ...],
         action_high: tuple[float, ...],
         average_actor: bool,
+        temperature: Temperature | None = None,
     ) -> None:
         self.model, self.context, self.config = model, context, config
         self.net = find_actor_critic(model)
@@ -249,70 +271,86 @@ class ActorCriticQUpdate(Update):
         self.actor_params = [p for p in self.net.parameters() if id(p) not in critic_ids]
         self.critic_optimizer = build_optimizer(config, self.critic_params)
         self.actor_optimizer = build_optimizer(config, self.actor_params)
+        self.temperature = temperature
+        self.alpha_optimizer = (
+            build_optimizer(config, temperature.parameters()) if temperature is not None else None
+        )
+        groups = [
+            ParameterGroup("critic", self.critic_optimizer),
+            ParameterGroup("actor", self.actor_optimizer),
+        ]
+        modules = {"model": model, "target": self.target}
+        if temperature is not None:
+            assert self.alpha_optimizer is not None
+            groups.append(ParameterGroup("alpha", self.alpha_optimizer))
+            modules["temperature"] = temperature
         # SAC has no target actor: only the critics are averaged.
-        self.averager = (
-            PolyakAverager(self.target, self.net)
+        followed = (
+            TargetNetwork(self.target, self.net)
             if average_actor
-            else PolyakAverager(self.target.critic, self.net.critic)
+            else TargetNetwork(self.target.critic, self.net.critic)
         )
         device = context.device
         self.low = torch.tensor(action_low, dtype=torch.float32, device=device)
         self.high = torch.tensor(action_high, dtype=torch.float32, device=device)
+        self.train_step = context.train_step(
+            self.losses, modules=modules, groups=groups, targets=[followed]
+        )
         self.num_updates = 0  # applied updates (critic steps)
 
+    def prepared(
+        self, inputs: Mapping[str, Tensor]
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor, NStepReturns]:
+        """The loss's view of a batch: model inputs of x_s and x_{s+k} ([1, B] each,
+        normalised as the actors saw them), the stored actions in the unit box [B, d],
+        and the n-step returns from the (scaled) rewards."""
+        data = model_inputs(inputs)
+        if self.normalizer is not None:
+            data["obs"] = self.normalizer.normalize(data["obs"])
+        rewards = self.context.scale_rewards({**inputs, "reward": inputs["n_step_rewards"]})
+        returns = n_step_returns(rewards, inputs["n_steps"], self.config.discounting)
+        actions = to_unit_actions(inputs["action"][0].float(), self.low, self.high)
+        return _rows(data, 0), _rows(data, 1), actions, returns
+
     @abc.abstractmethod
-    def losses(
-        self,
-        inputs: Mapping[str, Tensor],
-        actions: Tensor,
-        targets_from: tuple[NStepReturns, Tensor],
-        weights: Tensor | None,
-    ) -> tuple[Tensor, list[torch.optim.Optimizer], dict[str, Any], bool]:
-        """The update's losses on inputs [2, B] (x_s, x_{s+k}), the stored actions [B, d]
-        in the unit box, the n-step returns and terminal flags [B]: (the summed loss, the
-        optimizers it trains, stats, whether the actor trained)."""
+    def losses(self, inputs: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
+        """The step's summed losses on a batch's tensors (with its `noise`), for the
+        groups in `train`."""
+
+    @abc.abstractmethod
+    def noise(self, batch_size: int, action_dim: int) -> dict[str, Tensor]:
+        """The standard normal draws the losses need, by name."""
+
+    def groups_to_train(self) -> tuple[str, ...]:
+        """The groups the next update trains."""
+        return ("critic", "actor")
 
     def critic_values(
         self, inputs: Mapping[str, Tensor], actions: Tensor, *, frozen: bool
     ) -> Tensor:
         """The online critics at (x_s, actions [B, d]): [C, B]. `frozen`: as constants,
         so that the actor's loss sends gradients to the actions only."""
-        if not frozen:
-            return self.net.critic(inputs, actions.unsqueeze(0))[:, 0]
-        for p in self.critic_params:
-            p.requires_grad_(False)
-        try:
-            return self.net.critic(inputs, actions.unsqueeze(0))[:, 0]
-        finally:
-            for p in self.critic_params:
-                p.requires_grad_(True)
+        if frozen:
+            return frozen_call(self.net.critic, inputs, actions.unsqueeze(0))[:, 0]
+        return self.net.critic(inputs, actions.unsqueeze(0))[:, 0]
 
     def __call__(self, batch: Batch) -> UpdateInfo:
-        data, context, config = batch.data, self.context, self.config
-        inputs = model_inputs(data)
-        if self.normalizer is not None:
-            inputs["obs"] = self.normalizer.normalize(inputs["obs"])
-        rewards = context.scale_rewards({**data, "reward": data["n_step_rewards"]})
-        returns = n_step_returns(rewards, data["n_steps"], config.discounting)
-        actions = to_unit_actions(data["action"][0].float(), self.low, self.high)
-        total, optimizers, stats, actor_trained = self.losses(
-            inputs, actions, (returns, data["terminal"]), batch.weights
-        )
-        stats["total_loss"] = total.detach()
-        params = self.critic_params + (self.actor_params if actor_trained else [])
-        params += self.extra_parameters()
-        if not context.step(total, optimizers, params):
+        data = batch.data
+        B = data["n_steps"].shape[0]
+        inputs = dict(data)
+        inputs.update(self.noise(B, self.low.shape[0]))
+        if batch.weights is not None:
+            inputs["weights"] = batch.weights
+        train = self.groups_to_train()
+        averages = "actor" in train
+        result = self.train_step(inputs, train=train, tau=self.config.tau if averages else None)
+        stats = dict(result.stats)
+        if not result.applied:
             return UpdateInfo(stats=stats)
         self.num_updates += 1
-        if actor_trained:
-            self.averager(config.tau)
         if self.schedule is not None and float(self.schedule.epsilon) != 0.0:
             self.schedule.epsilon.fill_(0.0)  # the random warm-up is over
         return UpdateInfo(stats=stats)
-
-    def extra_parameters(self) -> list[Tensor]:
-        """Parameters besides the actor's and the critics' (SAC's log alpha)."""
-        return []
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -327,10 +365,11 @@ class ActorCriticQUpdate(Update):
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.target.load_state_dict(state["target"])
         self.num_updates = int(state["num_updates"])
+        self.train_step.load_optimizer_states()
 
 
 def _rows(inputs: Mapping[str, Tensor], row: int) -> dict[str, Tensor]:
-    return map_inputs(operator.itemgetter(slice(row, row + 1)), inputs)
+    return index_inputs(inputs, slice(row, row + 1))
 
 
 class TD3Update(ActorCriticQUpdate):
@@ -349,44 +388,54 @@ class TD3Update(ActorCriticQUpdate):
         self.last_actor_loss = torch.tensor(float("nan"))
         self.target_noise, self.target_noise_clip = target_noise, target_noise_clip
 
-    def losses(
-        self,
-        inputs: Mapping[str, Tensor],
-        actions: Tensor,
-        targets_from: tuple[NStepReturns, Tensor],
-        weights: Tensor | None,
-    ) -> tuple[Tensor, list[torch.optim.Optimizer], dict[str, Any], bool]:
+    def groups_to_train(self) -> tuple[str, ...]:
+        if (self.num_updates + 1) % self.policy_delay == 0:
+            return ("critic", "actor")
+        return ("critic",)
+
+    def noise(self, batch_size: int, action_dim: int) -> dict[str, Tensor]:
+        if self.target_noise == 0.0:
+            return {}
+        device = self.low.device
+        return {"target_noise": torch.randn(batch_size, action_dim).to(device)}
+
+    def losses(self, inputs: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
         net = self.net
-        step, bootstrap = _rows(inputs, 0), _rows(inputs, 1)
-        returns, terminal = targets_from
+        step, bootstrap, actions, returns = self.prepared(inputs)
         with torch.no_grad():
             target_actions = torch.tanh(self.target(bootstrap, ())[0]["action_mean"][0].float())
-            smoothed = smoothed_target_actions(
-                target_actions,
-                torch.randn_like(target_actions),
-                self.target_noise,
-                self.target_noise_clip,
-            )
-            next_q = self.target.critic(bootstrap, smoothed.unsqueeze(0))[:, 0].float()
-            targets = td3_targets(returns, terminal, next_q)
+            if "target_noise" in inputs:
+                target_actions = smoothed_target_actions(
+                    target_actions,
+                    inputs["target_noise"],
+                    self.target_noise,
+                    self.target_noise_clip,
+                )
+            next_q = self.target.critic(bootstrap, target_actions.unsqueeze(0))[:, 0].float()
+            targets = td3_targets(returns, inputs["terminal"], next_q)
         q = self.critic_values(step, actions, frozen=False)
-        total = critic_loss(q, targets, weights)
+        total = critic_loss(q, targets, inputs.get("weights"))
         stats: dict[str, Any] = {
             "critic_loss": total.detach(),
             "mean_q": q.detach().mean(),
             "mean_target": targets.mean(),
         }
-        optimizers = [self.critic_optimizer]
-        train_actor = (self.num_updates + 1) % self.policy_delay == 0
-        if train_actor:
+        if "actor" in train:
             mu = torch.tanh(net(step, ())[0]["action_mean"][0].float())
             actor_loss = -self.critic_values(step, mu, frozen=True)[0].mean()
             total = total + actor_loss
-            optimizers.append(self.actor_optimizer)
-            self.last_actor_loss = actor_loss.detach()
+            stats["actor_loss"] = actor_loss.detach()
+        stats["total_loss"] = total.detach()
+        return StepLoss(total, stats)
+
+    def __call__(self, batch: Batch) -> UpdateInfo:
+        info = super().__call__(batch)
+        stats = dict(info.stats)
         # Every update logs the same columns: the latest actor loss between actor updates.
+        if "actor_loss" in stats:
+            self.last_actor_loss = stats["actor_loss"]
         stats["actor_loss"] = self.last_actor_loss
-        return total, optimizers, stats, train_actor
+        return UpdateInfo(stats=stats, priorities=info.priorities)
 
 
 class SACUpdate(ActorCriticQUpdate):
@@ -400,58 +449,56 @@ class SACUpdate(ActorCriticQUpdate):
         target_entropy: float,
         **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
-        device = self.context.device
-        self.target_entropy = target_entropy
         self.learn_alpha = alpha is None
-        start = alpha_init if alpha is None else max(alpha, 1e-30)
-        self.log_alpha = torch.tensor(
-            math.log(start), device=device, requires_grad=self.learn_alpha
-        )
-        self.fixed_alpha = alpha
-        self.alpha_optimizer = (
-            build_optimizer(self.config, [self.log_alpha]) if self.learn_alpha else None
+        temperature = Temperature(alpha_init) if alpha is None else None
+        super().__init__(*args, temperature=temperature, **kwargs)
+        self.target_entropy = target_entropy
+        self.fixed_alpha = torch.tensor(
+            max(alpha, 1e-30) if alpha is not None else 1.0, device=self.low.device
         )
 
-    def extra_parameters(self) -> list[Tensor]:
-        return [self.log_alpha] if self.learn_alpha else []
+    @property
+    def log_alpha(self) -> Tensor:
+        if self.temperature is not None:
+            return self.temperature.log_alpha
+        return self.fixed_alpha.log()
 
-    def draw(self, inputs: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+    def groups_to_train(self) -> tuple[str, ...]:
+        return ("critic", "actor", "alpha") if self.learn_alpha else ("critic", "actor")
+
+    def noise(self, batch_size: int, action_dim: int) -> dict[str, Tensor]:
+        draws = torch.randn(2, batch_size, action_dim).to(self.low.device)
+        return {"noise_next": draws[0], "noise_now": draws[1]}
+
+    def draw(self, inputs: Mapping[str, Tensor], noise: Tensor) -> tuple[Tensor, Tensor]:
         """A reparametrised a ~ pi(.|x) for one row of inputs: ([B, d], log pi [B])."""
         outputs = self.net(inputs, ())[0]
         mean = outputs["action_mean"][0].float()
         log_std = outputs["action_log_std"][0].float()
-        return sample_tanh_gaussian(mean, log_std, torch.randn_like(mean))
+        return sample_tanh_gaussian(mean, log_std, noise)
 
-    def losses(
-        self,
-        inputs: Mapping[str, Tensor],
-        actions: Tensor,
-        targets_from: tuple[NStepReturns, Tensor],
-        weights: Tensor | None,
-    ) -> tuple[Tensor, list[torch.optim.Optimizer], dict[str, Any], bool]:
-        step, bootstrap = _rows(inputs, 0), _rows(inputs, 1)
-        returns, terminal = targets_from
+    def losses(self, inputs: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
+        step, bootstrap, actions, returns = self.prepared(inputs)
         alpha = (
-            self.log_alpha.detach().exp()
-            if self.learn_alpha
-            else torch.tensor(self.fixed_alpha, device=actions.device)
+            self.temperature.log_alpha.detach().exp()
+            if self.temperature is not None
+            else self.fixed_alpha
         )
         # The next action a' ~ pi(.|x_{s+k}) without gradient (half the actor's backward).
         with torch.no_grad():
-            next_action, next_log_prob = self.draw(bootstrap)
+            next_action, next_log_prob = self.draw(bootstrap, inputs["noise_next"])
             next_q = self.target.critic(bootstrap, next_action.unsqueeze(0))[:, 0].float()
-            targets = soft_q_targets(returns, terminal, next_q, next_log_prob, alpha)
+            targets = soft_q_targets(returns, inputs["terminal"], next_q, next_log_prob, alpha)
         q = self.critic_values(step, actions, frozen=False)
-        loss_critic = critic_loss(q, targets, weights)
-        drawn, log_prob = self.draw(step)
+        loss_critic = critic_loss(q, targets, inputs.get("weights"))
+        drawn, log_prob = self.draw(step, inputs["noise_now"])
         q_pi = self.critic_values(step, drawn, frozen=True)
         loss_actor = (alpha * log_prob - q_pi.min(dim=0).values).mean()
         total = loss_critic + loss_actor
-        optimizers = [self.critic_optimizer, self.actor_optimizer]
-        if self.alpha_optimizer is not None:
-            total = total + temperature_loss(self.log_alpha, log_prob, self.target_entropy)
-            optimizers.append(self.alpha_optimizer)
+        if self.temperature is not None and "alpha" in train:
+            total = total + temperature_loss(
+                self.temperature.log_alpha, log_prob, self.target_entropy
+            )
         stats = {
             "critic_loss": loss_critic.detach(),
             "actor_loss": loss_actor.detach(),
@@ -459,8 +506,9 @@ class SACUpdate(ActorCriticQUpdate):
             "entropy": -log_prob.detach().mean(),
             "mean_q": q.detach().mean(),
             "mean_target": targets.mean(),
+            "total_loss": total.detach(),
         }
-        return total, optimizers, stats, True
+        return StepLoss(total, stats)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
@@ -470,11 +518,12 @@ class SACUpdate(ActorCriticQUpdate):
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
+        if self.temperature is not None:
+            with torch.no_grad():
+                self.temperature.log_alpha.copy_(state["log_alpha"])
         if self.alpha_optimizer is not None:
             self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+        super().load_state_dict(state)
 
 
 class DDPG(Algorithm):

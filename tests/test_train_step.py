@@ -1,0 +1,352 @@
+"""beast.train_step: the compiled update matches the eager one, and never stops a run.
+
+The contract (beast/train_step.py): the compiled step (the forward passes, losses,
+gradients, clipping, guard, optimizer arithmetic and target updates in one graph) takes
+the same step as the eager one (backward, the Stepper, torch.optim's own Adam or
+RMSprop, the Polyak averager) to float tolerance, for every kind of update: rollouts
+(IMPALA, PPO), sequence replay (R2D2), transition replay (DQN with priorities) and
+twin-critic actor-critics (SAC, TD3). The parity tests compile with torch's aot_eager
+backend (the same captured graph, run by eager kernels: seconds, where inductor's C++
+takes a minute cold on 2 cores); one test runs inductor itself.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from beast import train_step as train_step_module
+from beast.algos.base import Batch, LearnerContext
+from beast.config import parse_args
+from beast.engine import build_algorithm
+from beast.envs.spec import EnvSpec
+from beast.learner import NonFiniteError, Stepper, TrainingProgress
+from beast.train_step import ParameterGroup, StepLoss, TrainStep
+
+CARTPOLE = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), num_actions=2)
+PENDULUM = EnvSpec(
+    obs_shape=(3,),
+    obs_dtype=np.dtype(np.float32),
+    num_actions=0,
+    action_shape=(1,),
+    action_low=(-2.0,),
+    action_high=(2.0,),
+)
+
+
+@pytest.fixture
+def fast_backend(monkeypatch):
+    monkeypatch.setattr(train_step_module, "_BACKEND", "aot_eager")
+    # Compile after two eager steps of a kind (the first times nothing), not four.
+    monkeypatch.setattr(train_step_module, "_EAGER_PROBES", 2)
+
+
+def build(algo: str, spec: EnvSpec, compile: str, *flags: str, clipping: float = 0.0):
+    """An algorithm's update on a tiny network, seeded: two builds start identical."""
+    env = "Pendulum-v1" if spec.continuous else "CartPole-v1"
+    config = parse_args(["--algo", algo, "--env", env, *flags])
+    torch.manual_seed(0)
+    algorithm = build_algorithm(config, spec)
+    model = algorithm.build_model()
+    progress = TrainingProgress()
+    stepper = Stepper(
+        grad_norm_clipping=clipping,
+        max_nonfinite_updates=3,
+        lr_schedule="linear",
+        total_steps=10_000,
+        progress=progress,
+    )
+    context = LearnerContext(
+        device=torch.device("cpu"),
+        bf16=False,
+        step=stepper,
+        progress=progress,
+        compile=compile,
+        log=lambda line: None,
+    )
+    return model, algorithm.learner(model, context), progress
+
+
+def transition_batch(B: int, seed: int, *, continuous: bool) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    obs = 3 if continuous else 4
+    action = (
+        torch.rand(2, B, 1, generator=g) * 4 - 2
+        if continuous
+        else torch.randint(0, 2, (2, B), generator=g)
+    )
+    data = {
+        "obs": torch.randn(2, B, obs, generator=g),
+        "reward": torch.randn(2, B, generator=g),
+        "done": torch.zeros(2, B, dtype=torch.bool),
+        "last_action": torch.zeros(2, B, 1) if continuous else torch.zeros(2, B, dtype=torch.int64),
+        "action": action,
+        "n_step_rewards": torch.randn(3, B, generator=g),
+        "n_steps": torch.randint(1, 4, (B,), generator=g),
+        "terminal": torch.rand(B, generator=g) < 0.2,
+    }
+    return Batch(data=data, weights=torch.rand(B, generator=g) + 0.5)
+
+
+def rollout_batch(T: int, B: int, seed: int, *, hidden: int = 0) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    done = torch.rand(T + 1, B, generator=g) < 0.1
+    data = {
+        "obs": torch.randn(T + 1, B, 4, generator=g),
+        "reward": torch.randn(T + 1, B, generator=g),
+        "done": done,
+        "terminated": done & (torch.rand(T + 1, B, generator=g) < 0.5),
+        "truncated": torch.zeros(T + 1, B, dtype=torch.bool),
+        "last_action": torch.randint(0, 2, (T + 1, B), generator=g),
+        "action": torch.randint(0, 2, (T + 1, B), generator=g),
+        "policy_logits": torch.randn(T + 1, B, 2, generator=g),
+        "baseline": torch.randn(T + 1, B, generator=g),
+        "mask": torch.ones(T + 1, B, dtype=torch.bool),
+    }
+    data["terminated"] = data["done"] & data["terminated"]
+    if hidden:
+        data["core_state_0"] = torch.randn(1, B, hidden, generator=g)
+        data["core_state_1"] = torch.randn(1, B, hidden, generator=g)
+    return Batch(data=data, weights=torch.rand(B, generator=g) + 0.5)
+
+
+def assert_same_steps(eager, compiled, batches, progress_pair, *, priorities=False):
+    """Both updates take each batch; after every step their parameters (and, for a
+    prioritized replay, the priorities they return) agree to float tolerance."""
+    (model_a, update_a), (model_b, update_b) = eager, compiled
+    for i, batch in enumerate(batches):
+        for progress in progress_pair:
+            progress.step = 100 * i  # the linear learning-rate schedule moves
+        torch.manual_seed(i)  # the noise SAC and TD3 draw outside the step
+        info_a = update_a(copy.deepcopy(batch))
+        torch.manual_seed(i)
+        info_b = update_b(copy.deepcopy(batch))
+        for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True):
+            # float32 through a few steps of Adam: the two orders of summation differ
+            # by rounding, ~1e-7 relative per step.
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        for key in info_a.stats:
+            torch.testing.assert_close(
+                torch.as_tensor(info_b.stats[key]).float(),
+                torch.as_tensor(info_a.stats[key]).float(),
+                rtol=1e-4,
+                atol=1e-5,
+                equal_nan=True,  # TD3's actor loss before its first actor update
+            )
+        if priorities:
+            torch.testing.assert_close(info_b.priorities, info_a.priorities, rtol=1e-4, atol=1e-5)
+
+
+def pair(algo, spec, *flags, clipping=0.0):
+    model_a, update_a, progress_a = build(algo, spec, "off", *flags, clipping=clipping)
+    model_b, update_b, progress_b = build(algo, spec, "on", *flags, clipping=clipping)
+    return (model_a, update_a), (model_b, update_b), (progress_a, progress_b)
+
+
+def test_transition_replay_dqn_with_priorities_matches_eager(fast_backend):
+    flags = ("--hidden_size", "16", "--batch_size", "8", "--target_update_period", "3")
+    eager, compiled, progress = pair("dqn", CARTPOLE, *flags, "--n_step", "3", clipping=1.0)
+    batches = [transition_batch(8, seed, continuous=False) for seed in range(9)]
+    assert_same_steps(eager, compiled, batches, progress, priorities=True)
+    update = compiled[1]
+    assert update.train_step.path == "compiled"
+    # The target network was copied at updates 3, 6 and 9, in the graph as eagerly.
+    for a, b in zip(
+        eager[1].target_model.parameters(), update.target_model.parameters(), strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_rollouts_impala_and_ppo_match_eager(fast_backend):
+    flags = ("--hidden_size", "16", "--unroll_length", "6", "--batch_size", "4")
+    eager, compiled, progress = pair("impala", CARTPOLE, *flags, "--optimizer", "rmsprop")
+    assert_same_steps(eager, compiled, [rollout_batch(6, 4, s) for s in range(6)], progress)
+    assert compiled[1].train_step.path == "compiled"
+    ppo_flags = (*flags, "--num_epochs", "2", "--num_minibatches", "2", "--no-synchronous")
+    eager, compiled, progress = pair("ppo", CARTPOLE, *ppo_flags, clipping=0.5)
+    # PPO draws each epoch's minibatches from torch's generator: seeded alike per batch.
+    assert_same_steps(eager, compiled, [rollout_batch(6, 4, s) for s in range(3)], progress)
+    assert compiled[1].train_step.path == "compiled"
+
+
+def test_sequence_replay_r2d2_matches_eager(fast_backend):
+    flags = ("--hidden_size", "8", "--model", "mlp", "--batch_size", "4", "--burn_in", "2")
+    flags += ("--seq_len", "6", "--seq_overlap", "2", "--n_step", "2")
+    flags += ("--target_update_period", "2")
+    eager, compiled, progress = pair("r2d2", CARTPOLE, *flags)
+    batches = [rollout_batch(6, 4, s, hidden=8) for s in range(5)]
+    assert_same_steps(eager, compiled, batches, progress, priorities=True)
+    assert compiled[1].train_step.path == "compiled"
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_twin_critic_actor_critics_match_eager(fast_backend, algo):
+    flags = ("--net_arch", "16,16", "--batch_size", "8")
+    eager, compiled, progress = pair(algo, PENDULUM, *flags)
+    batches = [transition_batch(8, seed, continuous=True) for seed in range(7)]
+    assert_same_steps(eager, compiled, batches, progress)
+    update = compiled[1]
+    assert update.train_step.path == "compiled"
+    for a, b in zip(eager[1].target.parameters(), update.target.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    if algo == "sac":
+        torch.testing.assert_close(update.log_alpha, eager[1].log_alpha, rtol=1e-4, atol=1e-6)
+
+
+def test_inductor_compiles_a_dqn_step_that_matches_eager():
+    """The real backend: inductor's generated C++ around the matrix products."""
+    flags = ("--hidden_size", "16", "--batch_size", "8", "--target_update_period", "2")
+    eager, compiled, progress = pair("dqn", CARTPOLE, *flags)
+    batches = [transition_batch(8, seed, continuous=False) for seed in range(7)]
+    assert_same_steps(eager, compiled, batches, progress)
+    assert compiled[1].train_step.path == "compiled"
+
+
+def test_checkpoints_hold_the_same_state_on_either_path(fast_backend):
+    """Optimizer states live in the flat buffers the compiled step writes: a state_dict
+    taken after compiled steps resumes an eager update exactly where it was."""
+    flags = ("--hidden_size", "16", "--batch_size", "8")
+    _, compiled, progress = pair("dqn", CARTPOLE, *flags)
+    model, update = compiled
+    batches = [transition_batch(8, seed, continuous=False) for seed in range(6)]
+    for batch in batches:
+        update(batch)
+    assert update.train_step.path == "compiled"
+    saved_model = copy.deepcopy(model.state_dict())
+    saved = copy.deepcopy(update.state_dict())
+    steps = [float(s["step"]) for s in saved["optimizer"]["state"].values()]
+    assert steps == [6.0] * len(steps)
+    fresh_model, fresh, _ = build("dqn", CARTPOLE, "on", *flags)
+    fresh_model.load_state_dict(saved_model)
+    fresh.load_state_dict(saved)
+    reference_model, reference, _ = build("dqn", CARTPOLE, "off", *flags)
+    reference_model.load_state_dict(saved_model)
+    reference.load_state_dict(saved)
+    for batch in batches[:2]:
+        fresh(batch)
+        reference(batch)
+    for a, b in zip(fresh_model.parameters(), reference_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_non_finite_step_is_skipped_in_the_graph_and_counted(fast_backend):
+    """The guard is a `where` in the graph: a non-finite loss leaves every parameter and
+    moment as it was, counts a skipped update, and enough in a row stop the run."""
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    optimizer.param_groups[0]["initial_lr"] = 0.1
+    progress = TrainingProgress()
+    stepper = Stepper(
+        grad_norm_clipping=0.0,
+        max_nonfinite_updates=2,
+        lr_schedule="constant",
+        total_steps=100,
+        progress=progress,
+    )
+
+    def loss(inputs, train):
+        value = (model(inputs["x"]) * inputs["scale"]).mean()
+        return StepLoss(value, {"loss": value.detach()})
+
+    step = TrainStep(
+        loss,
+        modules={"model": model},
+        groups=[ParameterGroup("model", optimizer)],
+        stepper=stepper,
+        compile="on",
+        log=lambda line: None,
+    )
+    x = torch.randn(5, 3)
+    for _ in range(6):
+        assert step({"x": x, "scale": torch.tensor(1.0)}, train=("model",)).applied
+    assert step.path == "compiled"
+    before = [p.detach().clone() for p in model.parameters()]
+    moments = optimizer.state[model.weight]["exp_avg"].clone()
+    result = step({"x": x, "scale": torch.tensor(float("nan"))}, train=("model",))
+    assert not result.applied and progress.skipped_updates == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert torch.equal(optimizer.state[model.weight]["exp_avg"], moments)
+    assert float(optimizer.state[model.weight]["step"]) == 6.0
+    with pytest.raises(NonFiniteError, match="2 consecutive updates"):
+        step({"x": x, "scale": torch.tensor(float("inf"))}, train=("model",))
+
+
+def test_a_failed_compilation_is_said_once_and_the_run_goes_on_eagerly(monkeypatch):
+    def broken_compile(function, **kwargs):
+        def compiled(*args):
+            raise RuntimeError("no C++ compiler found\nmore detail")
+
+        return compiled
+
+    monkeypatch.setattr(train_step_module.torch, "compile", broken_compile)
+    logged = []
+    model_a, update_a, _ = build("dqn", CARTPOLE, "off", "--hidden_size", "16")
+    model_b, update_b, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16")
+    update_b.train_step.log = logged.append
+    for seed in range(8):
+        batch = transition_batch(32, seed, continuous=False)
+        update_a(copy.deepcopy(batch))
+        update_b(copy.deepcopy(batch))
+    assert update_b.train_step.path == "eager"
+    assert len(logged) == 1
+    assert "RuntimeError: no C++ compiler found" in logged[0] and "eagerly" in logged[0]
+    for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_auto_compiles_only_where_the_run_is_long_enough(monkeypatch, tmp_path):
+    """--compile auto weighs the steps left against the cost of compiling: a short run
+    stays eager (and says why, once), a long one compiles."""
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))
+    monkeypatch.setattr(train_step_module, "_BACKEND", "aot_eager")
+    for expected, path in ((20, "eager"), (10**9, "compiled")):
+        _, update, _ = build("dqn", CARTPOLE, "auto", "--hidden_size", "16")
+        logged = []
+        update.train_step.log = logged.append
+        update.train_step.expected_steps = expected
+        for seed in range(8):
+            update(transition_batch(32, seed, continuous=False))
+        assert update.train_step.path == path
+        assert len(logged) == 1
+        if path == "eager":
+            assert "compiling costs about" in logged[0] and "--compile on" in logged[0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_replays_match_eager():
+    flags = ("--net_arch", "16,16", "--batch_size", "8")
+    torch.manual_seed(0)
+    eager = build("sac", PENDULUM, "off", *flags)
+    config = parse_args(["--algo", "sac", "--env", "Pendulum-v1", *flags])
+    torch.manual_seed(0)
+    algorithm = build_algorithm(config, PENDULUM)
+    model = algorithm.build_model().cuda()
+    progress = TrainingProgress()
+    stepper = Stepper(
+        grad_norm_clipping=0.0,
+        max_nonfinite_updates=3,
+        lr_schedule="constant",
+        total_steps=10_000,
+        progress=progress,
+    )
+    context = LearnerContext(
+        device=torch.device("cuda"),
+        bf16=False,
+        step=stepper,
+        progress=progress,
+        compile="on",
+        log=lambda line: None,
+    )
+    update = algorithm.learner(model, context)
+    for seed in range(8):
+        batch = transition_batch(8, seed, continuous=True)
+        torch.manual_seed(seed)
+        eager[1](copy.deepcopy(batch))
+        torch.manual_seed(seed)
+        update(Batch({k: v.cuda() for k, v in batch.data.items()}, batch.weights.cuda()))
+    assert update.train_step.path == "CUDA graph"
+    for a, b in zip(eager[0].parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-3, atol=1e-4)
