@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import os
 import statistics
@@ -618,17 +619,7 @@ class TrainStep:
         _configure_compiler()
         function = functools.partial(self._graph, kind=kind, used=self._used.get(kind))
         compiled = torch.compile(
-            function,
-            backend=_BACKEND,
-            fullgraph=True,
-            dynamic=False,
-            # Its own compiled entries: another step, or kind, never runs this graph.
-            isolate_recompiles=True,
-            # Guards on the tensors passed in only (their shapes, dtypes, devices): the
-            # graph's Python constants (modules, hyperparameters, the kind) are this
-            # compiled function's own, and evaluating guards on them cost about as much
-            # as a small network's step.
-            options={"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe},
+            function, backend=_BACKEND, fullgraph=True, dynamic=False, **_lean_guards()
         )
         started = time.perf_counter()
         try:
@@ -757,9 +748,7 @@ class TrainStep:
                     swapped[name] = values[trained[id(p)]]
                 elif id(p) in followed:
                     swapped[name] = target_views[followed[id(p)]]
-            out = torch.func.functional_call(
-                self.program, swapped, (inputs, kind), strict=False
-            )
+            out = torch.func.functional_call(self.program, swapped, (inputs, kind), strict=False)
             # torch.func's auxiliary outputs are tensors only: the absent ones left out.
             aux = {"stats": out.stats}
             if out.priorities is not None:
@@ -881,6 +870,18 @@ def _rmsprop(
         buffer = state["momentum_buffer"] * momentum + grad / average
         return param - lr * buffer, {"square_avg": square_avg, "momentum_buffer": buffer}
     return param - lr * (grad / average), {"square_avg": square_avg}
+
+
+def _lean_guards() -> dict[str, Any]:
+    """torch.compile's arguments that keep only the guards on the tensors passed in (their
+    shapes, dtypes, devices), where this torch has them: the graph's Python constants
+    (modules, hyperparameters, the kind of step) are its compiled function's own
+    (`isolate_recompiles`: its own entries, never another step's or kind's), and
+    evaluating guards on all of them cost about as much as a small network's step."""
+    keep = getattr(torch.compiler, "keep_tensor_guards_unsafe", None)
+    if keep is None or "isolate_recompiles" not in inspect.signature(torch.compile).parameters:
+        return {}
+    return {"isolate_recompiles": True, "options": {"guard_filter_fn": keep}}
 
 
 _COMPILER_CONFIGURED = False

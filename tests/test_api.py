@@ -67,7 +67,7 @@ def last_json_line(stdout: str) -> dict:
         ({"env": "CartPole-v1", "algo": "ppo"}, ["--env", "CartPole-v1", "--algo", "ppo"]),
         (
             {"env": "PongNoFrameskip-v4", "total_steps": 1000, "compile": False},
-            ["--env", "PongNoFrameskip-v4", "--total_steps", "1000", "--no-compile"],
+            ["--env", "PongNoFrameskip-v4", "--total_steps", "1000", "--compile", "off"],
         ),
         (
             {"config": "configs/r2d2/atari.yaml", "env": "BreakoutNoFrameskip-v4"},

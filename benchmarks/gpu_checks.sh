@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU checks of the compiled learner (one H100 with 16 cores), in under 8 minutes:
+#   1. the CUDA-graph step against eager (tests/test_train_step.py, CUDA only);
+#   2. SAC HalfCheetah's update: eager, compiled, compiled in a CUDA graph (ms);
+#   3. SAC HalfCheetah end to end with CUDA graphs (env steps/s after learning starts);
+#   4. PPO on Pong (agent steps/s);
+#   5. IMPALA on Pong end to end, central inference on the GPU (agent steps/s, returns).
+# Each part has its own time limit, so that one failing leaves the others' figures.
+# Python packages the machine lacks travel as wheels in .whl/ (the device tool's notes).
+# Logs go to $OUT (default /tmp/gpu_checks).
+set -u
+OUT=${OUT:-/tmp/gpu_checks}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
+fi
+export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
+python3 beast/native/build.py > /tmp/build.log 2>&1 || { echo "native build failed"; tail /tmp/build.log; }
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(), 'cpus', __import__('os').cpu_count())"
+
+part() {  # part NAME SECONDS COMMAND...: run it, keep its output, report how it ended
+  local name=$1 seconds=$2
+  shift 2
+  local start=$SECONDS
+  timeout -s INT --kill-after=20 "$seconds" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name: exit $? after $((SECONDS - start)) s"
+  tail -n 12 "$OUT/$name.log"
+}
+
+part parity 150 python3 -m pytest -q -p no:cacheprovider tests/test_train_step.py -k cuda
+part learner_step 150 python3 -m benchmarks.learner_step --device cuda \
+  --only sac_halfcheetah --updates 200 --repeats 3
+part sac_halfcheetah 100 python3 monobeast.py --algo sac --env HalfCheetah-v5 \
+  --compile on --learning_starts 5000 --total_steps 60000 \
+  --savedir "$OUT/runs" --xpid sac --log_interval 5
+part ppo_pong 90 python3 monobeast.py --algo ppo --env PongNoFrameskip-v4 --compile on \
+  --num_actors 8 --num_envs_per_actor 8 --batch_size 64 --total_steps 3000000 \
+  --savedir "$OUT/runs" --xpid ppo
+part impala_pong 150 python3 monobeast.py --env PongNoFrameskip-v4 --compile on \
+  --num_actors 12 --num_envs_per_actor 8 --total_steps 20000000 \
+  --savedir "$OUT/runs" --xpid impala
+for run in sac ppo impala; do
+  cp "$OUT/runs/$run/logs.csv" "$OUT/${run}_logs.csv" 2>/dev/null
+done
+rm -rf "$OUT/runs"

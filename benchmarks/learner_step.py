@@ -1,0 +1,330 @@
+"""Milliseconds per learner update, eager against compiled (beast/train_step.py).
+
+    python -m benchmarks.learner_step                      # every case, 1 thread, CPU
+    python -m benchmarks.learner_step --only dqn,sac --threads 2
+    python -m benchmarks.learner_step --beside 1           # with an acting process busy
+    python -m benchmarks.learner_step --device cuda        # + the CUDA-graph replay
+
+Each case is a real algorithm's update (its shipped config for the env, the network its
+config builds, its optimizers, targets and priorities) on a synthetic batch laid out as
+its experience is (rollouts, sequences, transitions). The eager and the compiled update
+start from the same weights and run alternately in this process: `--repeats` timings of
+`--updates` updates each, the median reported, and the ratio. The compiled update is
+timed after its compilation (whose seconds are printed: cached graphs load in seconds).
+
+`--beside N` starts N processes that step the case's env with random actions (an
+actor's CPU load, its wake-ups included) for the whole measurement, to see the update
+beside acting as a run has it. Timings are wall-clock; on CUDA each timing ends with a
+synchronisation.
+
+Cases: dqn (256-256, batch 64), ppo_cartpole (64-64 separate MLPs, the 256-step
+minibatch), ppo_halfcheetah, sac_halfcheetah (256-256, batch 256), r2d2_atari,
+rainbow_atari, user_model (DQN on CartPole with `UserQNetwork` below, as
+`--model benchmarks.learner_step:UserQNetwork`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import multiprocessing
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from beast import envs
+from beast.algos.base import Batch, LearnerContext, Rollouts, SequenceReplay, TransitionReplay
+from beast.buffers import rollout_spec
+from beast.config import parse_args
+from beast.engine import build_algorithm, build_checked_model
+from beast.fields import Field, core_state_shapes
+from beast.learner import Stepper, TrainingProgress
+from beast.measure import synthetic_batch
+from beast.replay import sequence_spec
+from beast.transition_replay import step_spec
+
+__all__ = ["CASES", "UserQNetwork", "main"]
+
+
+class UserQNetwork(nn.Module):
+    """A Q-network as a user writes one (docs/models.md): a 256-256 MLP with layer norm and
+    a dueling head, no beast base class."""
+
+    def __init__(self, obs_shape: tuple[int, ...], num_actions: int) -> None:
+        super().__init__()
+        size = int(np.prod(obs_shape))
+        self.body = nn.Sequential(
+            nn.Linear(size, 256), nn.LayerNorm(256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU()
+        )
+        self.value = nn.Linear(256, 1)
+        self.advantage = nn.Linear(256, num_actions)
+
+    def initial_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    def forward(self, inputs, core_state=()):
+        obs = inputs["obs"]
+        T, B = obs.shape[:2]
+        x = self.body(obs.flatten(0, 1).flatten(1).float())
+        advantage = self.advantage(x)
+        q = self.value(x) + advantage - advantage.mean(dim=1, keepdim=True)
+        return {"q_values": q.view(T, B, -1)}, ()
+
+
+@dataclass(frozen=True)
+class Case:
+    """An update to time: the flags of its run (its env's shipped config applies)."""
+
+    name: str
+    argv: tuple[str, ...]
+    actor_env: str  # what `--beside` processes step
+
+
+CASES = {
+    case.name: case
+    for case in (
+        Case("dqn", ("--algo", "dqn", "--env", "CartPole-v1"), "CartPole-v1"),
+        Case("ppo_cartpole", ("--algo", "ppo", "--env", "CartPole-v1"), "CartPole-v1"),
+        Case("ppo_halfcheetah", ("--algo", "ppo", "--env", "HalfCheetah-v5"), "HalfCheetah-v5"),
+        Case("sac_halfcheetah", ("--algo", "sac", "--env", "HalfCheetah-v5"), "HalfCheetah-v5"),
+        Case(
+            "r2d2_atari",
+            ("--algo", "r2d2", "--env", "PongNoFrameskip-v4"),
+            "PongNoFrameskip-v4",
+        ),
+        Case(
+            "rainbow_atari",
+            ("--algo", "rainbow", "--env", "PongNoFrameskip-v4"),
+            "PongNoFrameskip-v4",
+        ),
+        Case(
+            "user_model",
+            (
+                "--algo",
+                "dqn",
+                "--env",
+                "CartPole-v1",
+                "--model",
+                "benchmarks.learner_step:UserQNetwork",
+            ),
+            "CartPole-v1",
+        ),
+    )
+}
+
+
+def _random(shape: Sequence[int], dtype: torch.dtype, high: int, g: torch.Generator):
+    if dtype == torch.uint8:
+        return torch.randint(0, 256, tuple(shape), dtype=dtype, generator=g)
+    if dtype == torch.bool:
+        return torch.rand(tuple(shape), generator=g) < 0.01
+    if dtype.is_floating_point:
+        return torch.randn(tuple(shape), generator=g).clamp(-1.0, 1.0).to(dtype)
+    return torch.randint(0, max(high, 1), tuple(shape), dtype=dtype, generator=g)
+
+
+def synthetic(algorithm, model: nn.Module, batch_size: int, seed: int = 0) -> Batch:
+    """A batch of `batch_size` laid out as the algorithm's experience hands the learner."""
+    spec, experience = algorithm.spec, algorithm.experience()
+    record = algorithm.policy().record_spec()
+    states = core_state_shapes(model.initial_state(1))
+    g = torch.Generator().manual_seed(seed)
+    actions = spec.num_actions
+    if isinstance(experience, Rollouts):
+        layout = rollout_spec(
+            unroll_length=experience.unroll_length,
+            obs=spec.obs_fields(),
+            record=record,
+            core_state_shapes=states,
+        )
+        return Batch(data=synthetic_batch(layout, batch_size, actions, seed=seed))
+    if isinstance(experience, SequenceReplay):
+        layout = sequence_spec(
+            seq_len=experience.seq_len,
+            obs=spec.obs_fields(),
+            record=record,
+            core_state_shapes=states,
+        )
+        data = {}
+        for key, f in layout.items():
+            # Rows [L, B, ...]; a core state [d0, B, ...]: the batch axis second either way.
+            data[key] = _random((f.shape[0], batch_size, *f.shape[1:]), f.dtype, actions, g)
+        data["mask"] = torch.ones_like(data["mask"])
+        return Batch(data=data, weights=torch.rand(batch_size, generator=g) + 0.5)
+    assert isinstance(experience, TransitionReplay)
+    layout: dict[str, Field] = step_spec(spec.obs_fields(), record)
+    data = {k: _random((2, batch_size, *f.shape), f.dtype, actions, g) for k, f in layout.items()}
+    n = experience.n_step
+    data["n_step_rewards"] = torch.randn(n, batch_size, generator=g)
+    data["n_steps"] = torch.randint(1, n + 1, (batch_size,), generator=g)
+    data["terminal"] = torch.rand(batch_size, generator=g) < 0.01
+    return Batch(data=data, weights=torch.rand(batch_size, generator=g) + 0.5)
+
+
+class Timed:
+    """One update of a case, built as a run builds it, on a device, eager or compiled."""
+
+    def __init__(self, case: Case, compile: str, device: torch.device, cuda_graphs: bool):
+        config = parse_args([*case.argv, "--compile", compile])
+        probe = envs.make(config.env, seed=0)
+        try:
+            spec = envs.env_spec(probe)
+        finally:
+            probe.close()
+        torch.manual_seed(0)
+        self.algorithm = build_algorithm(config, spec)
+        self.model = build_checked_model(self.algorithm).to(device)
+        progress = TrainingProgress(step=1)
+        stepper = Stepper(
+            grad_norm_clipping=config.grad_norm_clipping,
+            max_nonfinite_updates=10**9,
+            lr_schedule=config.lr_schedule,
+            total_steps=config.total_steps,
+            progress=progress,
+        )
+        self.lines: list[str] = []
+        context = LearnerContext(
+            device=device,
+            bf16=False,
+            step=stepper,
+            progress=progress,
+            compile=compile,
+            log=self.lines.append,
+            optimizer_steps=None,
+        )
+        self.update = self.algorithm.learner(self.model, context)
+        self.update.train_step.cuda_graphs = cuda_graphs
+        batch = synthetic(self.algorithm, self.model, config.batch_size)
+        self.batch = Batch(
+            data={k: v.to(device) for k, v in batch.data.items()},
+            weights=None if batch.weights is None else batch.weights.to(device),
+        )
+        self.device = device
+
+    def __call__(self) -> None:
+        self.update(copy.copy(self.batch))
+
+    def warm(self) -> None:
+        """Run until the step is compiled (or decided eager): its compilation untimed."""
+        for _ in range(20):
+            self()
+            if self.update.train_step.path != "eager":
+                break
+        before = self.update.train_step.steps_taken
+        self()
+        self.sync()
+        self.steps_per_update = self.update.train_step.steps_taken - before
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def time(self, updates: int) -> float:
+        """Seconds per update over `updates` updates."""
+        self.sync()
+        start = time.perf_counter()
+        for _ in range(updates):
+            self()
+        self.sync()
+        return (time.perf_counter() - start) / updates
+
+
+def _acting_load(env_id: str, stop: multiprocessing.synchronize.Event) -> None:
+    torch.set_num_threads(1)
+    env = envs.make(env_id, seed=0)
+    env.reset(seed=0)
+    while not stop.is_set():
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            env.reset()
+
+
+def measure(
+    case: Case, *, device: torch.device, updates: int, repeats: int, print_line: Callable
+) -> dict[str, float]:
+    variants = {"eager": ("off", False), "compiled": ("on", False)}
+    if device.type == "cuda":
+        variants["cuda graph"] = ("on", True)
+    runs = {name: Timed(case, mode, device, graphs) for name, (mode, graphs) in variants.items()}
+    started = time.perf_counter()
+    for run in runs.values():
+        run.warm()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            times[name].append(run.time(updates))
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    eager = medians["eager"]
+    # PPO's update is many minibatch steps: per optimizer step too.
+    steps = runs["eager"].steps_per_update
+    parts = []
+    for name, seconds in medians.items():
+        spread = f"{min(times[name]) * 1e3:.2f}-{max(times[name]) * 1e3:.2f}"
+        per_step = f", {seconds / steps * 1e3:.3f} ms a step" if steps > 1 else ""
+        parts.append(f"{name} {seconds * 1e3:.2f} ms ({spread}{per_step})")
+    compiled = runs["compiled"].update.train_step
+    ratio = eager / medians["compiled"]
+    print_line(
+        f"{case.name:16s} " + ", ".join(parts) + f"; x{ratio:.2f}; compile"
+        f" {compiled.compile_seconds:.1f} s ({compiled.path});"
+        f" {time.perf_counter() - started:.0f} s in all"
+    )
+    return medians
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default=",".join(CASES), help="comma-separated cases")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--updates", type=int, default=50, help="updates per timing")
+    parser.add_argument("--repeats", type=int, default=5, help="timings per variant")
+    parser.add_argument("--beside", type=int, default=0, help="acting processes beside it")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    names = [name for name in args.only.split(",") if name]
+    unknown = [name for name in names if name not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s), device {device},"
+        f" {args.beside} acting process(es) beside; median of {args.repeats} timings of"
+        f" {args.updates} updates",
+        flush=True,
+    )
+    context = multiprocessing.get_context("spawn")
+    for name in names:
+        case = CASES[name]
+        stop = context.Event()
+        actors = [
+            context.Process(target=_acting_load, args=(case.actor_env, stop), daemon=True)
+            for _ in range(args.beside)
+        ]
+        for actor in actors:
+            actor.start()
+        try:
+            measure(
+                case,
+                device=device,
+                updates=args.updates,
+                repeats=args.repeats,
+                print_line=lambda line: print(line, flush=True),
+            )
+        finally:
+            stop.set()
+            for actor in actors:
+                actor.join(timeout=5)
+
+
+if __name__ == "__main__":
+    main()
