@@ -53,6 +53,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.utils._pytree import tree_leaves, tree_map
 
 from beast.models import PolyakAverager
 from beast.optim import INITIAL_LR
@@ -602,7 +603,7 @@ class TrainStep:
         loss = getattr(self.loss, "__qualname__", type(self.loss).__qualname__)
         leaves = [
             (tuple(t.shape), str(t.dtype)) if isinstance(t, Tensor) else repr(t)
-            for t in torch.utils._pytree.tree_leaves(dict(inputs))
+            for t in tree_leaves(dict(inputs))
         ]
         params = [tuple(p.shape) for p in self._layout.params] if self._layout else []
         text = repr((loss, kind, params, leaves, torch.__version__, str(self._device())))
@@ -647,10 +648,7 @@ class TrainStep:
         assert self._tau is not None
         arguments = (layout.flat, layout.target_flat, state.steps, state.buffers, lr, self._tau)
         if copies:
-            arguments = tuple(
-                {k: v.clone() for k, v in a.items()} if isinstance(a, dict) else a.clone()
-                for a in arguments
-            )
+            arguments = tree_map(_clone, arguments)
         return (*arguments, dict(inputs))
 
     def _run_compiled(
@@ -917,18 +915,13 @@ class _CudaGraphStep:
     def __init__(self, step: Callable[..., tuple[Any, ...]], arguments: tuple[Any, ...]):
         *state, inputs = arguments
         self.step = step
-        self.state = state
-        self.inputs = {key: value.clone() for key, value in inputs.items()}
-        self.shapes = {key: (v.shape, v.dtype) for key, v in self.inputs.items()}
+        self.inputs = tree_map(_clone, inputs)
+        self.shapes = _shapes(self.inputs)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                copies = [
-                    {k: v.clone() for k, v in a.items()} if isinstance(a, dict) else a.clone()
-                    for a in state
-                ]
-                step(*copies, self.inputs)
+                step(*tree_map(_clone, state), self.inputs)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
@@ -936,9 +929,20 @@ class _CudaGraphStep:
 
     def __call__(self, *arguments: Any) -> tuple[Any, ...]:
         *state, inputs = arguments
-        if {key: (v.shape, v.dtype) for key, v in inputs.items()} != self.shapes:
+        if _shapes(inputs) != self.shapes:
             return self.step(*state, inputs)
-        for key, value in inputs.items():
-            self.inputs[key].copy_(value, non_blocking=True)
+        for static, value in zip(tree_leaves(self.inputs), tree_leaves(inputs), strict=True):
+            if isinstance(static, Tensor):
+                static.copy_(value, non_blocking=True)
         self.graph.replay()
         return self.outputs
+
+
+def _clone(value: Any) -> Any:
+    return value.clone() if isinstance(value, Tensor) else value
+
+
+def _shapes(tree: Any) -> list[Any]:
+    return [
+        (leaf.shape, leaf.dtype) if isinstance(leaf, Tensor) else leaf for leaf in tree_leaves(tree)
+    ]

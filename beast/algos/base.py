@@ -229,7 +229,12 @@ class LearnerContext:
     optimizer_steps: int | None = None
 
     def autocast(self) -> torch.autocast:
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+        """bf16 autocast (`bf16`) without its cache of cast weights: a compiled step
+        (beast/train_step.py) traces the casts into its graph, where a cache would hand
+        the tracer a real tensor cast outside it."""
+        return torch.autocast(
+            self.device.type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False
+        )
 
     def train_step(
         self,

@@ -117,7 +117,9 @@ def n_step_returns(rewards: Tensor, n_steps: Tensor, discounting: float) -> NSte
     taken = steps < n_steps.unsqueeze(0)
     powers = torch.pow(torch.full_like(rewards, discounting, dtype=torch.float64), steps)
     returns = torch.where(taken, powers * rewards.double(), 0.0).sum(dim=0)
-    discounts = torch.pow(torch.tensor(discounting, dtype=torch.float64), n_steps.double())
+    discounts = torch.pow(
+        torch.tensor(discounting, dtype=torch.float64, device=n_steps.device), n_steps.double()
+    )
     dtype = compute_dtype(rewards)
     return NStepReturns(returns.to(dtype), discounts.to(dtype))
 
