@@ -443,15 +443,18 @@ class SACUpdate(ActorCriticQUpdate):
 
     def __init__(
         self,
-        *args: Any,
+        model: nn.Module,
+        context: LearnerContext,
+        config: Any,
+        *,
         alpha: float | None,
         alpha_init: float,
         target_entropy: float,
         **kwargs: Any,
     ) -> None:
         self.learn_alpha = alpha is None
-        temperature = Temperature(alpha_init) if alpha is None else None
-        super().__init__(*args, temperature=temperature, **kwargs)
+        temperature = Temperature(alpha_init).to(context.device) if alpha is None else None
+        super().__init__(model, context, config, temperature=temperature, **kwargs)
         self.target_entropy = target_entropy
         self.fixed_alpha = torch.tensor(
             max(alpha, 1e-30) if alpha is not None else 1.0, device=self.low.device
