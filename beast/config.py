@@ -180,6 +180,14 @@ class Config:
     batch_size: int = flag(
         8, "Rollouts per learner batch (or sequences, for algorithms that replay them)."
     )
+    updates_per_sample: int = flag(
+        1,
+        "Replay algorithms: batches the learner samples at once (one priority draw, one"
+        " gather, one priority update) and takes an update on each, in turn, before it"
+        " publishes the weights; the updates per env step are unchanged. More cost less"
+        " per update; each batch is still stratified over the whole replay, but its"
+        " priorities are at most this many updates old.",
+    )
     unroll_length: int = flag(80, "Steps per rollout (T); each rollout slot holds T+1 steps.")
     num_buffers: int | None = flag(
         None,
@@ -388,6 +396,7 @@ class Config:
             "num_envs_per_actor",
             "total_steps",
             "batch_size",
+            "updates_per_sample",
             "unroll_length",
             "num_learner_threads",
             "num_inference_threads",

@@ -401,7 +401,7 @@ def build_experience(
             seq_overlap=experience.seq_overlap,
             samples_per_insert=experience.samples_per_insert,
             min_replay_size=experience.min_size,
-            batch_size=config.batch_size,
+            batch_size=config.batch_size * config.updates_per_sample,
         )
     elif isinstance(experience, TransitionReplay):
         if states:
@@ -428,11 +428,17 @@ def build_experience(
             num_actors=num_writers,
             samples_per_insert=experience.samples_per_insert,
             min_replay_size=experience.min_size,
-            batch_size=config.batch_size,
+            batch_size=config.batch_size * config.updates_per_sample,
         )
     else:
         raise TypeError(f"{algorithm.name}'s experience() returned {experience!r}")
-    source = ReplaySource(sink, batch_size=config.batch_size, device=device, seed=config.seed)
+    source = ReplaySource(
+        sink,
+        batch_size=config.batch_size,
+        parts=config.updates_per_sample,
+        device=device,
+        seed=config.seed,
+    )
     return sink, source
 
 

@@ -80,6 +80,12 @@ class UpdateStats:
 GradientReduction = Callable[[list[torch.Tensor], bool], bool]
 
 
+_NON_FINITE_WEIGHTS = (
+    "an optimizer step made the weights non-finite; lower --learning_rate (the last"
+    " checkpoint is kept as it is)"
+)
+
+
 class Stepper:
     """One optimizer step on a loss: the module docstring's guard, schedule and step.
 
@@ -128,10 +134,7 @@ class Stepper:
         stepped, self._stepped = self._stepped, {}
         for params in stepped.values():
             if not bool(torch.isfinite(nn.utils.get_total_norm(params))):
-                raise NonFiniteError(
-                    "an optimizer step made the weights non-finite; lower --learning_rate"
-                    " (the last checkpoint is kept as it is)"
-                )
+                raise NonFiniteError(_NON_FINITE_WEIGHTS)
 
     def _mark(self, phase: str) -> None:
         if self.clock is not None:
@@ -203,21 +206,25 @@ class Stepper:
         self,
         *,
         finite: bool,
+        weights_finite: bool,
         loss: torch.Tensor,
         grad_norm: torch.Tensor,
         optimizers: Sequence[torch.optim.Optimizer],
-        params: list,
     ) -> bool:
         """Account for a step taken elsewhere (beast/train_step.py's compiled step, which
-        clipped, guarded and stepped on the device with this stepper's settings and
-        schedule): the counters, the guard's verdict and the log's figures, as `__call__`
-        keeps them. Returns `finite` (whether the step was applied)."""
+        clipped, guarded, stepped and checked the new weights on the device, with this
+        stepper's settings and schedule): the counters, the guard's verdict and the log's
+        figures, as `__call__` and `check_weights` keep them. Returns `finite` (whether
+        the step was applied)."""
         self.grad_norm = float(grad_norm)
         if not finite:
             self._skipped(loss, grad_norm)
             return False
+        if not weights_finite:
+            raise NonFiniteError(_NON_FINITE_WEIGHTS)
         self._consecutive_nonfinite = 0
-        self._applied(optimizers, params)
+        self.learning_rate = optimizers[0].param_groups[0]["lr"]
+        self.steps_applied += 1
         self._mark("optimizer")
         return True
 
@@ -314,21 +321,24 @@ class Learner(ThreadGroup):
         stepper, progress, source = self.stepper, self.progress, self.source
         stepper.clock = clock
         applied = stepper.steps_applied
-        info = self.update(batch)
-        stepper.check_weights()
+        infos = []
+        for part in batch.split():  # a replay's block of batches: one update each
+            before = stepper.steps_applied
+            infos.append(self.update(part))
+            stepper.check_weights()
+            progress.num_updates += stepper.steps_applied > before
         for observe in self.observers:
             observe(batch.data)
-        source.feedback(batch, info.priorities)
+        source.feedback(batch, _block_priorities([info.priorities for info in infos]))
         if stepper.steps_applied > applied:
             self.publish()
-            progress.num_updates += 1
             if clock is not None:
                 clock.mark("publish")
         source.release(batch)
         # The batch's steps count as consumed even when its update was skipped.
         progress.step += batch.new_steps + source.pending_steps()
         returns, lengths = source.pending_episodes()
-        losses = {key: float(value) for key, value in info.stats.items()}
+        losses = _mean_stats([info.stats for info in infos])
         losses["grad_norm"] = stepper.grad_norm
         losses["learning_rate"] = stepper.learning_rate
         losses["skipped_updates"] = progress.skipped_updates
@@ -341,3 +351,23 @@ class Learner(ThreadGroup):
             episode_returns=[*batch.episode_returns, *returns],
             episode_steps=[*batch.episode_steps, *lengths],
         )
+
+
+def _block_priorities(priorities: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """A block's new priorities, its batches' in order; None when a batch has none (its
+    update was skipped: the block's priorities stay as they were)."""
+    if any(p is None for p in priorities):
+        return None
+    return priorities[0] if len(priorities) == 1 else torch.cat(priorities)  # type: ignore[arg-type]
+
+
+def _mean_stats(stats: list[Mapping[str, Any]]) -> dict[str, float]:
+    """Each logged scalar averaged over a block's updates (one update: as it is)."""
+    if len(stats) == 1:
+        return {key: float(value) for key, value in stats[0].items()}
+    keys = dict.fromkeys(key for each in stats for key in each)
+    return {
+        key: sum(float(each[key]) for each in stats if key in each)
+        / sum(1 for each in stats if key in each)
+        for key in keys
+    }

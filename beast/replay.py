@@ -77,6 +77,7 @@ __all__ = [
     "step_keys",
     "storage_spec",
     "stratified_draws",
+    "stratified_parts",
 ]
 
 # The env batch's per-step fields a sequence keeps besides the observation's leaves
@@ -214,6 +215,15 @@ def stratified_draws(batch_size: int, generator: torch.Generator | None = None) 
     return (torch.arange(batch_size, dtype=torch.float64) + offsets) / batch_size
 
 
+def stratified_parts(batch_size: int, parts: int, generator: torch.Generator | None) -> Tensor:
+    """`parts` batches of `batch_size` draws at once, each stratified over the whole mass:
+    ``parts * batch_size`` strata, batch i taking strata i, i + parts, i + 2 parts, ...
+    (so that each batch covers high and low priorities alike, as one drawn alone does).
+    float64 [parts * batch_size], batch i at [i * batch_size, (i + 1) * batch_size)."""
+    draws = stratified_draws(parts * batch_size, generator)
+    return draws.view(batch_size, parts).t().reshape(-1)
+
+
 def importance_weights(probabilities: Tensor, beta: float) -> Tensor:
     """PER's importance-sampling weights, normalised by their max: float32 [B].
 
@@ -223,8 +233,8 @@ def importance_weights(probabilities: Tensor, beta: float) -> Tensor:
     the step size bounded (PER section 3.4).
 
     Args:
-        probabilities: float [B], each sample's probability of being drawn
-            (positive).
+        probabilities: float [..., B], each sample's probability of being drawn
+            (positive); leading axes are separate batches, each normalised alone.
         beta: the exponent, in [0, 1]; 0 gives all ones.
     """
     if not 0.0 <= beta <= 1.0:
@@ -232,7 +242,8 @@ def importance_weights(probabilities: Tensor, beta: float) -> Tensor:
     probabilities = probabilities.double()
     if not bool((probabilities > 0).all()):
         raise ValueError("probabilities must be positive")
-    return (probabilities / probabilities.min()).pow(-beta).float()
+    smallest = probabilities.min(dim=-1, keepdim=True).values
+    return (probabilities / smallest).pow(-beta).float()
 
 
 def scaled_priorities(td_priorities: Tensor, alpha: float, min_priority: float) -> Tensor:
@@ -558,13 +569,16 @@ class PrioritizedReplay:
         generator: torch.Generator | None = None,
         *,
         beta: float | None = None,
+        parts: int = 1,
     ) -> ReplaySample:
-        """Draw ``batch_size`` sequences by priority (stratified), time-major.
+        """Draw ``batch_size`` sequences by priority (stratified), time-major; with `parts`,
+        that many batches at once, one after another along the batch axis
+        (`stratified_parts`), their importance weights normalised batch by batch.
 
         Raises ValueError while the replay holds no sampleable sequence.
         """
         beta = self.beta if beta is None else beta
-        drawn = self.tree.sample(stratified_draws(batch_size, generator))
+        drawn = self.tree.sample(stratified_parts(batch_size, parts, generator))
         indices = drawn.indices
         batch: dict[str, Tensor] = {}
         for key, tensor in self.tensors.items():
@@ -581,7 +595,7 @@ class PrioritizedReplay:
         # the rows mid-copy (claims bump the generation before any write).
         fresh = self.tree.generations(indices) == drawn.generations
         probabilities = drawn.priorities / drawn.total
-        weights = importance_weights(probabilities, beta) * fresh
+        weights = importance_weights(probabilities.view(parts, -1), beta).view(-1) * fresh
         return ReplaySample(indices, drawn.generations, batch, weights, probabilities)
 
     def update_priorities(self, indices: Tensor, td_priorities: Tensor, generations: Tensor) -> int:

@@ -509,15 +509,28 @@ class ReplaySource:
     Agent steps are the actors' env steps, counted on their side (`pending_steps`), not
     steps trained on; episodes come from the actors' rings (`pending_episodes`). Until the
     replay holds `min_replay_size` items (`replay.unit`), `next` returns None.
+
+    With `parts` > 1 (--updates_per_sample) a batch holds that many batches, drawn at
+    once (one priority draw, one gather, one host-to-device copy; each part stratified
+    over the whole replay, `beast.replay.stratified_parts`), which the learner trains on
+    one after another (`Batch.split`) and answers with one priority update. The sink's
+    rate limit then counts in such blocks (its `batch_size` is the block's).
     """
 
     def __init__(
-        self, sink: ReplaySink, *, batch_size: int, device: torch.device, seed: int = 0
+        self,
+        sink: ReplaySink,
+        *,
+        batch_size: int,
+        device: torch.device,
+        seed: int = 0,
+        parts: int = 1,
     ) -> None:
         self.sink = sink
         self.replay = sink.replay
         self.unit = sink.replay.unit  # "sequences", "transitions"
         self.batch_size = batch_size
+        self.parts = parts
         self.device = device
         self.seed = seed
         self._local = threading.local()
@@ -570,7 +583,7 @@ class ReplaySource:
 
     def _sample(self) -> Batch | None:
         try:
-            sample = self.replay.sample(self.batch_size, self._generator())
+            sample = self.replay.sample(self.batch_size, self._generator(), parts=self.parts)
         except ValueError:
             # Every stored slot can be mid-overwrite (priority 0) for a moment.
             if self.replay.tree.total() <= 0:
@@ -585,7 +598,11 @@ class ReplaySource:
             }
             weights = weights.to(self.device, non_blocking=pin)
         return Batch(
-            data=data, weights=weights, indices=sample.indices, generations=sample.generations
+            data=data,
+            weights=weights,
+            indices=sample.indices,
+            generations=sample.generations,
+            parts=self.parts,
         )
 
     def pending_steps(self) -> int:
@@ -607,7 +624,7 @@ class ReplaySource:
         consumed."""
         if priorities is not None:
             self.replay.update_priorities(batch.indices, priorities, batch.generations)
-        self.sink.sampled[0] += self.batch_size
+        self.sink.sampled[0] += self.batch_size * batch.parts
 
     def release(self, batch: Batch) -> None:
         """Nothing to free: sampled items stay in the replay."""

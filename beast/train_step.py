@@ -661,7 +661,7 @@ class TrainStep:
         started = time.perf_counter()
         self._set_learning_rates()
         self._set_tau(tau)
-        total, grad_norm, finite, proceed, stats, priorities = compiled(
+        total, grad_norm, finite, weights_finite, proceed, stats, priorities = compiled(
             *self._arguments(inputs, copies=False)
         )
         self.path = "CUDA graph" if isinstance(compiled, _CudaGraphStep) else "compiled"
@@ -673,10 +673,10 @@ class TrainStep:
         groups = [self.groups[name] for name in kind]
         applied = self.stepper.record(
             finite=bool(finite),
+            weights_finite=bool(weights_finite),
             loss=total,
             grad_norm=grad_norm,
             optimizers=[group.optimizer for group in groups],
-            params=[p for group in groups for p in group.parameters],
         )
         if applied and tau is not None:
             self._buffer_targets(tau)
@@ -728,8 +728,9 @@ class TrainStep:
         used: _Used | None,
     ) -> tuple[Any, ...]:
         """The compiled step (module docstring): writes `flat`, `target_flat`, `steps` and
-        `buffers` in place; returns the loss, the gradient norm, finiteness, whether the
-        loss let the step proceed, the stats and the priorities. The targets move `tau`
+        `buffers` in place; returns the loss, the gradient norm, its finiteness, the new
+        weights' finiteness, whether the loss let the step proceed, the stats and the
+        priorities. The targets move `tau`
         of the way (a tensor: 0 leaves them, without a second graph for the steps that
         do not average)."""
         layout, state = self._layout, self._state
@@ -809,7 +810,18 @@ class TrainStep:
         steps.copy_(torch.cat(new_steps))
         for key, value in buffers.items():
             value.copy_(torch.cat(new_buffers[key]))
-        return total.detach(), grad_norm, finite, proceed, aux["stats"], aux.get("priorities")
+        # The new weights' check (the eager path's `Stepper.check_weights`), fused with
+        # the loop that wrote them.
+        weights_finite = torch.isfinite(updated).all()
+        return (
+            total.detach(),
+            grad_norm,
+            finite,
+            weights_finite,
+            proceed,
+            aux["stats"],
+            aux.get("priorities"),
+        )
 
 
 def _moved_targets(

@@ -71,7 +71,7 @@ from beast.replay import (
     new_priority,
     scaled_priorities,
     settle_tree,
-    stratified_draws,
+    stratified_parts,
 )
 from beast.replay_sink import ReplayRow, ReplaySink
 
@@ -256,11 +256,15 @@ class RingReplay:
         generator: torch.Generator | None = None,
         *,
         beta: float | None = None,
+        parts: int = 1,
     ) -> ReplaySample:
         """Draw ``batch_size`` transitions (stratified over the priority mass), built from
-        the rings (module docstring). Raises ValueError while none is sampleable."""
+        the rings (module docstring); with `parts`, that many batches at once, one after
+        another along the batch axis (`beast.replay.stratified_parts`), their importance
+        weights normalised batch by batch. Raises ValueError while none is sampleable."""
         beta = (self.beta if beta is None else beta) if self.prioritized else 0.0
-        drawn = self.tree.sample(stratified_draws(batch_size, generator))
+        drawn = self.tree.sample(stratified_parts(batch_size, parts, generator))
+        batch_size *= parts
         envs, starts = drawn.indices // self.ring, drawn.indices % self.ring
         tensors = self.tensors
         n_steps = tensors["n_steps"][envs, starts].long()
@@ -281,7 +285,7 @@ class RingReplay:
         batch["terminal"] = tensors["terminal"][envs, starts]
         fresh = self.tree.generations(drawn.indices) == drawn.generations
         probabilities = drawn.priorities / drawn.total
-        weights = importance_weights(probabilities, beta) * fresh
+        weights = importance_weights(probabilities.view(parts, -1), beta).view(-1) * fresh
         return ReplaySample(drawn.indices, drawn.generations, batch, weights, probabilities)
 
     def update_priorities(self, indices: Tensor, td_priorities: Tensor, generations: Tensor) -> int:

@@ -224,14 +224,14 @@ class Timed:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def time(self, updates: int) -> float:
-        """Seconds per update over `updates` updates."""
+    def time(self, updates: int, clock: Callable[[], float]) -> float:
+        """Seconds per update over `updates` updates, by `clock`."""
         self.sync()
-        start = time.perf_counter()
+        start = clock()
         for _ in range(updates):
             self()
         self.sync()
-        return (time.perf_counter() - start) / updates
+        return (clock() - start) / updates
 
 
 def _acting_load(env_id: str, stop: multiprocessing.synchronize.Event) -> None:
@@ -245,7 +245,13 @@ def _acting_load(env_id: str, stop: multiprocessing.synchronize.Event) -> None:
 
 
 def measure(
-    case: Case, *, device: torch.device, updates: int, repeats: int, print_line: Callable
+    case: Case,
+    *,
+    device: torch.device,
+    updates: int,
+    repeats: int,
+    clock: Callable[[], float],
+    print_line: Callable,
 ) -> dict[str, float]:
     variants = {"eager": ("off", False), "compiled": ("on", False)}
     if device.type == "cuda":
@@ -257,7 +263,7 @@ def measure(
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            times[name].append(run.time(updates))
+            times[name].append(run.time(updates, clock))
     medians = {name: statistics.median(values) for name, values in times.items()}
     eager = medians["eager"]
     # PPO's update is many minibatch steps: per optimizer step too.
@@ -285,6 +291,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--updates", type=int, default=50, help="updates per timing")
     parser.add_argument("--repeats", type=int, default=5, help="timings per variant")
     parser.add_argument("--beside", type=int, default=0, help="acting processes beside it")
+    parser.add_argument(
+        "--clock",
+        default="wall",
+        choices=("wall", "cpu"),
+        help="wall-clock, or the thread's CPU time (one thread on a CPU shared with other"
+        " work: what the update costs when it has its core, not the waits for one)",
+    )
     return parser
 
 
@@ -296,10 +309,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.clock == "cpu" and (args.threads != 1 or device.type != "cpu"):
+        raise SystemExit("--clock cpu times one thread on the CPU: use --threads 1 --device cpu")
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     print(
         f"torch {torch.__version__}, {args.threads} thread(s), device {device},"
         f" {args.beside} acting process(es) beside; median of {args.repeats} timings of"
-        f" {args.updates} updates",
+        f" {args.updates} updates, {args.clock} clock",
         flush=True,
     )
     context = multiprocessing.get_context("spawn")
@@ -318,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 device=device,
                 updates=args.updates,
                 repeats=args.repeats,
+                clock=clock,
                 print_line=lambda line: print(line, flush=True),
             )
         finally:

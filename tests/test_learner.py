@@ -166,6 +166,30 @@ def test_one_update_steps_publishes_and_reprioritises(use_lstm):
     )
 
 
+def test_a_block_of_batches_is_one_update_each_and_one_priority_update():
+    """--updates_per_sample 3: one sampled block, three updates in turn on its three
+    batches (as three separate batches would make them), the weights published after
+    the last, every sampled item reprioritised, three updates and 24 samples counted."""
+    learner, _ = make_learner(target_update_period=100)
+    twin, _ = make_learner(target_update_period=100)
+    drawn = learner.source.replay.sample(8, torch.Generator().manual_seed(0), parts=3)
+    block = Batch(drawn.batch, drawn.weights, drawn.indices, drawn.generations, parts=3)
+    parts = block.split()
+    assert [p.data["reward"].shape[1] for p in parts] == [8, 8, 8]
+    assert torch.equal(parts[1].data["reward"], drawn.batch["reward"][:, 8:16])
+    assert torch.equal(parts[2].weights, drawn.weights[16:])
+    with learner.lock:
+        stats = learner.step(block)
+    for part in parts:  # the same updates, one batch at a time
+        twin.update(part)
+    assert same(parameters(learner.update.model), parameters(twin.update.model))
+    assert same(parameters(learner.update.model), parameters(learner.actor_model))
+    assert stats.num_updates == learner.progress.num_updates == 3
+    assert int(learner.source.sink.sampled[0]) == 24
+    tree = learner.source.sink.replay.tree
+    assert (tree.get(drawn.indices) != 1.0).all()  # every item's new priority written
+
+
 def test_target_network_is_copied_every_period():
     learner, _ = make_learner(target_update_period=3)
     update = learner.update

@@ -27,6 +27,7 @@ from beast.replay import (
     sequence_spec,
     storage_spec,
     stratified_draws,
+    stratified_parts,
 )
 
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -285,6 +286,43 @@ def test_stratified_draws_cover_each_slice():
     draws = stratified_draws(1000, torch.Generator().manual_seed(0))
     assert draws.dtype == torch.float64
     assert (torch.floor(draws * 1000) == torch.arange(1000)).all()
+
+
+def test_stratified_parts_stratify_each_batch_over_the_whole_mass():
+    """A block of 4 batches of 250: 1000 strata, batch i takes strata i, i + 4, ...: each
+    batch has one draw in every 250th of the mass, as a batch drawn alone does."""
+    draws = stratified_parts(250, 4, torch.Generator().manual_seed(0))
+    strata = torch.floor(draws * 1000).long()
+    assert sorted(strata.tolist()) == list(range(1000))
+    for i, part in enumerate(strata.view(4, 250)):
+        assert part.tolist() == list(range(i, 1000, 4))
+        assert (torch.floor(part / 4) == torch.arange(250)).all()
+
+
+def test_a_block_of_batches_keeps_each_batchs_weights_and_law():
+    """parts=3: every batch's importance weights are normalised over that batch alone (the
+    reference loop of one batch), and the probabilities are the sampling law's."""
+    spec = vector_spec(3)
+    capacity, alpha, beta = 40, 0.7, 0.5
+    replay = PrioritizedReplay(spec, capacity, alpha=alpha, beta=beta)
+    priorities = np.random.default_rng(1).uniform(0.01, 5.0, capacity)
+    for i in range(capacity):
+        replay.add(filled_sequence(spec, float(i)), priority=float(priorities[i]))
+    sample = replay.sample(10, torch.Generator().manual_seed(0), parts=3)
+    assert sample.indices.shape == (30,) and sample.batch["obs"].shape[1] == 30
+    scaled = priorities**alpha
+    np.testing.assert_allclose(
+        sample.probabilities.numpy(), (scaled / scaled.sum())[sample.indices.numpy()], rtol=1e-12
+    )
+    for part in range(3):
+        probs = sample.probabilities[part * 10 : (part + 1) * 10].tolist()
+        raw = [(capacity * p) ** -beta for p in probs]
+        np.testing.assert_allclose(
+            sample.weights[part * 10 : (part + 1) * 10].numpy(),
+            [w / max(raw) for w in raw],
+            rtol=1e-6,
+        )
+        assert float(sample.weights[part * 10 : (part + 1) * 10].max()) == 1.0
 
 
 def test_update_after_overwrite_is_dropped_and_ring_order():

@@ -170,6 +170,8 @@ class Batch(NamedTuple):
     The rest is the source's bookkeeping (beast/learner.py): slots and generations to
     send priorities back to (or a synchronous source's rollout slots, freed after the
     update), the agent steps and finished episodes the batch accounts for.
+    parts: a replay's block of that many batches, one after another along the batch
+        axis (--updates_per_sample): the learner takes one update on each (`split`).
     """
 
     data: dict[str, Tensor]
@@ -180,6 +182,28 @@ class Batch(NamedTuple):
     episode_returns: tuple[float, ...] = ()
     episode_steps: tuple[int, ...] = ()
     stats: Mapping[str, float] = {}
+    parts: int = 1
+
+    def split(self) -> list[Batch]:
+        """The batches of a block, as views: the batch axis is dim 0 of a 1-D tensor
+        ([B]: weights, step counts, terminal flags) and dim 1 of every other ([L, B, ...]
+        rows, [n, B] reward windows, [d0, B, ...] recurrent states). The bookkeeping
+        stays with the block."""
+        if self.parts == 1:
+            return [self]
+        parts = self.parts
+
+        def piece(tensor: Tensor, i: int) -> Tensor:
+            dim = 0 if tensor.dim() == 1 else 1
+            return tensor.chunk(parts, dim=dim)[i]
+
+        return [
+            Batch(
+                data={key: piece(value, i) for key, value in self.data.items()},
+                weights=None if self.weights is None else piece(self.weights, i),
+            )
+            for i in range(parts)
+        ]
 
 
 class UpdateInfo(NamedTuple):
