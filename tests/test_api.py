@@ -98,7 +98,7 @@ def test_keyword_arguments_make_the_config_the_command_line_makes(flags, argv):
         ),
         (
             lambda: beast.train(env="CartPole-v1", num_atoms=11),
-            "beast.train(): 'num_atoms' is a flag of --algo c51, not of impala",
+            "beast.train(): 'num_atoms' is a flag of --algo c51 and rainbow, not of impala",
         ),
         (lambda: beast.train(env="CartPole-v1", batch_size=0), "--batch_size must be positive"),
         (lambda: beast.train(env="CartPole-v1", mode="test"), "beast.train() trains;"),
@@ -269,7 +269,10 @@ def test_evaluate_takes_the_saved_runs_algorithm_flags(tmp_path):
     (run_dir / "config.yaml").write_text("algo: dqn\nenv: CartPole-v1\n")
     with pytest.raises(ConfigError, match="no checkpoint at"):
         beast.evaluate(run_dir, episodes=2, test_epsilon=0.0)
-    with pytest.raises(ConfigError, match="'test_epsilon' is a flag of --algo r2d2, not of impala"):
+    owners = "r2d2, apex, dqn, c51 and rainbow"
+    with pytest.raises(
+        ConfigError, match=f"'test_epsilon' is a flag of --algo {owners}, not of impala"
+    ):
         beast.evaluate(xpid="elsewhere", savedir=tmp_path, test_epsilon=0.0)
 
 
