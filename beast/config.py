@@ -768,7 +768,7 @@ def check_value(
     fields = {f.name: f for f in dataclasses.fields(config_class)}
     if key not in fields or key in _NOT_IN_FILES:
         elsewhere = _flag_of_another_algorithm(str(key), fields["algo"].default)
-        if elsewhere is not None and key not in _NOT_IN_FILES:
+        if elsewhere is not None:
             raise ConfigError(f"{source}: '{key}' is {elsewhere}")
         names = [name for name in fields if name not in _NOT_IN_FILES]
         close = difflib.get_close_matches(str(key), names, n=1)

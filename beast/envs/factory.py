@@ -179,7 +179,8 @@ def probe_spec(name: str) -> EnvSpec:
     ids of no tuned family): an env sets its spaces in its constructor, and neither its
     class nor Gymnasium's registry holds them, so reading them takes one construction,
     in the process that parses the flags, before the run's own envs exist. Envs whose
-    name gives their family are never made here. The start-up line reads the family
+    name gives their family are never made here, nor any env of a run given --config or
+    --family (for an env whose constructor is costly). The start-up line reads the family
     again from the spec that start-up's own probe made (beast.engine.prepare), without a
     third construction.
     """
