@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from beast.checkpoint import load_latest_checkpoint
-from beast.config import Config, ConfigError, config_from_dict, config_from_flags
+from beast.config import AUTO, Config, ConfigError, config_from_dict, config_from_flags
 from beast.evaluate import EvalResult, test
 from beast.logs import RETURN_WINDOW
 from beast.poly.config import PolyConfig
@@ -81,7 +81,7 @@ def _train_config(
     values: dict[str, Any] = {}
     if isinstance(config, Config):
         # Its values are complete: they replace the defaults, and no file is read.
-        values = {**config.to_dict(), "config": "none"}
+        values = {**config.to_dict(), "config": "none", "family": AUTO}
     elif isinstance(config, Mapping):
         values = dict(config)
     elif isinstance(config, str | os.PathLike):

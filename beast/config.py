@@ -13,11 +13,14 @@ nothing mutates a config after that.
 
 Values come from three places, later ones winning: the field defaults, a YAML file of
 field values (`--config FILE`, or when none is given the tuned
-`configs/<algo>/<family>.yaml` that `--env` picks: Atari ids get atari.yaml, classic
-control gets classic.yaml), then the command-line flags. A file's unknown keys and
-mistyped values are ConfigErrors naming the key and the file. `--print_config` prints the
-merged config as YAML and exits. The Python API's keyword arguments (`beast.train(env=...)`)
-go through `config_from_flags`: the same layers and checks, for values that arrive typed.
+`configs/<algo>/<family>.yaml` of `--family`, or else of the family `--env` belongs to:
+Atari ids get atari.yaml, classic control classic.yaml, MuJoCo mujoco.yaml, and an env
+whose id names no family the file its spaces suggest, `tuned_config`), then the
+command-line flags. The start-up line says which file and why (`describe_defaults`). A
+file's unknown keys and mistyped values are ConfigErrors naming the key and the file.
+`--print_config` prints the merged config as YAML and exits. The Python API's keyword
+arguments (`beast.train(env=...)`) go through `config_from_flags`: the same layers and
+checks, for values that arrive typed.
 """
 
 from __future__ import annotations
@@ -34,33 +37,42 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from beast.algos import ALGORITHMS, algorithm_class
 
+if TYPE_CHECKING:
+    from beast.envs import EnvSpec
+
 __all__ = [
     "AUTO",
+    "FAMILIES",
     "Config",
     "ConfigError",
+    "TunedConfig",
+    "algorithms_of",
     "build_parser",
     "check_value",
     "config_for",
     "config_from_dict",
     "config_from_flags",
     "config_to_yaml",
-    "family_config_path",
+    "describe_defaults",
     "flag",
     "int_or_auto",
     "load_config_file",
     "parse_args",
+    "tuned_config",
 ]
 
 # configs/ at the root of the beast checkout (an editable install, as the README says).
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 # The value of --num_actors / --num_envs_per_actor that asks for a start-up measurement.
 AUTO = "auto"
+# Env families with tuned files, configs/<algo>/<family>.yaml (not every algorithm has all).
+FAMILIES = ("atari", "classic", "mujoco")
 # --wandb without the package (beast/logs.py says the same if its import fails).
 WANDB_MISSING = "--wandb needs the wandb package: pip install wandb (or pip install -e '.[wandb]')"
 # W&B refuses longer tags.
@@ -87,7 +99,16 @@ class Config:
     config: str | None = flag(
         None,
         "YAML file of flag values (defaults < file < flags). Default: the tuned"
-        " configs/<algo>/<family>.yaml for --env (atari, classic), if any; 'none' for no file.",
+        " configs/<algo>/<family>.yaml of --family, if any; 'none' for no file.",
+    )
+    family: str = flag(
+        AUTO,
+        "Which tuned configs/<algo>/<family>.yaml to start from when no --config is given."
+        " auto: --env's family (Atari ids atari, classic control classic, MuJoCo mujoco);"
+        " for an env whose id names none (package.module:Class, say), the one its spaces"
+        " suggest: image observations atari, vector observations classic with Discrete"
+        " actions and mujoco with Box actions. The start-up line says which and why.",
+        choices=(AUTO, *FAMILIES),
     )
     mode: str = flag(
         "train", "train a policy, or test a saved checkpoint.", choices=("train", "test")
@@ -549,12 +570,24 @@ def config_for(algo: str, base: type[Config] = Config) -> type[Config]:
     )
 
 
-def algorithm_of(key: str) -> str | None:
-    """The first algorithm that has a flag `key` (for "a flag of --algo X" hints), or None."""
-    for name in ALGORITHMS:
-        if any(f.name == key for f in dataclasses.fields(algorithm_class(name).Args)):
-            return name
-    return None
+def algorithms_of(key: str) -> tuple[str, ...]:
+    """The algorithms that have a flag `key` of their own (an `Args` field), in the
+    registry's order; () for a core flag or no flag at all."""
+    return tuple(
+        name
+        for name in ALGORITHMS
+        if any(f.name == key for f in dataclasses.fields(algorithm_class(name).Args))
+    )
+
+
+def _flag_of_another_algorithm(key: str, algo: str) -> str | None:
+    """ "a flag of --algo laser, not of impala" when `key` is a flag of other algorithms
+    than `algo` (all of them named), else None."""
+    owners = algorithms_of(key)
+    if not owners or algo in owners:
+        return None
+    names = ", ".join(owners[:-1]) + " and " + owners[-1] if len(owners) > 1 else owners[0]
+    return f"a flag of --algo {names}, not of {algo}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -636,19 +669,80 @@ def build_parser(
     return parser
 
 
-def family_config_path(env: str, algo: str) -> str | None:
-    """`algo`'s tuned config file for `env`'s family, or None (custom envs, unknown ids).
+@dataclass(frozen=True)
+class TunedConfig:
+    """The tuned file a run starts from when no --config is given (`tuned_config`)."""
 
-    This is what makes `python monobeast.py --env PongNoFrameskip-v4` start from
-    settings that learn Pong rather than from whatever the field defaults are.
+    path: str | None  # configs/<algo>/<family>.yaml; None: the algorithm's built-in defaults
+    reason: str  # why, for the start-up line: "vector observations, Discrete actions"
+
+
+# How the start-up line names the families that --env's id gives.
+_FAMILY_WORDS = {"atari": "an Atari game", "classic": "classic control", "mujoco": "a MuJoCo task"}
+
+
+def tuned_config(
+    env: str, algo: str, family: str = AUTO, spec: EnvSpec | None = None
+) -> TunedConfig:
+    """`algo`'s tuned configs/<algo>/<family>.yaml for a run of `env` with no --config.
+
+    The family is `family` when it is not auto (--family); else the one `env`'s id
+    belongs to (`beast.envs.env_family`: Atari, classic control, MuJoCo); else, for custom
+    `module:Class` envs and ids of no tuned family, the one the env's spaces suggest
+    (`beast.envs.spaces_family`: image observations atari, vector observations classic
+    with Discrete actions, mujoco with Box actions). A user's own CartPole so starts from
+    the settings CartPole-v1 does, not from the core defaults (IMPALA's Atari settings).
+    Reading the spaces makes the env once (`beast.envs.probe_spec` says why) unless `spec`
+    is given. `path` is None when `algo` has no file for the family (then its built-in
+    defaults apply, `Algorithm.core_defaults` over Config's).
+
+    Raises ConfigError for a --family that `algo` has no file for, EnvError for an env
+    that cannot be made.
     """
-    from beast.envs import env_family  # imports gymnasium and ale_py; only needed here
+    from beast import envs  # imports gymnasium and ale_py; only needed here
 
-    family = env_family(env)
+    if family != AUTO:
+        path = _family_file(algo, family)
+        if not os.path.isfile(path):
+            have = [name for name in FAMILIES if os.path.isfile(_family_file(algo, name))]
+            raise ConfigError(
+                f"--family {family}: there is no configs/{algo}/{family}.yaml; --algo {algo}"
+                f" has {', '.join(have) or 'no tuned files'} (or give --config FILE)"
+            )
+        return TunedConfig(path, f"--family {family}")
+    family = envs.env_family(env)
+    if family is not None:
+        reason = f"{env} is {_FAMILY_WORDS[family]}"
+    else:
+        family, reason = envs.spaces_family(spec or envs.probe_spec(env))
     if family is None:
-        return None
-    path = os.path.join(CONFIGS_DIR, algo, f"{family}.yaml")
-    return path if os.path.isfile(path) else None
+        return TunedConfig(None, f"{reason}: no tuned family")
+    path = _family_file(algo, family)
+    if not os.path.isfile(path):
+        return TunedConfig(None, f"{reason}; no configs/{algo}/{family}.yaml")
+    return TunedConfig(path, reason)
+
+
+def _family_file(algo: str, family: str) -> str:
+    return os.path.join(CONFIGS_DIR, algo, f"{family}.yaml")
+
+
+def describe_defaults(config: Config, spec: EnvSpec) -> str:
+    """For the start-up line: the file the run's values started from, and why, e.g.
+    "defaults: configs/impala/classic.yaml (vector observations, Discrete actions)".
+
+    Worked out again from the run's config and its env's `spec` (so no env is made): the
+    tuned file `tuned_config` picks when the run's file is that one, else --config's.
+    """
+    tuned = tuned_config(config.env, config.algo, config.family, spec)
+    if config.config == tuned.path:
+        path, reason = tuned.path, tuned.reason
+    else:
+        path, reason = config.config, "--config none" if config.config is None else "--config"
+    if path is None:
+        return f"defaults: --algo {config.algo}'s built-in ({reason})"
+    in_checkout = os.path.relpath(path, os.path.dirname(CONFIGS_DIR))
+    return f"defaults: {path if in_checkout.startswith('..') else in_checkout} ({reason})"
 
 
 def _resolve_config_path(path: str) -> str:
@@ -663,9 +757,9 @@ def _resolve_config_path(path: str) -> str:
     return in_checkout if os.path.exists(in_checkout) else expanded
 
 
-# Keys a config file may not set: a file naming another file would hide where values
-# come from.
-_NOT_IN_FILES = frozenset({"config"})
+# Keys a config file may not set: a file naming another file (or family of files) would
+# hide where values come from.
+_NOT_IN_FILES = frozenset({"config", "family"})
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
 
@@ -686,10 +780,9 @@ def check_value(
     """
     fields = {f.name: f for f in dataclasses.fields(config_class)}
     if key not in fields or key in _NOT_IN_FILES:
-        owner = algorithm_of(str(key)) if key not in _NOT_IN_FILES else None
-        algo = fields["algo"].default
-        if owner is not None and owner != algo:
-            raise ConfigError(f"{source}: '{key}' is a flag of --algo {owner}, not of {algo}")
+        elsewhere = _flag_of_another_algorithm(str(key), fields["algo"].default)
+        if elsewhere is not None:
+            raise ConfigError(f"{source}: '{key}' is {elsewhere}")
         names = [name for name in fields if name not in _NOT_IN_FILES]
         close = difflib.get_close_matches(str(key), names, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -779,14 +872,19 @@ def _chosen_algo(argv: Sequence[str]) -> str:
     return _algo_named(known.algo, known.config)
 
 
-def _config_file(config_file: str | None, env: str, algo: str) -> str | None:
+def _config_file(config_file: str | None, family: str, env: str, algo: str) -> str | None:
     """The YAML file a run's values start from: --config's (None for "none"), else the tuned
-    file of `env`'s family for `algo`, if any."""
+    file of --family, or of `env`'s family, for `algo`, if any (`tuned_config`)."""
+    if config_file is not None and family != AUTO:
+        raise ConfigError(
+            f"--config {config_file} and --family {family} both choose the file to start"
+            " from; give one of them"
+        )
     if config_file is not None and config_file.lower() == "none":
         return None
     if config_file is not None:
         return _resolve_config_path(config_file)
-    return family_config_path(env, algo)
+    return tuned_config(env, algo, family).path
 
 
 def _validated(
@@ -820,11 +918,13 @@ def parse_args(
     algo = _chosen_algo(argv)
     run_class = config_for(algo if algo in ALGORITHMS else Config.algo, config_class)
     parser = build_parser(prog or os.path.basename(sys.argv[0]), run_class)
-    # A first pass finds --config and --env (and reports malformed flags before any
-    # file is read); the second lets the file's values replace the defaults while the
-    # flags given still win.
-    namespace = parser.parse_args(argv)
-    path = _config_file(namespace.config, namespace.env, namespace.algo)
+    # A first pass finds --config, --family and --env (and reports malformed flags before
+    # any file is read or env made); the second lets the file's values replace the
+    # defaults while the flags given still win.
+    namespace, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _refuse_unknown_flags(parser, unknown, run_class.algo)
+    path = _config_file(namespace.config, namespace.family, namespace.env, namespace.algo)
     file_values: dict[str, Any] = {}
     if path is not None:
         file_values = load_config_file(path, run_class)
@@ -843,6 +943,22 @@ def parse_args(
     return config.finalize()
 
 
+def _refuse_unknown_flags(parser: argparse.ArgumentParser, unknown: list[str], algo: str) -> None:
+    """Exit 2 with one line on the arguments `parser` did not know: for a flag of other
+    algorithms, whose it is ("--replay_ratio is a flag of --algo laser, not of impala");
+    else argparse's own "unrecognized arguments"."""
+    for arg in unknown:
+        if not arg.startswith("--"):
+            continue
+        name = arg[2:].partition("=")[0]
+        # A boolean flag's negative form, --no-NAME, belongs where NAME does.
+        for key in (name, name.removeprefix("no-")):
+            elsewhere = _flag_of_another_algorithm(key, algo)
+            if elsewhere is not None:
+                parser.error(f"--{key} is {elsewhere}")
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+
+
 def config_from_flags(
     flags: Mapping[str, Any], config_class: type[Config] = Config, source: str = "beast.train()"
 ) -> Config:
@@ -857,15 +973,21 @@ def config_from_flags(
         raise ConfigError(
             f"{source}: argument 'config' must be a YAML file name or 'none', got {config_file!r}"
         )
+    family = flags.pop("family", AUTO)
+    if family not in (AUTO, *FAMILIES):
+        raise ConfigError(
+            f"{source}: argument 'family' must be one of {', '.join((AUTO, *FAMILIES))},"
+            f" got {family!r}"
+        )
     algo = _algo_named(flags.get("algo"), config_file)
     run_class = config_for(algo if algo in ALGORITHMS else Config.algo, config_class)
     values = {
         key: check_value(key, value, source, run_class, noun="argument")
         for key, value in flags.items()
     }
-    path = _config_file(config_file, values.get("env", run_class.env), run_class.algo)
+    path = _config_file(config_file, family, values.get("env", run_class.env), run_class.algo)
     file_values = load_config_file(path, run_class) if path is not None else {}
-    config = run_class(**{**file_values, **values, "config": path})
+    config = run_class(**{**file_values, **values, "config": path, "family": family})
     return _validated(config, path, file_values, set(values)).finalize()
 
 

@@ -33,7 +33,7 @@ import torch
 
 from beast.actor import ActorSettings
 from beast.checkpoint import CheckpointError
-from beast.config import Config, ConfigError
+from beast.config import Config, ConfigError, describe_defaults
 from beast.engine import (
     Run,
     acting_bf16,
@@ -201,7 +201,8 @@ def start_run(config: Config) -> tuple[Run, RunLog]:
         f" {spec.describe_actions()}), {run.describe()},"
         f" {config.num_actors} actors x {config.num_envs_per_actor} envs"
         f" ({resolve_backend(config.env, config.env_backend, lane_envs)} env batches),"
-        f" learner on {device} in {precision} with {torch.get_num_threads()} thread(s)"
+        f" learner on {device} in {precision} with {torch.get_num_threads()} thread(s);"
+        f" {describe_defaults(config, spec)}"
     )
     return run, log
 

@@ -61,7 +61,7 @@ from typing import Any
 import yaml
 
 from beast.algos import ALGORITHMS
-from beast.config import Config, ConfigError, algorithm_of, check_value, config_for
+from beast.config import Config, ConfigError, algorithms_of, check_value, config_for
 
 __all__ = [
     "Run",
@@ -134,7 +134,7 @@ def _check(key: str, value: Any, source: str, algo: str | None) -> Any:
             raise SweepError(f"{source}: key 'config' must be a string, got {value!r}")
         return value
     if algo is None or algo not in ALGORITHMS:
-        algo = algorithm_of(key) or Config.algo
+        algo = (*algorithms_of(key), Config.algo)[0]
     return check_value(key, value, source, config_for(algo))
 
 

@@ -51,7 +51,9 @@ class Check:
     @property
     def name(self) -> str:
         name = f"{self.algo}-{self.script.removesuffix('beast.py')}beast-{self.policy}"
-        return name if self.env in ("CartPole-v1", "MaskedCartPole-v1") else f"{name}-{self.env}"
+        if self.env in ("CartPole-v1", "MaskedCartPole-v1"):
+            return name
+        return f"{name}-{self.env.rpartition(':')[2]}"  # a module:Class env by its class
 
 
 # The issues' bars: IMPALA CartPole >= 450 within 500k; LASER 450 within 300k; R2D2
@@ -117,6 +119,15 @@ CHECKS.append(
         flags=GRID_TARGET_FLAGS,
     )
 )
+
+# A user's own env: CartPole-v1 as a class with no Gymnasium id (tests/user_envs.py), with
+# no flags but the checks' own: its spaces (vector observations, Discrete actions) pick
+# configs/<algo>/classic.yaml, CartPole-v1's file, and it gets CartPole-v1's budgets.
+# The issue's bars: IMPALA 400, PPO 475.
+CHECKS += [
+    Check(algo, "monobeast.py", "local", "tests.user_envs:CustomCartPole", steps, bar)
+    for algo, steps, bar in (("impala", 500_000, 400.0), ("ppo", 100_000, 475.0))
+]
 
 
 @dataclass(frozen=True)

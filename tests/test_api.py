@@ -4,6 +4,7 @@ refusals of objects that actor processes cannot import."""
 
 import collections
 import csv
+import dataclasses
 import functools
 import json
 import math
@@ -23,7 +24,8 @@ import pytest
 import yaml
 
 import beast
-from beast.config import ConfigError, config_from_flags, parse_args
+from beast.api import _train_config
+from beast.config import Config, ConfigError, config_from_flags, parse_args
 from tests.api_objects import Holder, make_cartpole
 from tests.test_monobeast import ROOT, read_csv, shm_entries, wait_until_gone
 from tests.user_models import TinyActorCritic
@@ -74,6 +76,12 @@ def last_json_line(stdout: str) -> dict:
             ["--config", "configs/r2d2/atari.yaml", "--env", "BreakoutNoFrameskip-v4"],
         ),
         ({"env": "CartPole-v1", "config": "none"}, ["--env", "CartPole-v1", "--config", "none"]),
+        # An env of no family by name: its spaces pick the file, or `family` does.
+        ({"env": "tests.api_objects:make_cartpole"}, ["--env", "tests.api_objects:make_cartpole"]),
+        (
+            {"env": "tests.api_objects:make_cartpole", "algo": "ppo", "family": "mujoco"},
+            ["--env", "tests.api_objects:make_cartpole", "--algo", "ppo", "--family", "mujoco"],
+        ),
         (
             {"env": "CartPole-v1", "num_actors": "auto", "learning_rate": 1},
             ["--env", "CartPole-v1", "--num_actors", "auto", "--learning_rate", "1"],
@@ -83,6 +91,13 @@ def last_json_line(stdout: str) -> dict:
 def test_keyword_arguments_make_the_config_the_command_line_makes(flags, argv):
     # The same defaults, tuned family file (chosen by env and algo) and validation.
     assert config_from_flags({**flags, "xpid": "x"}) == parse_args([*argv, "--xpid", "x"])
+
+
+def test_a_config_given_whole_reads_no_file_whatever_family_picked_its_values():
+    # train(result.config) of a run made with --family: its values, no second file.
+    made = parse_args(["--algo", "ppo", "--env", "CartPole-v1", "--family", "mujoco"])
+    again = _train_config(made, Config, {})
+    assert again == dataclasses.replace(made, config=None, family="auto")
 
 
 @pytest.mark.parametrize(
@@ -98,9 +113,14 @@ def test_keyword_arguments_make_the_config_the_command_line_makes(flags, argv):
         ),
         (
             lambda: beast.train(env="CartPole-v1", num_atoms=11),
-            "beast.train(): 'num_atoms' is a flag of --algo c51, not of impala",
+            "beast.train(): 'num_atoms' is a flag of --algo c51 and rainbow, not of impala",
         ),
         (lambda: beast.train(env="CartPole-v1", batch_size=0), "--batch_size must be positive"),
+        (
+            lambda: beast.train(env="CartPole-v1", family="box2d"),
+            "beast.train(): argument 'family' must be one of auto, atari, classic, mujoco,"
+            " got 'box2d'",
+        ),
         (lambda: beast.train(env="CartPole-v1", mode="test"), "beast.train() trains;"),
         (lambda: beast.train(42), "beast.train(): config must be a Config"),
         (lambda: beast.evaluate(), "beast.evaluate(): which run?"),
@@ -269,7 +289,10 @@ def test_evaluate_takes_the_saved_runs_algorithm_flags(tmp_path):
     (run_dir / "config.yaml").write_text("algo: dqn\nenv: CartPole-v1\n")
     with pytest.raises(ConfigError, match="no checkpoint at"):
         beast.evaluate(run_dir, episodes=2, test_epsilon=0.0)
-    with pytest.raises(ConfigError, match="'test_epsilon' is a flag of --algo r2d2, not of impala"):
+    owners = "r2d2, apex, dqn, c51 and rainbow"
+    with pytest.raises(
+        ConfigError, match=f"'test_epsilon' is a flag of --algo {owners}, not of impala"
+    ):
         beast.evaluate(xpid="elsewhere", savedir=tmp_path, test_epsilon=0.0)
 
 

@@ -6,7 +6,7 @@ import os
 import pytest
 import yaml
 
-from beast.algos import ALGORITHMS
+from beast.algos import ALGORITHMS, algorithm_class
 from beast.config import (
     CONFIGS_DIR,
     Config,
@@ -14,9 +14,11 @@ from beast.config import (
     build_parser,
     config_for,
     config_to_yaml,
+    describe_defaults,
     load_config_file,
     parse_args,
 )
+from beast.envs import EnvError, probe_spec
 
 
 def test_defaults_are_valid_and_finalized():
@@ -128,11 +130,139 @@ def test_env_picks_the_family_config():
     assert (classic.unroll_length, classic.baseline_cost) == (20, 0.25)
 
 
-@pytest.mark.parametrize("env", ["tests.test_envs:OldStyleEnv", "NoSuchEnv-v0"])
-def test_custom_and_unknown_envs_get_no_family_config(env):
-    config = parse_args(["--env", env])
-    assert config.config is None
-    assert config.learning_rate == Config.learning_rate  # the field default
+CUSTOM_CARTPOLE = "tests.user_envs:CustomCartPole"
+
+
+@pytest.mark.parametrize("algo", list(ALGORITHMS))
+def test_a_custom_env_starts_from_its_registered_twins_config(algo):
+    # CartPole-v1 as a user's class has no family by name; its vector observations and
+    # Discrete actions pick the file CartPole-v1's id does: the same run but for --env.
+    custom = parse_args(["--algo", algo, "--env", CUSTOM_CARTPOLE, "--xpid", "x"])
+    twin = parse_args(["--algo", algo, "--env", "CartPole-v1", "--xpid", "x"])
+    assert custom.config == twin.config == os.path.join(CONFIGS_DIR, algo, "classic.yaml")
+    assert dataclasses.replace(custom, env="CartPole-v1") == twin
+
+
+@pytest.mark.parametrize(
+    "algo, env, family",
+    [
+        ("impala", CUSTOM_CARTPOLE, "classic"),
+        ("ppo", "tests.user_envs:CustomPendulum", "mujoco"),  # Box actions
+        ("sac", "tests.user_envs:CustomPendulum", "mujoco"),
+        ("impala", "tests.user_envs:CustomImages", "atari"),
+        ("dqn", "tests.user_envs:CustomImages", "atari"),
+    ],
+)
+def test_an_env_of_no_family_by_name_gets_the_file_its_spaces_suggest(algo, env, family):
+    config = parse_args(["--algo", algo, "--env", env])
+    assert config.config == os.path.join(CONFIGS_DIR, algo, f"{family}.yaml")
+
+
+def test_spaces_without_a_tuned_file_get_the_algorithms_built_in_defaults():
+    # IMPALA has no mujoco.yaml for Box actions; the Dict of an image and a vector of
+    # DictGridTarget-v0 fits no family's model.
+    for algo, env in (
+        ("impala", "tests.user_envs:CustomPendulum"),
+        ("impala", "DictGridTarget-v0"),
+        ("ppo", "DictGridTarget-v0"),
+    ):
+        config = parse_args(["--algo", algo, "--env", env])
+        assert config.config is None
+        assert config.learning_rate == config_for(algo).learning_rate  # the field default
+
+
+def test_an_unknown_env_is_one_env_error_when_its_spaces_are_read():
+    with pytest.raises(EnvError, match="unknown environment 'NoSuchEnv-v0'"):
+        parse_args(["--env", "NoSuchEnv-v0"])
+    # A --config (or --family) needs no spaces: the env is first made at start-up.
+    assert parse_args(["--env", "NoSuchEnv-v0", "--config", "none"]).config is None
+
+
+def test_family_and_config_override_the_choice(tmp_path):
+    forced = parse_args(["--algo", "ppo", "--env", CUSTOM_CARTPOLE, "--family", "mujoco"])
+    assert forced.config == os.path.join(CONFIGS_DIR, "ppo", "mujoco.yaml")
+    assert forced.family == "mujoco" and forced.normalize_obs  # mujoco.yaml's
+    assert parse_args(["--env", CUSTOM_CARTPOLE, "--config", "none"]).config is None
+    path = write(tmp_path, "learning_rate: 0.01\n")
+    assert parse_args(["--env", CUSTOM_CARTPOLE, "--config", path]).learning_rate == 0.01
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--family", "mujoco"],
+            "--family mujoco: there is no configs/impala/mujoco.yaml; --algo impala has"
+            " atari, classic (or give --config FILE)",
+        ),
+        (
+            ["--family", "classic", "--config", "none"],
+            "--config none and --family classic both choose the file to start from; give one",
+        ),
+    ],
+)
+def test_bad_family_choices_are_one_line(argv, message):
+    with pytest.raises(ConfigError) as info:
+        parse_args(argv)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "argv, env, line",
+    [
+        (
+            [],
+            CUSTOM_CARTPOLE,
+            "defaults: configs/impala/classic.yaml (vector observations, Discrete actions)",
+        ),
+        (
+            ["--algo", "sac"],
+            "tests.user_envs:CustomPendulum",
+            "defaults: configs/sac/mujoco.yaml (vector observations, Box actions)",
+        ),
+        (
+            [],
+            "tests.user_envs:CustomPendulum",
+            "defaults: --algo impala's built-in (vector observations, Box actions; no"
+            " configs/impala/mujoco.yaml)",
+        ),
+        (
+            [],
+            "DictGridTarget-v0",
+            "defaults: --algo impala's built-in (observations (obs.image (1, 16, 16) uint8,"
+            " obs.position (2,) float32), Discrete actions: no tuned family)",
+        ),
+        (
+            [],
+            "CartPole-v1",
+            "defaults: configs/impala/classic.yaml (CartPole-v1 is classic control)",
+        ),
+        (
+            ["--algo", "ppo", "--family", "mujoco"],
+            CUSTOM_CARTPOLE,
+            "defaults: configs/ppo/mujoco.yaml (--family mujoco)",
+        ),
+        (
+            ["--config", "none"],
+            CUSTOM_CARTPOLE,
+            "defaults: --algo impala's built-in (--config none)",
+        ),
+        (
+            ["--config", "configs/ppo/classic.yaml"],
+            CUSTOM_CARTPOLE,
+            "defaults: configs/ppo/classic.yaml (--config)",
+        ),
+    ],
+)
+def test_the_start_up_line_names_the_defaults_and_why(argv, env, line):
+    config = parse_args([*argv, "--env", env])
+    assert describe_defaults(config, probe_spec(env)) == line
+
+
+def test_a_config_file_outside_the_checkout_is_named_as_given(tmp_path):
+    path = write(tmp_path, "learning_rate: 0.01\n")
+    config = parse_args(["--env", "CartPole-v1", "--config", path])
+    assert describe_defaults(config, probe_spec("CartPole-v1")) == f"defaults: {path} (--config)"
 
 
 def test_precedence_defaults_then_file_then_flags(tmp_path):
@@ -214,8 +344,8 @@ def test_print_config_prints_the_merged_yaml_and_exits_0(tmp_path, capsys):
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["seed"] == 7 and printed["optimizer"] == "adam"
     assert printed["xpid"] is None  # not finalized: reusable as a config file
-    # The printed YAML (less the file pointer) reads back to the same config.
-    del printed["config"]
+    # The printed YAML (less the file pointers) reads back to the same config.
+    del printed["config"], printed["family"]
     path = write(tmp_path, yaml.safe_dump(printed))
     again = parse_args(["--config", path, "--xpid", "x"])
     assert again.seed == 7 and again.learning_rate == 0.0015 and again.discounting == 0.98
@@ -243,13 +373,57 @@ def test_each_algorithm_has_its_flags_and_defaults(algo):
 
 def test_a_flag_of_another_algorithm_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
-        parse_args(["--algo", "impala", "--replay_ratio", "1"])
-    assert info.value.code == 2 and "--replay_ratio" in capsys.readouterr().err
+        parse_args(["--algo", "impala", "--replay_ratio", "1"], prog="monobeast.py")
+    assert info.value.code == 2
+    expected = "monobeast.py: error: --replay_ratio is a flag of --algo laser, not of impala\n"
+    assert capsys.readouterr().err == expected
     path = tmp_path / "c.yaml"
     path.write_text("replay_ratio: 1.0\n")
     expected = "'replay_ratio' is a flag of --algo laser, not of impala"
     with pytest.raises(ConfigError, match=expected):
         parse_args(["--config", str(path)])
+
+
+def owners_of_flags() -> dict[str, list[str]]:
+    """Every algorithm-specific flag -> the algorithms that have it, read from their Args."""
+    owners: dict[str, list[str]] = {}
+    for algo in ALGORITHMS:
+        for f in dataclasses.fields(algorithm_class(algo).Args):
+            owners.setdefault(f.name, []).append(algo)
+    return owners
+
+
+MISPLACED = [
+    (name, algo, owners)
+    for name, owners in owners_of_flags().items()
+    for algo in ALGORITHMS
+    if algo not in owners
+]
+
+
+@pytest.mark.parametrize("name, algo, owners", MISPLACED, ids=[f"{n}-{a}" for n, a, _ in MISPLACED])
+def test_every_algorithm_flag_given_to_another_algorithm_names_its_owners(
+    name, algo, owners, capsys
+):
+    field = next(f for f in dataclasses.fields(config_for(owners[0])) if f.name == name)
+    # A boolean flag takes no value (its --no- form too); others any value at all.
+    forms = [[f"--{name}"], [f"--no-{name}"]] if field.type == "bool" else [[f"--{name}", "1"]]
+    names = ", ".join(owners[:-1]) + " and " + owners[-1] if len(owners) > 1 else owners[0]
+    for flag_args in forms:
+        with pytest.raises(SystemExit) as info:
+            parse_args(["--algo", algo, "--env", "CartPole-v1", *flag_args], prog="monobeast.py")
+        assert info.value.code == 2
+        assert capsys.readouterr().err == (
+            f"monobeast.py: error: --{name} is a flag of --algo {names}, not of {algo}\n"
+        )
+
+
+def test_an_unknown_flag_is_still_argparses_one_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--env", "CartPole-v1", "--lerning_rate", "1"], prog="monobeast.py")
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "monobeast.py: error: unrecognized arguments: --lerning_rate 1\n"
 
 
 def test_a_config_file_picks_its_algorithm(tmp_path):

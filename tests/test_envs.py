@@ -642,3 +642,57 @@ def test_env_family_picks_the_tuned_config_family(name, family):
     from beast.envs import env_family
 
     assert env_family(name) == family
+
+
+IMAGE = (4, 84, 84)
+
+
+@pytest.mark.parametrize(
+    "spec, family, words",
+    [
+        (EnvSpec(IMAGE, np.dtype(np.uint8), 6), "atari", "image observations, Discrete actions"),
+        (
+            EnvSpec((4,), np.dtype(np.float32), 2),
+            "classic",
+            "vector observations, Discrete actions",
+        ),
+        (
+            EnvSpec((3,), np.dtype(np.float32), 0, (1,), (-2.0,), (2.0,)),
+            "mujoco",
+            "vector observations, Box actions",
+        ),
+        (
+            EnvSpec(IMAGE, np.dtype(np.uint8), 0, (2,), (-1.0,) * 2, (1.0,) * 2),
+            "atari",  # images first, whatever the actions
+            "image observations, Box actions",
+        ),
+        (
+            EnvSpec(None, None, 2, nested_obs=(("obs.x", Field((2,), torch.float32)),)),
+            "classic",
+            "nested vector observations, Discrete actions",
+        ),
+        # No family's model fits: an image in a Dict, a 2-D Box.
+        (
+            EnvSpec(None, None, 2, nested_obs=(("obs.image", Field(IMAGE, torch.uint8)),)),
+            None,
+            "observations (obs.image (4, 84, 84) uint8), Discrete actions",
+        ),
+        (
+            EnvSpec((5, 5), np.dtype(np.float32), 2),
+            None,
+            "observations ((5, 5) float32), Discrete actions",
+        ),
+    ],
+)
+def test_spaces_family_picks_by_observations_then_actions(spec, family, words):
+    from beast.envs import spaces_family
+
+    assert spaces_family(spec) == (family, words)
+
+
+def test_probe_spec_reads_an_envs_spaces():
+    from beast.envs import probe_spec
+
+    assert probe_spec("tests.test_envs:CountdownEnv") == EnvSpec((1,), np.dtype(np.float32), 3)
+    with pytest.raises(EnvError, match="unknown environment"):
+        probe_spec("NoSuchEnv-v0")

@@ -406,8 +406,8 @@ def test_algo_laser_sets_the_replay_and_the_trust_region():
     assert (config.replay_ratio, config.trust_region_threshold) == (1.0, 0.5)
     spec = envs.EnvSpec((4,), torch.float32, 2)
     assert Laser(config, spec).experience().num_replayed == 4 and config.optimizer == "adam"
-    # Envs with no tuned file and other config files still get LASER's defaults.
-    custom = parse_args(["--algo", "laser", "--env", "tests.test_envs:OldStyleEnv"])
+    # Runs with no tuned file and other config files still get LASER's defaults.
+    custom = parse_args(["--algo", "laser", "--env", "CartPole-v1", "--config", "none"])
     assert custom.config is None and (custom.replay_ratio, custom.trust_region_threshold) == (
         1.0,
         0.5,

@@ -183,6 +183,10 @@ def test_train_then_test_on_cartpole(tmp_path):
             "--num_buffers 32 is too small",
         ),
         (["--mode", "test", "--xpid", "never-trained"], "no checkpoint at"),
+        (
+            ["--env", "CartPole-v1", "--replay_ratio", "1"],
+            "--replay_ratio is a flag of --algo laser, not of impala",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
@@ -280,6 +284,9 @@ def test_old_gym_api_env_learns_through_the_adapter(tmp_path):
         ]
     )
     assert result.returncode == 0, result.stderr
+    # No family by name: its spaces pick the tuned file, and the start-up line says so.
+    defaults = "defaults: configs/impala/classic.yaml (vector observations, Discrete actions)"
+    assert defaults in result.stdout
     tested = run_monobeast(
         ["--mode", "test", "--savedir", str(tmp_path), "--xpid", "old", "--num_test_episodes", "20"]
     )

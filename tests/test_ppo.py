@@ -272,8 +272,8 @@ def test_ppo_and_a2c_pick_their_tuned_configs():
     cheetah = parse_args(["--algo", "ppo", "--env", "HalfCheetah-v5"])
     assert cheetah.config.endswith("configs/ppo/mujoco.yaml")
     assert cheetah.normalize_obs and cheetah.normalize_reward and cheetah.hidden_size == 256
-    # Without a family config, the algorithm's own core defaults (SB3's): Adam 3e-4.
-    custom = parse_args(["--algo", "ppo", "--env", "tests.test_envs:CountdownEnv"])
+    # Without a config file, the algorithm's own core defaults (SB3's): Adam 3e-4.
+    custom = parse_args(["--algo", "ppo", "--env", "CartPole-v1", "--config", "none"])
     assert (custom.optimizer, custom.learning_rate, custom.grad_norm_clipping) == (
         "adam",
         3e-4,

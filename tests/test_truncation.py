@@ -96,8 +96,11 @@ FLAGS = {
 
 def run_actor(algo: str):
     """The algorithm's real actor, sink and source on ChainEnv; returns (config, source)."""
+    # The built-in defaults (--config none), not the classic file ChainEnv's spaces pick:
+    # the flags below are all the test sets.
     config = parse_args(
-        ["--algo", algo, "--env", ENV, "--discounting", str(GAMMA), "--reward_clipping", "none"]
+        ["--algo", algo, "--env", ENV, "--config", "none", "--discounting", str(GAMMA)]
+        + ["--reward_clipping", "none"]
         + ["--num_actors", "1", "--num_envs_per_actor", "2", "--unroll_length", "10"]
         + ["--batch_size", "4", *FLAGS[algo]]
     )

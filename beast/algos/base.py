@@ -314,8 +314,8 @@ class Algorithm(abc.ABC):
         discrete_actions: whether it acts in Discrete action spaces (likewise).
         core_defaults: core flags (beast/config.py `Config`) whose defaults differ for it
             (PPO's optimizer and rollout length, say): what a run gets with no config file
-            for its env (custom envs) and no flag; a family's configs/<algo>/ file and the
-            command line still replace them.
+            (--config none, or no configs/<algo>/ file for its env's family) and no flag;
+            a family's configs/<algo>/ file and the command line still replace them.
     """
 
     name: ClassVar[str]

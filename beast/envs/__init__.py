@@ -10,7 +10,7 @@ See `beast.envs.factory` for the names `make` accepts and the wrapper order.
 # "DictPendulum-v1" and "DictGridTarget-v0".
 from beast.envs import dict_classic, grid_target, masked_cartpole  # noqa: F401
 from beast.envs.adapters import OldGymAdapter
-from beast.envs.factory import env_family, make
+from beast.envs.factory import env_family, make, probe_spec, spaces_family
 from beast.envs.spec import EnvError, EnvSpec, env_spec, images_not_stacked
 
 __all__ = [
@@ -21,4 +21,6 @@ __all__ = [
     "env_spec",
     "images_not_stacked",
     "make",
+    "probe_spec",
+    "spaces_family",
 ]

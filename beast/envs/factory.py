@@ -49,11 +49,11 @@ from beast.envs.atari import (
     FrameStack,
     wants_pixel_preprocessing,
 )
-from beast.envs.spec import EnvError
+from beast.envs.spec import EnvError, EnvSpec, env_spec, is_image
 from beast.envs.wrappers import EpisodeStatistics, Float32Observation, SeedFirstReset
 from beast.references import import_module
 
-__all__ = ["env_family", "make", "refuse_episodic_life"]
+__all__ = ["env_family", "make", "probe_spec", "refuse_episodic_life", "spaces_family"]
 
 # Importing ale_py registers the ALE ids; this call documents that dependency.
 gymnasium.register_envs(ale_py)
@@ -148,6 +148,47 @@ def env_family(name: str) -> str | None:
     except Exception:  # an entry point that fails to import is make()'s error to report
         return None
     return "atari" if atari and spec.kwargs.get("obs_type") != "ram" else None
+
+
+def spaces_family(spec: EnvSpec) -> tuple[str | None, str]:
+    """The config family an env's spaces suggest, for an env whose name gives none
+    (`env_family` is None), and the spaces in words (for the start-up line).
+
+    An image observation ([C, H, W], a single Box) gets "atari"; vector observations (a
+    1-D Box, or a Dict or Tuple of 1-D Boxes) get "classic" with Discrete actions and
+    "mujoco", the continuous-control settings, with Box actions. Other observations (a
+    Dict or Tuple with image leaves, a Box of 2 or 4+ dimensions) fit no family's tuned
+    model and settings: None, and the run starts from the algorithm's built-in defaults.
+
+    Returns (family or None, e.g. "vector observations, Discrete actions").
+    """
+    actions = "Box actions" if spec.continuous else "Discrete actions"
+    shapes = [field.shape for field in spec.obs_fields().values()]
+    if not spec.nested and is_image(shapes[0]):
+        return "atari", f"image observations, {actions}"
+    if all(len(shape) == 1 for shape in shapes):
+        family = "mujoco" if spec.continuous else "classic"
+        return family, f"{'nested ' if spec.nested else ''}vector observations, {actions}"
+    return None, f"observations ({spec.describe_obs()}), {actions}"
+
+
+def probe_spec(name: str) -> EnvSpec:
+    """The spec of the env `name`, read from one instance made for it and closed at once.
+
+    For `spaces_family` when `env_family(name)` is None (custom `module:Class` envs,
+    ids of no tuned family): an env sets its spaces in its constructor, and neither its
+    class nor Gymnasium's registry holds them, so reading them takes one construction,
+    in the process that parses the flags, before the run's own envs exist. Envs whose
+    name gives their family are never made here, nor any env of a run given --config or
+    --family (for an env whose constructor is costly). The start-up line reads the family
+    again from the spec that start-up's own probe made (beast.engine.prepare), without a
+    third construction.
+    """
+    env = make(name)
+    try:
+        return env_spec(env)
+    finally:
+        env.close()
 
 
 def _make_registered(name: str) -> tuple[gymnasium.Env, int | None]:

@@ -44,7 +44,7 @@ import torch
 
 from beast import envs
 from beast.checkpoint import CheckpointError
-from beast.config import ConfigError
+from beast.config import ConfigError, describe_defaults
 from beast.engine import Run, build_run, load_resume_payload, prepare, restore, select_device
 from beast.envs.batch import check_backend
 from beast.evaluator import Evaluation, build_evaluator, describe_evaluation
@@ -215,7 +215,7 @@ class LearnerNode:
             f"learner {rank}/{world} on {device} in {precision}"
             f" ({torch.get_num_threads()} thread(s)): env {config.env} (obs {spec.describe_obs()},"
             f" {spec.describe_actions()}), {run.describe()},"
-            f" policy {config.resolved_policy}"
+            f" policy {config.resolved_policy}; {describe_defaults(config, spec)}"
         )
         if run.progress.step >= local_total:
             log.print(
