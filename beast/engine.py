@@ -53,7 +53,7 @@ from beast.config import Config, ConfigError
 from beast.envs.batch import check_backend
 from beast.fields import Field, core_state_shapes
 from beast.learner import Learner, Stepper, TrainingProgress, UpdateStats
-from beast.models import ModelError, WeightCopier, check_model, copy_weights
+from beast.models import ModelError, WeightCopier, check_model, copy_weights, is_user_model
 from beast.normalize import DISCOUNTED_RETURN_KEY, RewardScaler, find_observation_normalizer
 from beast.replay import PrioritizedReplay, replay_footprint, sequence_spec
 from beast.replay_sink import ReplaySink, ReplaySource, SequenceSink
@@ -119,7 +119,8 @@ def select_precision(
     """The learner's precision, "fp32" or "bf16", with --precision auto resolved.
 
     auto picks bf16 for image models where bf16 is native, unless the algorithm says it
-    must not (`Algorithm.bf16_auto`: Q-learning regresses onto targets finer than bf16).
+    must not (`Algorithm.bf16_auto`), or only for its built-in models (Q-learning, whose
+    built-in models keep the Q-values in float32: `Algorithm.bf16_builtin_only`).
     Emulated bf16 (an older CPU) is slower than fp32, and so is a few-millisecond MLP
     update, where the casts cost more than the matmuls save. On a 2-core AVX512-BF16
     EPYC, bf16 cut the AtariNet update (T=80, B=8) from 909 to 413 ms at 1 thread, with
@@ -128,6 +129,8 @@ def select_precision(
     if config.precision != "auto":
         return config.precision
     if not algorithm.bf16_auto or not spec.has_images():
+        return "fp32"
+    if algorithm.bf16_builtin_only and is_user_model(config.model):
         return "fp32"
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"

@@ -894,20 +894,38 @@ class QNet(nn.Module):
             core_output = x
             core_state = ()
         else:
-            reward = inputs["reward"].flatten(0, 1).float().clamp(-1.0, 1.0).unsqueeze(1)
-            last_action = F.one_hot(inputs["last_action"].flatten(0, 1), self.num_actions).float()
-            core_input = torch.cat([x, reward, last_action], dim=1).view(T, B, -1)
-            core_output, core_state = _unroll_lstm(
-                self.core, core_input, inputs["done"], core_state
-            )
-            core_output = core_output.flatten(0, 1)
-        q = self.action_values(core_output).view(T * B, self.num_actions, self.num_atoms)
+            with _float32(x):
+                reward = inputs["reward"].flatten(0, 1).float().clamp(-1.0, 1.0).unsqueeze(1)
+                last_action = F.one_hot(inputs["last_action"].flatten(0, 1), self.num_actions)
+                core_input = torch.cat([x.float(), reward, last_action.float()], dim=1)
+                core_output, core_state = _unroll_lstm(
+                    self.core, core_input.view(T, B, -1), inputs["done"], core_state
+                )
+                core_output = core_output.flatten(0, 1)
+        q = _output_in_float32(self.action_values, core_output)
+        q = q.view(T * B, self.num_actions, self.num_atoms)
         if self.value is not None:
-            value = self.value(core_output).unsqueeze(1)
+            value = _output_in_float32(self.value, core_output).unsqueeze(1)
             q = value + q - q.mean(dim=1, keepdim=True)
         if self.num_atoms > 1:
             return DistributionalQOutput(q.view(T, B, self.num_actions, self.num_atoms)), core_state
         return QOutput(q.view(T, B, self.num_actions)), core_state
+
+
+def _float32(x: Tensor) -> torch.autocast:
+    """No autocast inside (a bf16 learner's, --precision): float32 arithmetic."""
+    return torch.autocast(x.device.type, enabled=False)
+
+
+def _output_in_float32(stream: nn.Sequential, x: Tensor) -> Tensor:
+    """A Q stream whose last layer runs in float32 whatever the autocast around it: a bf16
+    learner (--precision) runs the torso's convolutions and the streams' hidden layers in
+    bf16 where the CPU or GPU has it, and the Q-values keep the resolution their targets
+    need (bf16's 8 bits are 0.016 at Q = 3, as fine as late TD errors). The recurrent
+    core runs in float32 too: its state carries rounding from step to step."""
+    hidden = stream[:-1](x)
+    with _float32(hidden):
+        return stream[-1](hidden.float())
 
 
 def build_q_model(

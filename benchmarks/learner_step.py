@@ -32,6 +32,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -166,10 +167,36 @@ def synthetic(algorithm, model: nn.Module, batch_size: int, seed: int = 0) -> Ba
     return Batch(data=data, weights=torch.rand(batch_size, generator=g) + 0.5)
 
 
+class GradientRecorder:
+    """A learner's stepper that only differentiates: the flat gradient of the last loss
+    (zeros for a parameter it does not reach), and no step (beast/learner.py `Stepper`)."""
+
+    grad_norm_clipping = 0.0
+
+    def __call__(self, loss: torch.Tensor, optimizers: Sequence, params: Sequence) -> bool:
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.loss = float(loss)
+        self.grad = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params]
+        ).double()
+        return False
+
+
 class Timed:
     """One update of a case, built as a run builds it, on a device, eager or compiled."""
 
-    def __init__(self, case: Case, compile: str, device: torch.device, cuda_graphs: bool):
+    def __init__(
+        self,
+        case: Case,
+        compile: str,
+        device: torch.device,
+        cuda_graphs: bool,
+        *,
+        bf16: bool = False,
+        stepper: Any = None,
+    ):
         config = parse_args([*case.argv, "--compile", compile])
         probe = envs.make(config.env, seed=0)
         try:
@@ -180,7 +207,7 @@ class Timed:
         self.algorithm = build_algorithm(config, spec)
         self.model = build_checked_model(self.algorithm).to(device)
         progress = TrainingProgress(step=1)
-        stepper = Stepper(
+        stepper = stepper or Stepper(
             grad_norm_clipping=config.grad_norm_clipping,
             max_nonfinite_updates=10**9,
             lr_schedule=config.lr_schedule,
@@ -190,7 +217,7 @@ class Timed:
         self.lines: list[str] = []
         context = LearnerContext(
             device=device,
-            bf16=False,
+            bf16=bf16,
             step=stepper,
             progress=progress,
             compile=compile,
@@ -234,6 +261,34 @@ class Timed:
         return (clock() - start) / updates
 
 
+def gradient_parity(case: Case, device: torch.device, print_line: Callable) -> None:
+    """bf16 against fp32 on one batch from the same weights, as the IMPALA check in
+    benchmarks/bench.py measures it: the loss's relative difference, the gradient's
+    relative error and cosine, and, for scale, the cosine between the fp32 gradients of
+    the batch's two halves (what sampling alone moves a gradient by)."""
+    recorders = {"fp32": GradientRecorder(), "bf16": GradientRecorder()}
+    runs = {
+        name: Timed(case, "off", device, False, bf16=name == "bf16", stepper=recorder)
+        for name, recorder in recorders.items()
+    }
+    for run in runs.values():
+        run()
+    fp32, bf16 = recorders["fp32"], recorders["bf16"]
+    reference, other = fp32.grad, bf16.grad
+    halves = []
+    for half in Batch(runs["fp32"].batch.data, runs["fp32"].batch.weights, parts=2).split():
+        runs["fp32"].update(half)
+        halves.append(fp32.grad)
+    cosine = torch.nn.functional.cosine_similarity
+    print_line(
+        f"{case.name:16s} bf16 vs fp32: loss {abs(bf16.loss - fp32.loss) / abs(fp32.loss):.2e}"
+        f" relative, gradient relative error"
+        f" {float((other - reference).norm() / reference.norm()):.3f}, cosine"
+        f" {float(cosine(other, reference, dim=0)):.4f}; two half batches' fp32 gradients:"
+        f" cosine {float(cosine(halves[0], halves[1], dim=0)):.4f}"
+    )
+
+
 def _acting_load(env_id: str, stop: multiprocessing.synchronize.Event) -> None:
     torch.set_num_threads(1)
     env = envs.make(env_id, seed=0)
@@ -248,6 +303,7 @@ def measure(
     case: Case,
     *,
     device: torch.device,
+    bf16: bool,
     updates: int,
     repeats: int,
     clock: Callable[[], float],
@@ -256,7 +312,10 @@ def measure(
     variants = {"eager": ("off", False), "compiled": ("on", False)}
     if device.type == "cuda":
         variants["cuda graph"] = ("on", True)
-    runs = {name: Timed(case, mode, device, graphs) for name, (mode, graphs) in variants.items()}
+    runs = {
+        name: Timed(case, mode, device, graphs, bf16=bf16)
+        for name, (mode, graphs) in variants.items()
+    }
     started = time.perf_counter()
     for run in runs.values():
         run.warm()
@@ -292,6 +351,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=5, help="timings per variant")
     parser.add_argument("--beside", type=int, default=0, help="acting processes beside it")
     parser.add_argument(
+        "--precision",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="the learner's (bf16: autocast, as --precision bf16 runs it)",
+    )
+    parser.add_argument(
+        "--parity",
+        action="store_true",
+        help="instead of timing: each case's bf16 gradient against its fp32 one",
+    )
+    parser.add_argument(
         "--clock",
         default="wall",
         choices=("wall", "cpu"),
@@ -318,6 +388,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         f" {args.updates} updates, {args.clock} clock",
         flush=True,
     )
+    if args.parity:
+        for name in names:
+            gradient_parity(CASES[name], device, lambda line: print(line, flush=True))
+        return
     context = multiprocessing.get_context("spawn")
     for name in names:
         case = CASES[name]
@@ -332,6 +406,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             measure(
                 case,
                 device=device,
+                bf16=args.precision == "bf16",
                 updates=args.updates,
                 repeats=args.repeats,
                 clock=clock,

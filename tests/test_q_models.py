@@ -64,7 +64,7 @@ def test_shapes_dtypes_and_state(name, obs_shape, num_actions, use_lstm):
 def test_dueling_mean_over_actions_is_the_value_stream(use_lstm):
     model = build_q_model("mlp", (5,), 4, use_lstm=use_lstm, hidden_size=16)
     values = []
-    model.value.register_forward_hook(lambda module, args, out: values.append(out))
+    model.value[-1].register_forward_hook(lambda module, args, out: values.append(out))
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         out, _ = model(make_inputs((5,), 4, 3, 2, generator=g))

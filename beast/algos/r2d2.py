@@ -641,8 +641,9 @@ class R2D2(Algorithm):
     )
     Args = R2D2Args
     # Q-values regress onto targets whose TD errors, late in training, are as small as
-    # bf16's resolution near them (8 mantissa bits: 0.016 at Q = 3).
-    bf16_auto = False
+    # bf16's resolution near them (8 mantissa bits: 0.016 at Q = 3): bf16 runs the
+    # built-in models' torsos only, their Q-values stay float32 (beast/models.py QNet).
+    bf16_builtin_only = True
 
     @classmethod
     def validate(cls, config: Any) -> None:
