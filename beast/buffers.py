@@ -406,15 +406,15 @@ class RolloutBuffers:
             for index in self.slot_owner.held_by(holder)
         )
 
-    def census(self, held: Sequence[int] = ()) -> SlotCensus:
-        """Where every slot is, with `held` the slots the learner holds; exact only while
-        no slot moves (after shutdown, in tests). A marked slot that is also queued (its
-        holder died taking or publishing it) counts where it is queued."""
+    def census(self) -> SlotCensus:
+        """Where every slot is: exact only while no slot moves and the learner holds none
+        (after shutdown, in tests). A marked slot that is also queued (its holder died
+        taking or publishing it) counts where it is queued."""
         free = [index for q in self.free_queues for index in q.contents()]
         full = self.full_queue.contents()
         queued = set(free) | set(full)
         marked = [index for index in self.slot_owner.held() if index not in queued]
-        places = collections.Counter([*free, *full, *marked, *held])
+        places = collections.Counter([*free, *full, *marked])
         return SlotCensus(
             free=len(free),
             full=len(full),

@@ -60,6 +60,7 @@ __all__ = [
     "RestartWindow",
     "WorkerProcess",
     "start_actor_server",
+    "start_worker",
     "stop_workers",
 ]
 
@@ -174,7 +175,7 @@ def _parent_pid(pid: int) -> int | None:
 
 
 @contextlib.contextmanager
-def _main_module_found() -> Iterator[None]:
+def _missing_main_file_hidden() -> Iterator[None]:
     """Hide a `__main__.__file__` that names no file while a process starts.
 
     A script read from standard input (`python - <<EOF`) has `__file__` '<stdin>'; a
@@ -210,7 +211,7 @@ class WorkerProcess:
     def start(self) -> None:
         """Start it; ForkServerError when the fork server fails meanwhile."""
         try:
-            with _main_module_found():
+            with _missing_main_file_hidden():
                 self.process.start()
         except (OSError, EOFError) as error:  # the server died under the request
             raise ForkServerError(
@@ -273,16 +274,17 @@ def stop_workers(workers: Sequence[WorkerProcess], timeout: float) -> None:
 def start_worker(make: Callable[[], WorkerProcess]) -> WorkerProcess:
     """`make()` started, trying again through a new fork server when the one it used died
     under the request; ForkServerError after `_START_TRIES` failures."""
-    for attempt in range(_START_TRIES):
+    tries = 1
+    while True:
         worker = make()
         try:
             worker.start()
             return worker
         except ForkServerError:
-            if attempt + 1 == _START_TRIES:
+            if tries == _START_TRIES:
                 raise
-            time.sleep(_START_RETRY_SECONDS)
-    raise AssertionError("unreachable")
+        tries += 1
+        time.sleep(_START_RETRY_SECONDS)
 
 
 class ActorPool:
