@@ -399,10 +399,11 @@ def test_random_operations_match_reference(seed):
 # Native only: pickling, processes, owner death.
 
 
-def test_plain_pickle_is_refused():
-    # Plain pickle copies the bytes: a private queue nobody else would see.
+@pytest.mark.parametrize("make", [IndexQueue, SlotOwners])
+def test_plain_pickle_is_refused(make):
+    # Plain pickle copies the bytes: a private queue (or marks) nobody else would see.
     with pytest.raises(RuntimeError, match="multiprocessing"):
-        pickle.loads(pickle.dumps(IndexQueue(2)))
+        pickle.loads(pickle.dumps(make(2)))
 
 
 def test_missing_extension_says_how_to_build(monkeypatch):
