@@ -23,7 +23,8 @@ is served, which hides the central round trip behind env steps.
 Actors ignore SIGINT: Ctrl-C reaches the whole process group, and shutdown
 is the learner's job (it closes the sink, which wakes and stops actors).
 If the learner dies without closing it, actors notice within a second
-that its pid is gone and exit.
+that its pid is gone and exit. If their fork server dies, the kernel kills
+them with it, and the supervisor replaces them (beast/supervisor.py).
 
 An actor that fails writes its traceback to its row of the shared error
 board and exits 1; the supervisor (beast/supervisor.py) reports it once and
@@ -51,7 +52,7 @@ from beast.error_board import ERROR_BOARD_BYTES, post_traceback
 from beast.inference import CentralPolicy, InferenceTable, LocalPolicy
 from beast.native import QueueClosed
 from beast.profile import ACTOR_PHASES, PhaseClock
-from beast.threads import process_alive
+from beast.threads import die_with_fork_server, process_alive
 
 __all__ = [
     "Actor",
@@ -148,6 +149,7 @@ def run_actor(
     phase_seconds: shared float64 [num_actors, len(ACTOR_PHASES)]; this actor
     adds the seconds of each phase of its loop to its row (beast/profile.py).
     """
+    die_with_fork_server()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)  # actors never backpropagate
@@ -263,6 +265,7 @@ class Actor:
                     learner_pid=learner_pid,
                     clock=clock,
                     lane=actor_index * splits + s,
+                    incarnation=incarnation,
                 )
                 self.lanes.append(_Lane(env_batch, policy, make_writer, clock))
         except BaseException:

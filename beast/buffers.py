@@ -12,13 +12,16 @@ env's and the protocol's own.
 
 Protocol: every slot index is in exactly one place at a time, the free queue, an actor,
 the full queue, or the learner's batch gatherer. An actor's `RolloutWriter` takes a free
-index, records the actor in `slot_owner`, writes a whole rollout, clears `slot_owner` and
-puts the index on the full queue; the learner's `RolloutSource` gathers a batch from full
-slots (copying it out) and puts the indices back on the free queue. Only indices cross
-processes. When an actor dies, the slots it still owns are reclaimed onto the free queue.
-The ownership mark is set after taking a slot and cleared before handing it on, so a
-death between the two statements can lose a slot (a few microseconds per rollout) but
-can never put one index in two places.
+index, which marks the actor's process as its holder in `slot_owner`, writes a whole
+rollout and puts the index on the full queue, which clears the mark; the learner's
+`RolloutSource` takes full slots (clearing any mark left), copies a batch out and puts the
+indices back on the free queue. Only indices cross processes. Each move and its mark are
+one critical section of the native queue (beast/native/index_queue.h, "Owner marks"), so
+an actor killed at any instant leaves each slot it touched queued or marked as its own.
+Once the supervisor has seen the actor's process dead, `reclaim` puts its marked slots
+that are on no queue back on the free queue: no slot is lost or doubled, whatever dies
+and whenever. The mark names the process, not only the actor index (`owner_id`): a
+replacement's slots are never reclaimed for its predecessor.
 
 Every step of a rollout carries the rollout's id (`rollout_id`); a slot whose steps
 disagree is torn (written by two rollouts) and is never used.
@@ -39,11 +42,12 @@ into the slots.
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -56,7 +60,7 @@ from beast.fields import (
     numpy_dtype,
     shared_zeros,
 )
-from beast.native import IndexQueue, QueueClosed
+from beast.native import NO_OWNER, IndexQueue, QueueClosed, SlotOwners
 from beast.native.acting import StepCopies
 from beast.profile import PhaseClock
 from beast.threads import ThreadGroup, process_alive
@@ -71,9 +75,11 @@ __all__ = [
     "RolloutStaging",
     "RolloutStagingRecipe",
     "RolloutWriter",
+    "SlotCensus",
     "check_rollout",
     "commit",
     "env_step_spec",
+    "owner_id",
     "rollout_spec",
 ]
 
@@ -91,6 +97,23 @@ ENV_STEP_KEYS = (
 )
 # How often a writer blocked on the free queue checks that the learner still exists.
 _PARENT_CHECK_SECONDS = 1.0
+
+
+def owner_id(actor_index: int, incarnation: int) -> int:
+    """The mark an actor's process puts on the slots it holds: its index and incarnation
+    (the how-manieth process under that index), so that each process has its own."""
+    return incarnation << 32 | actor_index
+
+
+class SlotCensus(NamedTuple):
+    """Where the slots are (`RolloutBuffers.census`): counts on the free queues, on the
+    full queue and held by marked owners, and the slots found nowhere or twice."""
+
+    free: int
+    full: int
+    held: int
+    lost: list[int]
+    doubled: list[int]
 
 
 def env_step_spec(obs: Mapping[str, Field], action: Field) -> dict[str, Field]:
@@ -289,8 +312,8 @@ class RolloutBuffers:
         self.tensors = {
             key: shared_zeros((num_buffers, *f.shape), f.dtype) for key, f in self.spec.items()
         }
-        # Index of the actor writing each slot, -1 when no actor holds it.
-        self.slot_owner = torch.full((num_buffers,), -1, dtype=torch.int32).share_memory_()
+        # The process holding each slot that is on no queue (`owner_id`), or NO_OWNER.
+        self.slot_owner = SlotOwners(num_buffers)
         self._lane_slots = num_buffers // max(num_lanes, 1)
         self.free_queues = [IndexQueue(self._lane_slots) for _ in range(max(num_lanes, 1))]
         self.full_queue = IndexQueue(num_buffers)
@@ -333,12 +356,15 @@ class RolloutBuffers:
         learner_pid: int,
         clock: PhaseClock | None = None,
         lane: int = 0,
+        incarnation: int = 0,
     ) -> RolloutWriter:
-        """An actor's writer for the n envs of `sources` (see `RolloutWriter`); `lane`: its
-        lane, when the slots are split among lanes."""
+        """Actor `owner`'s writer for the n envs of `sources` (see `RolloutWriter`); `lane`:
+        its lane, when the slots are split among lanes; `incarnation`: which of the actor's
+        processes this is (`owner_id`)."""
         num_envs = len(sources["reward"])
+        holder = owner_id(owner, incarnation)
         return RolloutWriter(
-            _Slots(self, owner, num_envs, learner_pid, self.free_queue_of(lane)),
+            _Slots(self, holder, num_envs, learner_pid, self.free_queue_of(lane)),
             sources,
             first_id=first_id,
             id_stride=id_stride,
@@ -363,14 +389,39 @@ class RolloutBuffers:
         ids = self.tensors["rollout_id"][index]
         return not bool(torch.all(ids == ids[0]))
 
-    def reclaim(self, owner: int) -> int:
-        """Return the slots that actor `owner` holds to the free queue; the actor
-        must be dead. Returns how many."""
-        indices = torch.nonzero(self.slot_owner == owner).flatten().tolist()
-        for index in indices:
-            self.slot_owner[index] = -1
-            self.free(index)
-        return len(indices)
+    def take_full(self, timeout: float) -> int:
+        """A full slot for the learner (clearing its mark: module docstring); queue.Empty
+        after `timeout` seconds, QueueClosed once closed."""
+        return self.full_queue.get(timeout, owners=self.slot_owner)
+
+    def reclaim(self, owner: int, incarnation: int = 0) -> int:
+        """Return the slots that process `incarnation` of actor `owner` holds to the free
+        queue; that process must be dead. Returns how many went back (a slot it had taken
+        or published as it died is still queued, and stays where it is)."""
+        holder = owner_id(owner, incarnation)
+        return sum(
+            self.free_queues[index // self._lane_slots].reclaim(
+                index, holder, self.slot_owner, self.full_queue
+            )
+            for index in self.slot_owner.held_by(holder)
+        )
+
+    def census(self) -> SlotCensus:
+        """Where every slot is: exact only while no slot moves and the learner holds none
+        (after shutdown, in tests). A marked slot that is also queued (its holder died
+        taking or publishing it) counts where it is queued."""
+        free = [index for q in self.free_queues for index in q.contents()]
+        full = self.full_queue.contents()
+        queued = set(free) | set(full)
+        marked = [index for index in self.slot_owner.held() if index not in queued]
+        places = collections.Counter([*free, *full, *marked])
+        return SlotCensus(
+            free=len(free),
+            full=len(full),
+            held=len(marked),
+            lost=[index for index in range(self.num_buffers) if index not in places],
+            doubled=sorted(index for index, count in places.items() if count > 1),
+        )
 
     def close(self) -> None:
         """Wake and stop everyone blocked on any queue (shutdown)."""
@@ -418,8 +469,9 @@ class _Slots(_Destinations):
         buffers, slots = self.buffers, []
         while len(slots) < self.num_envs:
             try:
-                index = self.free_queue.get(timeout=_PARENT_CHECK_SECONDS)
-                buffers.slot_owner[index] = self.owner
+                index = self.free_queue.get(
+                    _PARENT_CHECK_SECONDS, owners=buffers.slot_owner, owner=self.owner
+                )
                 slots.append(index)
             except queue.Empty:
                 if not process_alive(self.learner_pid):
@@ -438,8 +490,7 @@ class _Slots(_Destinations):
     def publish(self) -> bool:
         buffers = self.buffers
         for slot in self.slots:
-            buffers.slot_owner[slot] = -1
-            buffers.full_queue.put(slot)
+            buffers.full_queue.put(slot, owners=buffers.slot_owner, owner=NO_OWNER)
         return process_alive(self.learner_pid)
 
 
@@ -737,7 +788,7 @@ class RolloutSource:
         indices: list[int] = []
         while len(indices) < num_fresh:
             try:
-                index = buffers.full_queue.get(timeout=_POLL_SECONDS)
+                index = buffers.take_full(_POLL_SECONDS)
             except queue.Empty:
                 if stopped():
                     for index in indices:

@@ -45,7 +45,8 @@ class ErrorBoard:
     def death_reason(self, row: int, exitcode: int | None, who: str) -> str:
         """Why the process of `row` died, in a few words ("raised ValueError: ...", "killed
         by SIGKILL"); its traceback goes to the log the first time it is seen. `who` names
-        the process in that log line."""
+        the process in that log line; `exitcode` None: lost with the process's fork
+        server."""
         board = self.tensor[row]
         report = board.numpy().tobytes().split(b"\0", 1)[0].decode("utf-8", errors="replace")
         board.zero_()
@@ -55,6 +56,8 @@ class ErrorBoard:
                 self._reported.add(report)
                 self.log(f"{who} failed:\n{report.rstrip()}")
             return f"raised {summary}"
-        if exitcode is not None and exitcode < 0:
+        if exitcode is None:  # beast/supervisor.py `WorkerProcess.exitcode`
+            return "died with its fork server"
+        if exitcode < 0:
             return f"killed by {signal.Signals(-exitcode).name}"
         return f"exited with code {exitcode}"

@@ -42,7 +42,6 @@ evaluator at once.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import signal
 import statistics
@@ -64,8 +63,15 @@ from beast.evaluate import play_episodes
 from beast.inference import LocalPolicy
 from beast.learner import UpdateStats
 from beast.models import copy_weights
-from beast.supervisor import RestartWindow, actor_context, stop_processes
-from beast.threads import process_alive
+from beast.supervisor import (
+    ForkServerError,
+    RestartWindow,
+    WorkerProcess,
+    actor_context,
+    start_worker,
+    stop_workers,
+)
+from beast.threads import die_with_fork_server, process_alive
 
 if TYPE_CHECKING:
     from beast.logs import RunLog
@@ -334,6 +340,7 @@ def run_evaluator(
 ) -> None:
     """The evaluator process: evaluate snapshots as they come, until told to stop or the
     learner is gone. Exits 1 after posting its traceback to `error_row`."""
+    die_with_fork_server()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # shutdown is the learner's job
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)
@@ -426,21 +433,24 @@ class Evaluator(Evaluation):
         self.source, self.source_lock = run.actor_model, run.learner.lock
         self.error_board = ErrorBoard(1, log.print)
         self.restart_window = RestartWindow(run.config.max_actor_restarts)
-        self.process: mp.process.BaseProcess | None = None
+        self.process: WorkerProcess | None = None
 
     def start(self) -> None:
-        self.process = self.ctx.Process(
-            target=run_evaluator,
-            name="evaluator",
-            args=(
-                self.config_dict,
-                self.run_dir,
-                self.channel,
-                os.getpid(),
-                self.error_board.tensor[0],
-            ),
+        """Start the evaluator process; ForkServerError when it cannot be started."""
+        self.process = start_worker(
+            lambda: WorkerProcess(
+                self.ctx,
+                target=run_evaluator,
+                name="evaluator",
+                args=(
+                    self.config_dict,
+                    self.run_dir,
+                    self.channel,
+                    os.getpid(),
+                    self.error_board.tensor[0],
+                ),
+            )
         )
-        self.process.start()
 
     def _evaluate(self, step: int) -> None:
         """Hand over a snapshot; the evaluator takes it when it is free."""
@@ -454,19 +464,26 @@ class Evaluator(Evaluation):
         if result is not None:
             self.log.record_eval(result)
         process = self.process
-        if process is None or process.is_alive():
+        if process is None:
             return None
-        process.join()
-        reason = self.error_board.death_reason(0, process.exitcode, "the evaluator")
+        if process.server_gone():  # the actors' supervisor replaces the server
+            process.kill()
+        if not process.exited(_STOP_SECONDS if process.server_gone() else 0.0):
+            return None
+        reason = self.error_board.death_reason(0, process.exitcode(), "the evaluator")
+        process.close()
+        self.process = None
         if not self.restart_window.allow():
-            self.process = None
             return self.restart_window.refusal(f"the evaluator {reason}", "evaluators")
         self.log.print(
             f"the evaluator {reason}; starting a replacement (restart {self.restart_window.total})"
         )
         self.channel.new_lock(self.ctx)
         self.channel.retake_lost()
-        self.start()
+        try:
+            self.start()
+        except ForkServerError as error:
+            return f"{error}, so the run stops"
         return None
 
     def finish(self, step: int, stop_requested: Callable[[], bool] = lambda: False) -> None:
@@ -485,7 +502,7 @@ class Evaluator(Evaluation):
     def close(self) -> None:
         self.channel.request_stop()
         if self.process is not None:
-            stop_processes([self.process], _STOP_SECONDS)
+            stop_workers([self.process], _STOP_SECONDS)
 
 
 def build_evaluator(run: Run, log: RunLog, step: int) -> Evaluation | None:

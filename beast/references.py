@@ -17,8 +17,10 @@ which any process imports it again, or says in one line why there is none:
   under `if __name__ == "__main__":`. In the script's own processes `import_module` maps
   that name to the running `__main__`, so the script is not executed a second time;
 - a lambda, a closure, a class defined in a function, an object from an interactive
-  session (a notebook cell, `python -c`), or anything not found again under its name:
-  refused, naming the object and saying where to define it.
+  session (a notebook cell, `python -c`) or from a script read from standard input
+  (`python -`), or anything not found again under its name: refused, naming the object
+  and saying where to define it. (A run from such a script that passes none trains:
+  actor processes do not import the script, beast/supervisor.py.)
 """
 
 from __future__ import annotations
@@ -67,6 +69,14 @@ def import_module(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
+def _unimportable_main() -> str:
+    """What the running `__main__` is, when `script_module_name` found no name for it."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if path and not os.path.isfile(path):
+        return "a script read from standard input (`python -`)"
+    return "an interactive session or of a script that cannot be imported by its file name"
+
+
 def _described(obj: Any) -> str:
     """The object's qualified name, or its type's: a repr can span lines (an nn.Module's)."""
     name = getattr(obj, "__qualname__", None)
@@ -103,9 +113,8 @@ def reference(obj: Any, argument: str) -> str:
         module_name = script_module_name()
         if module_name is None:
             raise ConfigError(
-                f"{argument}: {qualname} is defined in __main__ of an interactive session or of"
-                " a script that cannot be imported by its file name, so actor processes cannot"
-                f" import it; {_DEFINE_AT_MODULE_LEVEL}"
+                f"{argument}: {qualname} is defined in __main__ of {_unimportable_main()}, so"
+                f" actor processes cannot import it; {_DEFINE_AT_MODULE_LEVEL}"
             )
     found: Any = module
     for part in qualname.split("."):

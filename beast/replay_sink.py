@@ -145,9 +145,12 @@ class ReplaySink(abc.ABC):
     def closed(self) -> bool:
         return bool(self._stop[0])
 
-    def reclaim(self, owner: int) -> int:
-        """Nothing to reclaim from a dead actor: a sequence it was writing keeps
-        priority 0 (never sampled) until the ring overwrites its slot. Returns 0."""
+    def reclaim(self, owner: int, incarnation: int = 0) -> int:
+        """Nothing to reclaim from a dead actor: a sequence it was writing keeps priority 0
+        (never sampled) and its slot is free for the next claim, as the sum tree sees its
+        writer's process gone (beast/native/sum_tree.h); a transition ring's steps past
+        its last complete window keep priority 0 until its replacement overwrites them
+        (beast/transition_replay.py). Returns 0."""
         return 0
 
     def nbytes(self) -> int:
@@ -170,9 +173,11 @@ class ReplaySink(abc.ABC):
         learner_pid: int,
         clock: PhaseClock | None = None,
         lane: int = 0,
+        incarnation: int = 0,
     ) -> Any:
         """Actor `owner`'s writer for the n envs of `sources`, the envs of writer lane
-        `lane` (`first_id`, `id_stride`: the rollout writer's); `write(state) -> bool`."""
+        `lane` (`first_id`, `id_stride`, `incarnation`: the rollout writer's);
+        `write(state) -> bool`."""
 
     def insert_allowed(self, count: int = 1) -> bool:
         """False while `count` more inserts would put the actors more than the slack
@@ -292,9 +297,10 @@ class SequenceSink(ReplaySink):
         learner_pid: int,
         clock: PhaseClock | None = None,
         lane: int = 0,
+        incarnation: int = 0,
     ) -> SequenceWriter:
         """Actor `owner`'s writer for the n envs of `sources` (`first_id`, `id_stride`,
-        `lane`: the rollout writer's, unused here)."""
+        `lane`, `incarnation`: the rollout writer's, unused here)."""
         return SequenceWriter(
             self.replay.spec,
             self.seq_len,

@@ -50,7 +50,7 @@ from beast.inference import InferenceServer, InferenceTable
 from beast.learner import NonFiniteError, UpdateStats
 from beast.logs import RunLog
 from beast.profile import format_profile
-from beast.supervisor import ActorPool, start_actor_server
+from beast.supervisor import ActorPool, ForkServerError, start_actor_server
 from beast.wandb_log import WandbSettings
 
 __all__ = [
@@ -284,7 +284,7 @@ def train(config: Config) -> None:
             evaluator.finish(run.progress.step)
     except KeyboardInterrupt:
         log.print("interrupted: stopping actors and learner, writing a final checkpoint")
-    except CheckpointError as error:
+    except (CheckpointError, ForkServerError) as error:
         failure = str(error)
     finally:
         # Shutdown is bounded; a second Ctrl-C or a group-wide SIGTERM must not

@@ -1,4 +1,5 @@
-"""Daemon threads started and stopped together: the learners' and the inference server's.
+"""Daemon threads started and stopped together: the learners' and the inference server's;
+and how a worker process follows the processes it depends on.
 
 The first exception a thread raises is kept in `error` and sets the event the owner
 passed in (the learner's `finished`, the inference server's `failed`), for the
@@ -8,13 +9,22 @@ shutdown wakes a thread blocked on a queue or the batcher.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
 
 from beast.native import QueueClosed
 
-__all__ = ["ThreadGroup", "process_alive"]
+__all__ = ["ThreadGroup", "die_with_fork_server", "process_alive"]
+
+# The process that imported this module. In a child of the actors' fork server, which
+# imports it when it preloads beast.actor, that is the server.
+_IMPORTED_BY = os.getpid()
+# prctl(2) option: the signal this process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
 
 
 class ThreadGroup:
@@ -60,3 +70,20 @@ def process_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in (b"Z", b"X")
+
+
+def die_with_fork_server() -> None:
+    """Have the kernel SIGKILL this process when the fork server it was forked from dies,
+    and die now if that has happened already.
+
+    The supervisor (beast/supervisor.py) then sees it gone at once and replaces it through
+    a new server; and a child whose server died before telling the supervisor its pid
+    cannot run on unsupervised. Nothing happens in a process that imported this module
+    itself (--serial, a spawned child): it has no fork server.
+    """
+    server = _IMPORTED_BY
+    if server == os.getpid():
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != server:  # it died before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -453,7 +453,12 @@ class TransitionSink(ReplaySink):
         learner_pid: int,
         clock: PhaseClock | None = None,
         lane: int = 0,
+        incarnation: int = 0,
     ) -> TransitionWriter:
+        """Actor `owner`'s writer for the n envs of `sources`, into the rings of writer lane
+        `lane` (`first_id`, `id_stride`, `incarnation`: the rollout writer's, unused here).
+        A replacement writes on where its dead predecessor stopped: `RingAppender` opens no
+        window over a step it did not write itself."""
         num_envs = len(sources["reward"])
         appender = RingAppender(self.replay, lane * num_envs, num_envs)
         return TransitionWriter(ReplayRow(self, owner, learner_pid), appender, sources, clock)

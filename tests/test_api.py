@@ -464,8 +464,17 @@ def test_a_script_that_starts_training_unguarded_is_refused_in_one_line(tmp_path
     assert not (tmp_path / "x").exists()
 
 
-def test_objects_of_an_interactive_session_are_refused_in_one_line(tmp_path):
-    # A notebook cell's function lives in a __main__ that no other process can import.
+@pytest.mark.parametrize(
+    "how, where",
+    [
+        ("-c", "an interactive session or of a script that cannot be imported by its file name"),
+        ("-", "a script read from standard input (`python -`)"),
+    ],
+    ids=["python -c", "python -"],
+)
+def test_objects_of_an_interactive_session_are_refused_in_one_line(tmp_path, how, where):
+    # A notebook cell's function, or one of a script piped to `python -`, lives in a
+    # __main__ that no other process can import.
     code = textwrap.dedent(
         """
         import beast
@@ -478,7 +487,8 @@ def test_objects_of_an_interactive_session_are_refused_in_one_line(tmp_path):
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, how, *([code] if how == "-c" else [])],
+        input=code if how == "-" else None,
         capture_output=True,
         text=True,
         timeout=60,
@@ -486,11 +496,39 @@ def test_objects_of_an_interactive_session_are_refused_in_one_line(tmp_path):
         cwd=str(tmp_path),
     )
     assert out.stdout.strip() == (
-        "env: make_env is defined in __main__ of an interactive session or of a script that"
-        " cannot be imported by its file name, so actor processes cannot import it; define it"
-        " at module level in an importable module (a .py file on sys.path) and pass it from"
-        " there"
+        f"env: make_env is defined in __main__ of {where}, so actor processes cannot import"
+        " it; define it at module level in an importable module (a .py file on sys.path) and"
+        " pass it from there"
     ), out.stderr[-2000:]
+
+
+def test_a_script_from_standard_input_trains(tmp_path):
+    """`python - <<EOF` (shell scripts, CI steps): the actors, which fork from the fork
+    server, must not try to run the script's '<stdin>' path as their main module."""
+    code = textwrap.dedent(
+        f"""
+        import beast
+        result = beast.train(
+            env="CartPole-v1", total_steps=2000, savedir={str(tmp_path)!r}, xpid="stdin",
+            num_actors=2, num_envs_per_actor=2, unroll_length=10, batch_size=2, num_threads=1,
+        )
+        print(result.step)
+        """
+    )
+    marker = uuid.uuid4().hex
+    out = subprocess.run(
+        [sys.executable, "-"],
+        input=code,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=ROOT, BEAST_TEST_MARKER=marker),
+        cwd=str(tmp_path),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(out.stdout.strip().splitlines()[-1]) >= 2000
+    assert "Traceback" not in out.stderr and "replacement" not in out.stdout, out.stdout
+    assert wait_until_gone(marker) == []
 
 
 INTERRUPTED_SCRIPT = """

@@ -255,7 +255,7 @@ def test_a_killed_evaluator_is_replaced_and_its_snapshot_evaluated_once(tmp_path
         evaluator.finish(1010)  # nothing outstanding: returns at once
     finally:
         evaluator.close()
-    assert not evaluator.process.is_alive()
+    assert evaluator.process.exited()
 
 
 def test_an_evaluator_that_keeps_failing_stops_the_run_with_its_error_once(tmp_path):

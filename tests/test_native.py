@@ -1,4 +1,5 @@
-"""IndexQueue contract: FIFO, timeouts, close, capacity, processes, owner death.
+"""IndexQueue contract: FIFO, timeouts, close, capacity, processes, owner death, owner
+marks and reclaim.
 
 Single-process contract tests run against both the native `IndexQueue` and
 the pure-Python reference `PyIndexQueue`; a randomised test checks that the
@@ -19,7 +20,7 @@ import time
 
 import pytest
 
-from beast.native import IndexQueue, PyIndexQueue, QueueClosed
+from beast.native import NO_OWNER, IndexQueue, PyIndexQueue, QueueClosed, SlotOwners
 
 # Every test here blocks in native code: a hang must fail, not stall the suite.
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -279,6 +280,66 @@ def test_raising_signal_handler_interrupts_blocked_get(impl):
         signal.signal(signal.SIGUSR1, previous)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_marked_moves_record_the_holder_and_contents_lists_the_queue(impl):
+    owners, q = SlotOwners(4), impl(4)
+    for index in range(4):
+        q.put(index)
+    assert q.get(timeout=0, owners=owners, owner=7) == 0
+    assert q.get(timeout=0, owners=owners, owner=2**40) == 1  # ids are int64
+    assert owners.held() == {0: 7, 1: 2**40} and owners.held_by(7) == [0]
+    q.put(0, owners=owners)  # back on a queue: no holder
+    assert owners.held() == {1: 2**40}
+    assert q.contents() == [2, 3, 0]
+    with pytest.raises(ValueError):
+        q.put(4, owners=owners)  # not one of the marks' slots
+    with pytest.raises(ValueError):
+        q.get(timeout=0, owners=owners, owner=-2)
+    with pytest.raises(TypeError):
+        q.get(timeout=0, owners=owners.tensor, owner=1)
+    assert q.contents() == [2, 3, 0]  # the failed calls moved nothing
+    q.close()
+    assert q.contents() == [2, 3, 0]  # still reported after close
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_get_marked_leaves_an_index_outside_the_marks_queued(impl):
+    owners, q = SlotOwners(2), impl(2)
+    q.put(5)
+    with pytest.raises(ValueError):
+        q.get(timeout=0, owners=owners, owner=1)
+    assert q.contents() == [5] and owners.held() == {}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_reclaim_returns_a_dead_owners_slot_exactly_once(impl):
+    """The four states a dead owner can leave a slot in (index_queue.h, "Owner marks")."""
+    owners, free, full = SlotOwners(4), impl(4), impl(4)
+    for index in range(4):
+        free.put(index)
+    held = free.get(timeout=0, owners=owners, owner=3)  # taken: on no queue
+    published = free.get(timeout=0, owners=owners, owner=3)
+    full.put(published)  # died after the push, before clearing its mark
+    owners.tensor[free.contents()[0]] = 3  # died after marking, before the pop
+    mine, other = free.contents()
+    assert owners.held() == {held: 3, published: 3, mine: 3}
+    assert free.reclaim(held, 3, owners, full)
+    assert not free.reclaim(published, 3, owners, full)
+    assert not free.reclaim(mine, 3, owners, full)
+    assert not free.reclaim(other, 3, owners, full)  # never its own: untouched
+    assert owners.held() == {}
+    assert sorted(free.contents() + full.contents()) == [0, 1, 2, 3]
+    # Another owner's slot is not reclaimed for this one.
+    taken = free.get(timeout=0, owners=owners, owner=4)
+    assert not free.reclaim(taken, 3, owners, full) and owners.held() == {taken: 4}
+    with pytest.raises(ValueError):
+        free.reclaim(taken, NO_OWNER, owners, full)
+    free.close()
+    with pytest.raises(QueueClosed):
+        free.reclaim(taken, 4, owners, full)
+    assert owners.held() == {taken: 4}  # a closed queue changes nothing
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_operations_match_reference(seed):
     rng = random.Random(seed)
@@ -286,14 +347,27 @@ def test_random_operations_match_reference(seed):
     native, reference = IndexQueue(capacity), PyIndexQueue(capacity)
     close_step = rng.randint(200, 600)  # past the end for some seeds: never closed
 
+    # Owner marks of 8 slots for each, and a second queue each for reclaim.
+    marks = {native: SlotOwners(8), reference: SlotOwners(8)}
+    full = {native: IndexQueue(8), reference: PyIndexQueue(8)}
+
+    def call(q, op, args):
+        if op in ("get_marked", "put_marked"):
+            *rest, owner = args
+            return getattr(q, op.split("_")[0])(*rest, owners=marks[q], owner=owner)
+        if op == "reclaim":
+            return q.reclaim(*args, marks[q], full[q])
+        return getattr(q, op)(*args)
+
     def outcome(q, op, args):
         try:
-            return "ok", getattr(q, op)(*args)
+            return "ok", call(q, op, args)
         except Exception as e:
             return "raised", type(e)
 
+    ops = ["put", "get", "put_marked", "get_marked", "reclaim", "qsize", "contents", "capacity"]
     for step in range(400):
-        op = rng.choices(["put", "get", "qsize", "capacity"], weights=[10, 10, 2, 1])[0]
+        op = rng.choices(ops, weights=[10, 10, 5, 5, 3, 2, 2, 1])[0]
         if step == close_step:
             op = "close"
         if op == "put":
@@ -301,6 +375,12 @@ def test_random_operations_match_reference(seed):
             args = (rng.choice([rng.randint(-(2**31), 2**31 - 1), 2**31, rng.randint(0, 9)]),)
         elif op == "get":
             args = (0,)
+        elif op == "put_marked":
+            args = (rng.randint(0, 9), rng.choice([NO_OWNER, rng.randint(0, 2)]))
+        elif op == "get_marked":
+            args = (0, rng.randint(0, 2))
+        elif op == "reclaim":
+            args = (rng.randint(0, 9), rng.randint(0, 2))
         else:
             args = ()
         if op == "capacity":
@@ -308,15 +388,22 @@ def test_random_operations_match_reference(seed):
             continue
         expected = outcome(reference, op, args)
         assert outcome(native, op, args) == expected, f"step {step}: {op}{args}"
+        assert marks[native].held() == marks[reference].held(), f"step {step}: {op}{args}"
+        if rng.random() < 0.05:  # the reclaim queues move too
+            index = rng.randint(0, 7)
+            assert outcome(full[native], "put", (index,)) == outcome(
+                full[reference], "put", (index,)
+            )
 
 
 # Native only: pickling, processes, owner death.
 
 
-def test_plain_pickle_is_refused():
-    # Plain pickle copies the bytes: a private queue nobody else would see.
+@pytest.mark.parametrize("make", [IndexQueue, SlotOwners])
+def test_plain_pickle_is_refused(make):
+    # Plain pickle copies the bytes: a private queue (or marks) nobody else would see.
     with pytest.raises(RuntimeError, match="multiprocessing"):
-        pickle.loads(pickle.dumps(IndexQueue(2)))
+        pickle.loads(pickle.dumps(make(2)))
 
 
 def test_missing_extension_says_how_to_build(monkeypatch):

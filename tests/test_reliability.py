@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from beast.algos.policies import CategoricalPolicy
-from beast.buffers import RolloutBuffers, rollout_spec
+from beast.buffers import RolloutBuffers, owner_id, rollout_spec
 from beast.checkpoint import (
     CHECKPOINT_NAME,
     PREVIOUS_CHECKPOINT_NAME,
@@ -133,11 +133,11 @@ def test_torn_slot_is_detected_and_reclaim_returns_owned_slots():
     buffers.tensors["rollout_id"][indices[1], 3] = 8  # a second rollout wrote step 3
     assert not buffers.is_torn(indices[0])
     assert buffers.is_torn(indices[1])
-    buffers.slot_owner[indices[0]] = 1
-    buffers.slot_owner[indices[2]] = 1
-    assert buffers.reclaim(owner=1) == 2
+    holder = owner_id(1, 0)
+    buffers.slot_owner.tensor[[indices[0], indices[2]]] = holder
+    assert buffers.reclaim(1, 0) == 2
     assert buffers.free_queue.qsize() == 3
-    assert torch.all(buffers.slot_owner == -1)
+    assert buffers.slot_owner.held() == {}
 
 
 def test_checkpoint_keeps_previous_and_falls_back(tmp_path):

@@ -38,6 +38,7 @@ enum beast_status {
     BEAST_EEMPTY = 8,
 };
 #define BEAST_QUEUE_MAX_CAPACITY ...
+#define BEAST_NO_OWNER ...
 
 size_t beast_queue_nbytes(uint32_t capacity);
 int beast_queue_init(void *mem, size_t nbytes, uint32_t capacity);
@@ -47,6 +48,13 @@ int beast_queue_close(void *mem);
 int beast_queue_size(void *mem, uint32_t *out);
 int beast_queue_capacity(void *mem, uint32_t *out);
 int beast_queue_owner_deaths(void *mem, uint32_t *out);
+int beast_queue_get_marked(void *mem, int32_t *out, int64_t timeout_ns, int64_t *marks,
+                           uint32_t n_marks, int64_t mark);
+int beast_queue_put_marked(void *mem, int32_t value, int64_t *marks, uint32_t n_marks,
+                           int64_t mark);
+int beast_queue_reclaim(void *free_mem, void *full_mem, int64_t *marks, uint32_t n_marks,
+                        int32_t value, int64_t owner, int32_t *returned);
+int beast_queue_snapshot(void *mem, int32_t *out, uint32_t room, uint32_t *n_out);
 
 #define BEAST_BATCHER_MAX_SLOTS ...
 struct beast_batcher_stats {

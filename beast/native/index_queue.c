@@ -98,9 +98,15 @@ int beast_queue_init(void *mem, size_t nbytes, uint32_t capacity) {
   return BEAST_OK;
 }
 
-int beast_queue_put(void *mem, int32_t value) {
+static int valid_mark_target(int32_t value, const int64_t *marks,
+                             uint32_t n_marks) {
+  return marks == NULL || (value >= 0 && (uint32_t)value < n_marks);
+}
+
+static int put_impl(void *mem, int32_t value, int64_t *marks, uint32_t n_marks,
+                    int64_t mark) {
   struct beast_queue *q = checked(mem);
-  if (q == NULL)
+  if (q == NULL || !valid_mark_target(value, marks, n_marks))
     return BEAST_EINVAL;
   int rc = lock(q);
   if (rc != BEAST_OK)
@@ -117,6 +123,10 @@ int beast_queue_put(void *mem, int32_t value) {
   /* Release: the value is stored before tail exposes it, so a holder killed
    * between the two lines loses this value and nothing else. */
   __atomic_store_n(&q->tail, q->tail + 1, __ATOMIC_RELEASE);
+  /* After the push: a holder killed between the two lines leaves the value
+   * queued and still marked, which reclaim resolves (header). */
+  if (marks != NULL)
+    __atomic_store_n(&marks[value], mark, __ATOMIC_RELEASE);
   __atomic_store_n(&q->seq, q->seq + 1, __ATOMIC_RELEASE);
   uint32_t waiters = q->nwaiters;
   unlock(q);
@@ -127,6 +137,17 @@ int beast_queue_put(void *mem, int32_t value) {
   return BEAST_OK;
 }
 
+int beast_queue_put(void *mem, int32_t value) {
+  return put_impl(mem, value, NULL, 0, 0);
+}
+
+int beast_queue_put_marked(void *mem, int32_t value, int64_t *marks,
+                           uint32_t n_marks, int64_t mark) {
+  if (marks == NULL)
+    return BEAST_EINVAL;
+  return put_impl(mem, value, marks, n_marks, mark);
+}
+
 static int deadline_passed(const struct timespec *deadline) {
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
@@ -134,7 +155,8 @@ static int deadline_passed(const struct timespec *deadline) {
          (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec);
 }
 
-int beast_queue_get(void *mem, int32_t *out, int64_t timeout_ns) {
+static int get_impl(void *mem, int32_t *out, int64_t timeout_ns,
+                    int64_t *marks, uint32_t n_marks, int64_t mark) {
   struct beast_queue *q = checked(mem);
   if (q == NULL || out == NULL)
     return BEAST_EINVAL;
@@ -161,6 +183,14 @@ int beast_queue_get(void *mem, int32_t *out, int64_t timeout_ns) {
     }
     if (q->tail != q->head) {
       int32_t value = q->data[q->head % q->capacity];
+      if (!valid_mark_target(value, marks, n_marks)) {
+        unlock(q);
+        return BEAST_EINVAL;
+      }
+      /* Before the pop: a holder killed between the two lines leaves the
+       * value queued and already marked, which reclaim resolves (header). */
+      if (marks != NULL)
+        __atomic_store_n(&marks[value], mark, __ATOMIC_RELEASE);
       __atomic_store_n(&q->head, q->head + 1, __ATOMIC_RELEASE);
       /* Pass the wake on if values remain and others sleep: this repairs the
        * case where the waiter a put woke died before taking its value. */
@@ -196,6 +226,85 @@ int beast_queue_get(void *mem, int32_t *out, int64_t timeout_ns) {
      * Python signal handler (KeyboardInterrupt) can run before the retry. */
     return err == EINTR ? BEAST_EINTR : BEAST_ESYS;
   }
+}
+
+int beast_queue_get(void *mem, int32_t *out, int64_t timeout_ns) {
+  return get_impl(mem, out, timeout_ns, NULL, 0, 0);
+}
+
+int beast_queue_get_marked(void *mem, int32_t *out, int64_t timeout_ns,
+                           int64_t *marks, uint32_t n_marks, int64_t mark) {
+  if (marks == NULL)
+    return BEAST_EINVAL;
+  return get_impl(mem, out, timeout_ns, marks, n_marks, mark);
+}
+
+/* Whether `value` is queued in q; the caller holds q's lock. */
+static int queued(const struct beast_queue *q, int32_t value) {
+  for (uint64_t i = q->head; i != q->tail; i++)
+    if (q->data[i % q->capacity] == value)
+      return 1;
+  return 0;
+}
+
+int beast_queue_reclaim(void *free_mem, void *full_mem, int64_t *marks,
+                        uint32_t n_marks, int32_t value, int64_t owner,
+                        int32_t *returned) {
+  struct beast_queue *free_q = checked(free_mem), *full_q = checked(full_mem);
+  if (free_q == NULL || full_q == NULL || free_q == full_q || marks == NULL ||
+      returned == NULL || !valid_mark_target(value, marks, n_marks) ||
+      owner == BEAST_NO_OWNER)
+    return BEAST_EINVAL;
+  *returned = 0;
+  /* Full first, always: the only call that holds two queue locks. */
+  int rc = lock(full_q);
+  if (rc != BEAST_OK)
+    return rc;
+  rc = lock(free_q);
+  if (rc != BEAST_OK) {
+    unlock(full_q);
+    return rc;
+  }
+  int wake = 0;
+  if (free_q->closed) {
+    rc = BEAST_ECLOSED;
+  } else if (__atomic_load_n(&marks[value], __ATOMIC_ACQUIRE) == owner) {
+    if (!queued(full_q, value) && !queued(free_q, value)) {
+      if (free_q->tail - free_q->head >= free_q->capacity) {
+        rc = BEAST_EFULL;
+      } else {
+        free_q->data[free_q->tail % free_q->capacity] = value;
+        __atomic_store_n(&free_q->tail, free_q->tail + 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&free_q->seq, free_q->seq + 1, __ATOMIC_RELEASE);
+        wake = free_q->nwaiters > 0;
+        *returned = 1;
+      }
+    }
+    if (rc == BEAST_OK)
+      __atomic_store_n(&marks[value], (int64_t)BEAST_NO_OWNER,
+                       __ATOMIC_RELEASE);
+  }
+  unlock(free_q);
+  unlock(full_q);
+  if (wake)
+    beast_futex_wake(&free_q->seq, 1);
+  return rc;
+}
+
+int beast_queue_snapshot(void *mem, int32_t *out, uint32_t room,
+                         uint32_t *n_out) {
+  struct beast_queue *q = checked(mem);
+  if (q == NULL || n_out == NULL || (out == NULL && room > 0))
+    return BEAST_EINVAL;
+  int rc = lock(q);
+  if (rc != BEAST_OK)
+    return rc;
+  uint32_t n = (uint32_t)(q->tail - q->head);
+  for (uint32_t i = 0; i < n && i < room; i++)
+    out[i] = q->data[(q->head + i) % q->capacity];
+  unlock(q);
+  *n_out = n;
+  return BEAST_OK;
 }
 
 int beast_queue_close(void *mem) {

@@ -30,8 +30,8 @@
  *   The internal lock is a robust, process-shared pthread mutex. If a process
  *   dies while holding it, the next locker recovers it and carries on. Ring
  *   writes are ordered (value written, then the index published) so that a
- *   death mid-operation loses at most the one value being put or got, and
- *   never corrupts the ring. A process that dies while sleeping in
+ *   death mid-operation loses at most the one value being put or got (none
+ *   with owner marks, below), and never corrupts the ring. A process that dies while sleeping in
  *   beast_queue_get holds no lock and costs nothing. One gap: a waiter killed
  *   after a put woke it but before it took the value leaves that value queued
  *   while other waiters sleep on; the next put or close wakes them again.
@@ -39,7 +39,23 @@
  * Closing
  *   beast_queue_close wakes every waiter in every process at once. After it,
  *   put and get fail with BEAST_ECLOSED (values still queued are abandoned);
- *   size still reports them. Close is idempotent.
+ *   size and snapshot still report them. Close is idempotent.
+ *
+ * Owner marks (rollout slots, beast/buffers.py)
+ *   Values are slot indices, and a caller-provided int64 array `marks` (one
+ *   entry per slot, in shared memory like the queue) records who holds each
+ *   slot that is in no queue: BEAST_NO_OWNER (-1) or an owner id >= 0.
+ *   get_marked and put_marked move a value AND set its mark inside one
+ *   critical section, in this order: a get sets the mark before it pops, a
+ *   put pushes before it sets the mark. A process killed anywhere in them
+ *   therefore leaves its value queued, or marked with its own id, or both
+ *   (never neither): the slot is never lost. beast_queue_reclaim resolves
+ *   "both": holding the locks of the two queues a slot can be on, it returns
+ *   the slot of a dead owner to the free queue only if it is on neither, so
+ *   it is never doubled either. Two rules make that exact: every get that
+ *   takes a slot out of a queue marks it (its new holder, or
+ *   BEAST_NO_OWNER for a holder that never dies alone, such as the learner),
+ *   and reclaim runs only once the owner is dead.
  */
 #ifndef BEAST_INDEX_QUEUE_H
 #define BEAST_INDEX_QUEUE_H
@@ -75,6 +91,9 @@ enum beast_status {
   BEAST_EEMPTY = 8,          /* sum tree sample: every priority is zero */
 };
 
+/* The owner mark of a slot that nobody (or only a queue) holds. */
+#define BEAST_NO_OWNER (-1)
+
 /* Largest capacity accepted; keeps the byte size far from overflow. */
 #define BEAST_QUEUE_MAX_CAPACITY (1u << 28)
 
@@ -94,6 +113,33 @@ int beast_queue_put(void *mem, int32_t value);
  * handler ran during the wait: the caller retries with the time left (this
  * lets Python raise KeyboardInterrupt from a blocked get). */
 int beast_queue_get(void *mem, int32_t *out, int64_t timeout_ns);
+
+/* As beast_queue_get, and marks[*out] = mark before the value leaves the
+ * queue, in the same critical section (Owner marks above). marks has n_marks
+ * entries; a queued value outside [0, n_marks) is BEAST_EINVAL and stays
+ * queued. */
+int beast_queue_get_marked(void *mem, int32_t *out, int64_t timeout_ns,
+                           int64_t *marks, uint32_t n_marks, int64_t mark);
+
+/* As beast_queue_put, and marks[value] = mark once the value is queued, in
+ * the same critical section. */
+int beast_queue_put_marked(void *mem, int32_t value, int64_t *marks,
+                           uint32_t n_marks, int64_t mark);
+
+/* Return slot `value` of dead owner `owner` (Owner marks above): if
+ * marks[value] == owner, clear the mark and, unless the value is queued on
+ * free_mem or full_mem, put it on free_mem. *returned is 1 when it was put
+ * back, else 0. Holds both queues' locks (full first), so no other call may
+ * hold two queue locks at once. BEAST_ECLOSED (nothing changed) when free_mem
+ * is closed. */
+int beast_queue_reclaim(void *free_mem, void *full_mem, int64_t *marks,
+                        uint32_t n_marks, int32_t value, int64_t owner,
+                        int32_t *returned);
+
+/* Copy the queued values, oldest first, into out (room for `room`); *n_out
+ * is how many are queued (only the first `room` are copied). */
+int beast_queue_snapshot(void *mem, int32_t *out, uint32_t room,
+                         uint32_t *n_out);
 
 /* Close the queue and wake every waiter. Idempotent. */
 int beast_queue_close(void *mem);
