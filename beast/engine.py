@@ -52,7 +52,7 @@ from beast.checkpoint import (
 from beast.config import Config, ConfigError
 from beast.envs.batch import check_backend
 from beast.fields import Field, core_state_shapes
-from beast.learner import Learner, Stepper, TrainingProgress, UpdateStats
+from beast.learner import Learner, Stepper, ThreadTuner, TrainingProgress, UpdateStats
 from beast.models import ModelError, WeightCopier, check_model, copy_weights, is_user_model
 from beast.normalize import DISCOUNTED_RETURN_KEY, RewardScaler, find_observation_normalizer
 from beast.replay import PrioritizedReplay, replay_footprint, sequence_spec
@@ -151,7 +151,10 @@ SMALL_MODEL_PARAMETERS = 1_000_000
 def learner_threads(
     config: Config, device: torch.device, precision: str, num_parameters: int
 ) -> int | None:
-    """torch intra-op threads for the learner; None keeps torch's default (CPU count).
+    """torch intra-op threads the learner starts with; None keeps torch's default (CPU
+    count). Unless --num_threads fixes it, the run then measures one thread against all
+    of them, beside its actors, and keeps the better (beast/learner.py `ThreadTuner`): the
+    figures below are why it starts where it does.
 
     A CPU bf16 learner gets 1 thread when the actors already fill the cores: its
     oneDNN kernels stall each time one of their threads is preempted. On 2 cores with
@@ -569,6 +572,11 @@ def build_run(
     if normalizer is not None:
         observers.append(normalizer.observe)
     update = algorithm.learner(model, context)
+    tuner = None
+    if config.num_threads is None and device.type == "cpu":
+        cores = len(os.sched_getaffinity(0))
+        if cores > 1:
+            tuner = ThreadTuner([1, cores], log)
     learner = Learner(
         update=update,
         source=source,
@@ -579,6 +587,8 @@ def build_run(
         publish=WeightCopier(actor_model, model),
         on_update=on_update,
         observers=observers,
+        thread_tuner=tuner,
+        updates_ready=update.settled,
     )
     return Run(
         config=config,

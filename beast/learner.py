@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,14 @@ from beast.optim import INITIAL_LR, lr_multiplier
 from beast.profile import LEARNER_PHASES, PhaseClock
 from beast.threads import ThreadGroup
 
-__all__ = ["Learner", "NonFiniteError", "Stepper", "TrainingProgress", "UpdateStats"]
+__all__ = [
+    "Learner",
+    "NonFiniteError",
+    "Stepper",
+    "ThreadTuner",
+    "TrainingProgress",
+    "UpdateStats",
+]
 
 # How often blocked threads look at the stop flag.
 _POLL_SECONDS = 0.2
@@ -229,6 +237,90 @@ class Stepper:
         return True
 
 
+class ThreadTuner:
+    """Picks the learner's torch thread count by measuring the run itself (`--num_threads`
+    unset, on a CPU with more than one core).
+
+    What a second intra-op thread is worth depends on everything else the run does on
+    the machine: it halves a large update's time on an idle core, and slows a small one
+    whose actor wakes up between its parallel regions (each preemption stalls the other
+    thread at the region's barrier). So after a warm-up (compilation done, replay
+    filled), the tuner runs the learner at each candidate count in turn for
+    `window_seconds`, `rounds` times (alternating, so that a drifting machine favours
+    neither), compares the agent steps per second the run made in those windows (what a
+    user waits for, actors and learner together), keeps the best (a larger count only
+    if it is at least `margin` better), and says so once.
+    """
+
+    def __init__(
+        self,
+        candidates: Sequence[int],
+        log: Callable[[str], None],
+        *,
+        warmup_seconds: float = 10.0,
+        window_seconds: float = 3.0,
+        rounds: int = 2,
+        margin: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+        set_threads: Callable[[int], None] = torch.set_num_threads,
+    ) -> None:
+        self.candidates = sorted(set(candidates))
+        self.log = log
+        self.window_seconds = window_seconds
+        self.margin = margin
+        self.clock = clock
+        self.set_threads = set_threads
+        self._plan = [c for _ in range(rounds) for c in self.candidates]
+        self._rates: dict[int, list[float]] = {c: [] for c in self.candidates}
+        self._warmup_seconds = warmup_seconds
+        self._started: float | None = None
+        self._window: tuple[int, float, int] | None = None  # count, start time, start step
+        self.chosen: int | None = None if len(self.candidates) > 1 else self.candidates[0]
+
+    def after_update(self, step: int, updates_ready: bool) -> None:
+        """Called after each update with the run's agent step; `updates_ready`: the
+        update takes its steady path (its compilation decided)."""
+        if self.chosen is not None:
+            return
+        now = self.clock()
+        if self._started is None:
+            if updates_ready:
+                self._started = now
+            return
+        if self._window is None:
+            if now - self._started < self._warmup_seconds:
+                return
+            self._open(step, now)
+            return
+        count, opened, first_step = self._window
+        if now - opened < self.window_seconds:
+            return
+        self._rates[count].append((step - first_step) / (now - opened))
+        if self._plan:
+            self._open(step, now)
+        else:
+            self._choose()
+
+    def _open(self, step: int, now: float) -> None:
+        count = self._plan.pop(0)
+        self.set_threads(count)
+        self._window = (count, now, step)
+
+    def _choose(self) -> None:
+        rates = {c: sum(r) / len(r) for c, r in self._rates.items()}
+        best = self.candidates[0]
+        for count in self.candidates[1:]:
+            if rates[count] > rates[best] * (1.0 + self.margin):
+                best = count
+        self.chosen = best
+        self.set_threads(best)
+        measured = ", ".join(f"{rates[c]:,.0f} with {c}" for c in self.candidates)
+        self.log(
+            f"learner threads: {best} (agent steps/s {measured}, measured in this run;"
+            " --num_threads fixes it)"
+        )
+
+
 class Learner(ThreadGroup):
     """Learner threads over `source`, updating with `update` (module docstring).
 
@@ -244,6 +336,10 @@ class Learner(ThreadGroup):
         on_update: receives each update's `UpdateStats` (the run log), outside the lock.
         observers: called with each batch's data after its update, before the weights
             are published (running statistics: beast/normalize.py).
+        thread_tuner: measures and sets the torch thread count as the run goes; None
+            keeps the count set at start-up.
+        updates_ready: whether the update has settled on its path (compiled or not), from
+            when the tuner may measure.
     """
 
     def __init__(
@@ -258,6 +354,8 @@ class Learner(ThreadGroup):
         publish: Callable[[], None],
         on_update: Callable[[UpdateStats], None],
         observers: Sequence[Callable[[Mapping[str, torch.Tensor]], None]] = (),
+        thread_tuner: ThreadTuner | None = None,
+        updates_ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self.finished = threading.Event()  # total_steps reached, or a thread failed
         super().__init__(on_error=self.finished)
@@ -269,6 +367,8 @@ class Learner(ThreadGroup):
         self.publish = publish
         self.on_update = on_update
         self.observers = tuple(observers)
+        self.thread_tuner = thread_tuner
+        self.updates_ready = updates_ready
         # Guards the model, the algorithm's state, progress and the published weights:
         # everything an update or a checkpoint touches.
         self.lock = threading.Lock()
@@ -311,6 +411,8 @@ class Learner(ThreadGroup):
                     self.finished.set()
                     return
                 stats = self.step(batch, clock)
+                if self.thread_tuner is not None:
+                    self.thread_tuner.after_update(progress.step, self.updates_ready())
                 if progress.step >= self.total_steps:
                     self.finished.set()
             self.on_update(stats)

@@ -503,6 +503,12 @@ class TrainStep:
         self._eager_targets = [PolyakAverager(t.target, t.online) for t in targets]
         self._buffer_targets = _BufferAverager(targets)
 
+    @property
+    def settled(self) -> bool:
+        """Whether steps take their steady path: not compiling, or a kind of step decided
+        (compiled, or kept eager)."""
+        return not self._compiling or bool(self._decided)
+
     def describe(self) -> str:
         """The path the last step took, for the log."""
         if self.path == "eager":

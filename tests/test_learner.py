@@ -22,7 +22,7 @@ from beast.algos.base import Batch, LearnerContext
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.algos.r2d2 import SequenceQUpdate, r2d2_loss
 from beast.fields import box_obs, core_state_shapes
-from beast.learner import Learner, NonFiniteError, Stepper, TrainingProgress
+from beast.learner import Learner, NonFiniteError, Stepper, ThreadTuner, TrainingProgress
 from beast.models import build_q_model, copy_weights
 from beast.optim import build_optimizer
 from beast.replay import PrioritizedReplay, SequenceBuilder, sequence_spec
@@ -290,3 +290,45 @@ def test_threads_wait_for_min_replay_size_and_still_count_steps():
     finally:
         learner.stop(5)
     assert records == [] and learner.progress.step == 50 and learner.error is None
+
+
+def test_the_thread_tuner_keeps_the_count_that_ran_the_run_faster():
+    """After the warm-up, windows at 1 and 2 threads alternate; the run's agent steps/s in
+    each decide, a larger count needing a 5% margin; the choice is set and said once."""
+    now = [0.0]
+    threads = []
+    lines = []
+    tuner = ThreadTuner(
+        [2, 1],
+        lines.append,
+        warmup_seconds=5.0,
+        window_seconds=2.0,
+        rounds=2,
+        clock=lambda: now[0],
+        set_threads=threads.append,
+    )
+    step = 0
+    # Before the update settles (compiling), nothing is measured.
+    tuner.after_update(step, updates_ready=False)
+    assert tuner.chosen is None and threads == []
+    while tuner.chosen is None:
+        now[0] += 0.1
+        rate = 1000 if (threads and threads[-1] == 2) else 800  # agent steps per second
+        step += int(rate * 0.1)
+        tuner.after_update(step, updates_ready=True)
+    assert threads[:4] == [1, 2, 1, 2] and threads[-1] == 2 and tuner.chosen == 2
+    assert len(lines) == 1 and lines[0].startswith("learner threads: 2 (")
+    # A gain under the margin keeps the smaller count.
+    close = ThreadTuner(
+        [1, 2],
+        lines.append,
+        warmup_seconds=0.0,
+        window_seconds=1.0,
+        clock=lambda: now[0],
+        set_threads=threads.append,
+    )
+    while close.chosen is None:
+        now[0] += 0.1
+        step += 103 if threads[-1:] == [2] else 100
+        close.after_update(step, updates_ready=True)
+    assert close.chosen == 1

@@ -300,6 +300,12 @@ class Update(abc.ABC):
     @abc.abstractmethod
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
+    def settled(self) -> bool:
+        """Whether the update runs on its steady path: its `train_step`'s compilation,
+        if any, decided (the learner's thread tuner measures from then on)."""
+        train_step = getattr(self, "train_step", None)
+        return train_step is None or train_step.settled
+
 
 class Algorithm(abc.ABC):
     """One algorithm (module docstring); built once per process from the run's config.
