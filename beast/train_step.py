@@ -816,9 +816,10 @@ class TrainStep:
         steps.copy_(torch.cat(new_steps))
         for key, value in buffers.items():
             value.copy_(torch.cat(new_buffers[key]))
-        # The new weights' check (the eager path's `Stepper.check_weights`), fused with
-        # the loop that wrote them.
-        weights_finite = torch.isfinite(updated).all()
+        # The new weights' check, as the eager path's `Stepper.check_weights` makes it (a
+        # norm: inductor's boolean all() over a long buffer was measured to answer False
+        # for finite weights now and then).
+        weights_finite = torch.isfinite(torch.linalg.vector_norm(updated))
         return (
             total.detach(),
             grad_norm,
