@@ -563,6 +563,7 @@ def build_run(
         compile=config.compile,
         log=log,
         optimizer_steps=algorithm.optimizer_steps(total_steps),
+        compile_in_background=True,
     )
     observers = []
     if reward_scaler is not None:

@@ -46,6 +46,7 @@ import inspect
 import json
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -448,6 +449,9 @@ class TrainStep:
         log: where the lines about the path taken go (once each).
         expected_steps: about how many steps the run will take (auto weighs them).
         cuda_graphs: on CUDA, replay each compiled step as a CUDA graph.
+        background: compile in a thread of its own while the steps go on eagerly (a
+            run's learner: no stall, and a stop never waits for a compilation); else in
+            the calling thread, the step that decides being the first compiled one.
     """
 
     def __init__(
@@ -462,6 +466,7 @@ class TrainStep:
         log: Callable[[str], None] = print,
         expected_steps: int | None = None,
         cuda_graphs: bool = True,
+        background: bool = False,
     ) -> None:
         if compile not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
@@ -472,6 +477,7 @@ class TrainStep:
         self.mode = compile
         self.expected_steps = expected_steps
         self.cuda_graphs = cuda_graphs
+        self.background = background
         self.program = _Program(modules, loss)
         self.path = "eager"  # what the last step ran: eager, compiled, CUDA graph
         self.compile_seconds = 0.0  # spent compiling (or loading cached graphs)
@@ -480,6 +486,8 @@ class TrainStep:
         self._decided: dict[Train, Callable[..., tuple[Any, ...]] | None] = {}
         self._records: dict[Train, _StepRecord] = {}  # kinds whose compiled steps are timed
         self._compiled_seconds: dict[Train, float] = {}
+        self._compilations: dict[Train, threading.Thread] = {}  # under way (or done)
+        self._compiled_steps: dict[Train, Callable[..., tuple[Any, ...]]] = {}  # to adopt
         self._compiled_timings: dict[Train, list[float]] = {}
         self._used: dict[Train, _Used | None] = {}
         self._layout: _Layout | None = None
@@ -506,8 +514,8 @@ class TrainStep:
     @property
     def settled(self) -> bool:
         """Whether steps take their steady path: not compiling, or a kind of step decided
-        (compiled, or kept eager)."""
-        return not self._compiling or bool(self._decided)
+        (compiled, or kept eager) and no compilation under way."""
+        return not self._compiling or (bool(self._decided) and not self._compilations)
 
     def describe(self) -> str:
         """The path the last step took, for the log."""
@@ -533,14 +541,18 @@ class TrainStep:
         kind = tuple(train)
         self.steps_taken += 1
         if self._compiling:
+            if kind in self._compilations and not self._compilations[kind].is_alive():
+                self._adopt(kind, inputs)
             if kind in self._decided:
                 compiled = self._decided[kind]
                 if compiled is not None:
                     return self._run_compiled(kind, compiled, inputs, tau)
-            elif len(self._timings.get(kind, ())) >= _EAGER_PROBES:
-                compiled = self._decide(kind, inputs)
-                if compiled is not None:
-                    return self._run_compiled(kind, compiled, inputs, tau)
+            elif (
+                kind not in self._compilations and len(self._timings.get(kind, ())) >= _EAGER_PROBES
+            ):
+                self._decide(kind, inputs)
+                if self._decided.get(kind) is not None:
+                    return self._run_compiled(kind, self._decided[kind], inputs, tau)
         return self._run_eager(kind, inputs, tau)
 
     # -- eager
@@ -571,11 +583,11 @@ class TrainStep:
 
     # -- the decision, and compiling
 
-    def _decide(
-        self, kind: Train, inputs: Mapping[str, Any]
-    ) -> Callable[..., tuple[Any, ...]] | None:
+    def _decide(self, kind: Train, inputs: Mapping[str, Any]) -> None:
         """Compile this kind of step, or keep it eager (--compile auto, where compiling
-        would cost more than it saves over the steps left); said once in the log."""
+        would cost more than it saves over the steps left; said once in the log). In the
+        background (`background`), the steps go on eagerly meanwhile, and a stop never
+        waits for a compilation."""
         eager = statistics.median(self._timings[kind][1:])  # the first warms caches up
         record = _StepRecord.load(self._signature(kind, inputs))
         if self.mode == "auto":
@@ -585,18 +597,45 @@ class TrainStep:
                 self.log(
                     f"the learner's update runs eagerly ({eager * 1e3:.2f} ms a step): {reason}"
                 )
-                return None
-        compiled = self._compile(kind, inputs)
+                return
+        self._records[kind] = record._replace(eager=eager)
+        copies = tree_map(_clone, dict(inputs))
+        compilation = threading.Thread(
+            target=self._compile,
+            args=(kind, copies),
+            name=f"compile-{'-'.join(kind)}",
+            daemon=True,
+        )
+        self._compilations[kind] = compilation
+        if self.background:
+            compilation.start()
+        else:
+            compilation.run()
+            self._adopt(kind, inputs)
+
+    def _adopt(self, kind: Train, inputs: Mapping[str, Any]) -> None:
+        """A finished compilation: its step from now on (in a CUDA graph on CUDA, captured
+        here, in the learner's thread), said once; or eager, said once, if it failed."""
+        del self._compilations[kind]
+        compiled = self._compiled_steps.pop(kind, None)
+        if compiled is None:
+            self._decided[kind] = None
+            self._records.pop(kind, None)
+            return
+        if self.cuda_graphs and self._device().type == "cuda":
+            try:
+                compiled = _CudaGraphStep(compiled, self._arguments(inputs, copies=False))
+            except Exception as error:  # a step that does not capture: compiled, ungraphed
+                self.log(f"no CUDA graph for the learner's update ({_first_line(error)})")
         self._decided[kind] = compiled
-        if compiled is not None:
-            seconds = self._compiled_seconds[kind]
-            cached = " from cached graphs" if record.compile_seconds is not None else ""
-            self.log(
-                f"the learner's update is compiled{cached} ({seconds:.1f} s;"
-                f" eager it took {eager * 1e3:.2f} ms a step)"
-            )
-            self._records[kind] = record._replace(compile_seconds=seconds, eager=eager)
-        return compiled
+        seconds = self._compiled_seconds[kind]
+        record = self._records[kind]
+        cached = " from cached graphs" if record.compile_seconds is not None else ""
+        self.log(
+            f"the learner's update is compiled{cached} ({seconds:.1f} s;"
+            f" eager it took {record.eager * 1e3:.2f} ms a step)"
+        )
+        self._records[kind] = record._replace(compile_seconds=seconds)
 
     def _steps_left(self) -> int | None:
         if self.expected_steps is None:
@@ -618,11 +657,11 @@ class TrainStep:
     def _device(self) -> torch.device:
         return self._layout.flat.device if self._layout is not None else torch.device("cpu")
 
-    def _compile(
-        self, kind: Train, inputs: Mapping[str, Any]
-    ) -> Callable[..., tuple[Any, ...]] | None:
-        """This kind's compiled step, compiled by a dry run on copies of the state (the
-        run's state is untouched); None, and eager from now on, when it fails."""
+    def _compile(self, kind: Train, inputs: Mapping[str, Any]) -> None:
+        """Compile this kind's step by a dry run on copies of the state and of `inputs`
+        (the run's state is untouched, so that the learner may go on stepping it); the
+        result waits in `_compiled_steps` for `_adopt`. A failure is said once, and the
+        steps stay eager."""
         _configure_compiler()
         function = functools.partial(self._graph, kind=kind, used=self._used.get(kind))
         compiled = torch.compile(
@@ -631,22 +670,18 @@ class TrainStep:
         started = time.perf_counter()
         try:
             compiled(*self._arguments(inputs, copies=True))
-            step: Callable[..., tuple[Any, ...]] = compiled
-            if self.cuda_graphs and self._device().type == "cuda":
-                step = _CudaGraphStep(compiled, self._arguments(inputs, copies=False))
         except Exception as error:  # dynamo/inductor errors, a missing C++ compiler
             if os.environ.get("BEAST_DEBUG_COMPILE"):
                 raise
-            reason = (str(error).strip().splitlines() or [""])[0][:240]
             self._decline(
-                f"torch.compile failed ({type(error).__name__}: {reason}); --compile off"
-                " skips compiling"
+                f"torch.compile failed ({type(error).__name__}: {_first_line(error)});"
+                " --compile off skips compiling"
             )
-            return None
+            return
         seconds = time.perf_counter() - started
         self.compile_seconds += seconds
         self._compiled_seconds[kind] = seconds
-        return step
+        self._compiled_steps[kind] = compiled
 
     def _arguments(self, inputs: Mapping[str, Tensor], *, copies: bool) -> tuple[Any, ...]:
         layout, state, lr = self._layout, self._state, self._lr
@@ -889,6 +924,10 @@ def _rmsprop(
     return param - lr * (grad / average), {"square_avg": square_avg}
 
 
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0][:240]
+
+
 def _lean_guards() -> dict[str, Any]:
     """torch.compile's arguments that keep only the guards on the tensors passed in (their
     shapes, dtypes, devices), where this torch has them: the graph's Python constants
@@ -917,6 +956,9 @@ def _configure_compiler() -> None:
 
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache_dir())
     inductor_config.cpp.dynamic_threads = True
+    # Compile in-process: no pool of compile workers to outlive a stopped run (and on a
+    # machine whose cores the run uses, no faster).
+    inductor_config.compile_threads = 1
     torch._dynamo.config.allow_rnn = True
     _COMPILER_CONFIGURED = True
 

@@ -241,6 +241,8 @@ class LearnerContext:
     log: where the learner's one-off lines go (the path its update took).
     optimizer_steps: about how many optimizer steps the run takes
         (`Algorithm.optimizer_steps`), which --compile auto weighs; None: unknown.
+    compile_in_background: compile while the update goes on eagerly (a run's learner),
+        rather than in the step that decides (tests, benchmarks).
     """
 
     device: torch.device
@@ -251,6 +253,7 @@ class LearnerContext:
     compile: str = "off"
     log: Callable[[str], None] = print
     optimizer_steps: int | None = None
+    compile_in_background: bool = False
 
     def autocast(self) -> torch.autocast:
         """bf16 autocast (`bf16`) without its cache of cast weights: a compiled step
@@ -281,6 +284,7 @@ class LearnerContext:
             compile=self.compile,
             log=self.log,
             expected_steps=self.optimizer_steps,
+            background=self.compile_in_background,
         )
 
 
