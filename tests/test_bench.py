@@ -312,11 +312,19 @@ def test_summary_gives_medians_and_ratios_to_each_peer_and_the_faster():
 
 def test_summary_of_a_rate_race_and_a_side_with_no_run():
     race = races.RACES["sac_halfcheetah"]
-    runs = [_run("beast", 1, None, 66.0), _run("SB3 (1 thr)", 1, None, 60.0)]
-    lines = races.summary(race, ["beast", "SB3 (1 thr)", "SBX"], runs)
+    runs = [
+        _run("beast", 1, None, 66.0),
+        _run("SB3 (1 thr)", 1, None, 60.0),
+        _run("SB3 (2 thr)", 1, None, 33.0),
+    ]
+    lines = races.summary(race, ["beast", "SB3 (1 thr)", "SB3 (2 thr)", "SBX"], runs)
     assert "- SBX: no run finished" in lines
     assert "steps/s, beast / SB3 (1 thr): 1.10 (medians); per seed: 1.10 (1.10)" in lines
-    assert lines[-1] == "steps/s, beast / the faster peer (SB3 (1 thr)): 1.10"
+    assert "steps/s, beast / SB3 (2 thr): 2.00 (medians); per seed: 2.00 (2.00)" in lines
+    assert lines[-2:] == [
+        "steps/s, beast / SB3 at its better thread setting (SB3 (1 thr)): 1.10",
+        "steps/s, beast / the faster peer (SB3 (1 thr)): 1.10",
+    ]
 
 
 @pytest.mark.parametrize("name", list(races.RACES))
