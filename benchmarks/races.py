@@ -312,7 +312,7 @@ RACES = {
             run=_sac_halfcheetah,
             beast_flags=tuple(qpg.halfcheetah_beast_flags("sac")),
             sb3_threads=(1, 2),
-            quick={"from_step": 1_200, "budget": 1_500},
+            quick={"from_step": 1_100, "budget": 1_250},
         ),
     )
 }
