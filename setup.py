@@ -64,8 +64,12 @@ setup(
         "envpool": [ENVPOOL],
         # --wandb: Weights & Biases logging, online or offline.
         "wandb": WANDB,
-        # benchmarks/sb3_side_by_side.py: the peer for PPO/A2C, run beside beast.
-        "bench": ["stable-baselines3>=2.3,<3", *MUJOCO],
+        # benchmarks/races.py and the sb3_*_side_by_side scripts: the peers of the
+        # learner-bound algorithms, run beside beast, in the versions compared against:
+        # SB3 2.9.2 and SBX 0.28 (SB3's API over jax-jitted updates). SBX brings jax with
+        # its CPU jaxlib, flax, optax and tfp-nightly: about 400 MB installed, 357 of them
+        # jaxlib's.
+        "bench": ["stable-baselines3>=2.9,<3", "sbx-rl>=0.28,<0.29", *MUJOCO],
     },
     zip_safe=False,
 )

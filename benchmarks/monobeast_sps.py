@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import csv
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -46,6 +47,13 @@ def steady_sps(logs_csv: Path, warmup: float) -> float:
 # The environment monobeast runs in: the env-only benchmark sets OMP_NUM_THREADS=1
 # for its workers, which must not leak into the learner.
 _CLEAN_ENVIRON = dict(os.environ)
+
+
+def learner_threads(stdout: str) -> int | None:
+    """The learner's torch threads from a run's start line ("learner on cpu in fp32 with
+    1 thread(s)"; beast/runner.py), or None if the line is not there."""
+    found = re.findall(r"learner on \S+ in \S+ with (\d+) thread", stdout)
+    return int(found[-1]) if found else None
 
 
 def bench_argv(entry: str, env: str, savedir: str, flags: list[str]) -> list[str]:

@@ -17,8 +17,8 @@ machine):
   1 torch thread unless `--sb3_threads` says otherwise (0: torch's default, the CPU
   count), as beast's learner picks for an MLP this small (engine.learner_threads): with
   2 threads on 2 cores busy with other work, SB3's updates ran ~30x slower. Its
-  clock starts just before the env and the model are built; a callback reads each
-  finished episode's return (Monitor's info["episode"], what fills ep_info_buffer).
+  clock starts at its process's launch, as beast's (benchmarks.peers); a callback reads
+  each finished episode's return (Monitor's info["episode"], what fills ep_info_buffer).
 - beast: `monobeast.py --algo dqn --env CartPole-v1 --seed S --total_steps N`, which
   picks configs/dqn/classic.yaml: the zoo's schedule (32 samples per env step, target
   copied before each 128 updates, the same epsilon decay, batch, buffer and network
@@ -36,14 +36,13 @@ issue's bar, and 200, which SB3 reaches with the zoo's settings), or "not reache
 within the budget; the final mean of the last 100; the whole run's wall-clock;
 env steps/s over it. Then the medians per side, and the ratio beast time / SB3 time to
 the threshold for each pair where both reached it (below 1: beast got there sooner).
+`python -m benchmarks.races` races SBX as well.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import re
 import statistics
 import subprocess
 import sys
@@ -57,7 +56,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.learning_checks import Check, seconds_at_steps, summarize
-from benchmarks.monobeast_sps import _CLEAN_ENVIRON
+from benchmarks.monobeast_sps import _CLEAN_ENVIRON, learner_threads
+from benchmarks.peers import algorithm, run_peer, set_threads, threads_held
 from benchmarks.sb3_side_by_side import ROOT, _ratio, _seconds, machine_description
 
 BUDGET = 100_000
@@ -85,24 +85,39 @@ def _mean100(returns: list[float]) -> float:
     return sum(returns[-100:]) / 100 if len(returns) >= 100 else math.nan
 
 
-def sb3_dqn(seed: int, total_steps: int, thresholds: list[float], threads: int) -> dict[str, Any]:
-    """One SB3 DQN CartPole run over `total_steps` (in this process), with `threads` torch
-    intra-op threads (0: torch's default, the CPU count)."""
-    import torch
-    from stable_baselines3 import DQN
+def peer_dqn(
+    library: str,
+    launched: float,
+    seed: int,
+    total_steps: int,
+    thresholds: list[float],
+    threads: int,
+) -> dict[str, Any]:
+    """One DQN CartPole run of SB3 or SBX (`library`) over `total_steps` with the zoo's
+    settings, in this process (benchmarks.peers runs it; `threads`: SB3's torch threads,
+    0 for torch's default): the time from `launched` and the env step at which the mean
+    of the last 100 training episodes first reached each threshold, the best such mean.
+
+    SBX's DQN takes the same arguments, with these differences: its Q-network has two
+    hidden layers of net_arch[0] units whatever the list's length (here [256, 256], the
+    same), it does not clip gradients (SB3's max_grad_norm 10, which the zoo leaves at
+    its default), and it trains at a constant learning rate (the zoo's is constant)."""
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+
+    set_threads(library, threads)
+    dqn = algorithm(library, "DQN")
 
     class Threshold(BaseCallback):
         """Each training episode's return; the first time the last 100 average >= each
         threshold."""
 
-        def __init__(self, start: float) -> None:
+        def __init__(self) -> None:
             super().__init__()
-            self.start = start
             self.returns: list[float] = []
             self.window: deque[float] = deque(maxlen=100)
             self.reached: dict[float, tuple[float, int]] = {}
+            self.best = math.nan
 
         def _on_step(self) -> bool:
             for info in self.locals["infos"]:
@@ -112,17 +127,15 @@ def sb3_dqn(seed: int, total_steps: int, thresholds: list[float], threads: int) 
                     if len(self.window) < 100:
                         continue
                     mean = sum(self.window) / 100
+                    self.best = mean if math.isnan(self.best) else max(self.best, mean)
                     for threshold in thresholds:
                         if threshold not in self.reached and mean >= threshold:
-                            now = time.monotonic() - self.start
+                            now = time.monotonic() - launched
                             self.reached[threshold] = (now, self.num_timesteps)
             return True
 
-    if threads:
-        torch.set_num_threads(threads)
-    start = time.monotonic()
     env = make_vec_env("CartPole-v1", n_envs=1, seed=seed)
-    model = DQN(
+    model = dqn(
         "MlpPolicy",
         env,
         exploration_fraction=EPS_DECAY_STEPS / total_steps,
@@ -131,30 +144,23 @@ def sb3_dqn(seed: int, total_steps: int, thresholds: list[float], threads: int) 
         verbose=0,
         **SB3_DQN,
     )
-    callback = Threshold(start)
+    callback = Threshold()
     model.learn(total_timesteps=total_steps, callback=callback)
-    wall_clock = time.monotonic() - start
     return {
         "reached": {str(t): callback.reached.get(t, (None, None)) for t in thresholds},
+        "best": callback.best,
         "final": _mean100(callback.returns),
         "episodes": len(callback.returns),
-        "wall_clock": wall_clock,
         "env_steps": model.num_timesteps,
-        "sps": model.num_timesteps / wall_clock,
-        "threads": torch.get_num_threads(),
+        "threads": threads_held(),
     }
 
 
-def run_sb3(**kwargs: Any) -> dict[str, Any]:
-    """`sb3_dqn` in its own process, as a user runs it (like sb3_side_by_side.run_sb3)."""
-    argv = [sys.executable, "-m", "benchmarks.sb3_dqn_side_by_side", "--sb3"]
-    argv += ["--sb3_kwargs", json.dumps(kwargs)]
-    result = subprocess.run(
-        argv, cwd=ROOT, capture_output=True, text=True, env=_CLEAN_ENVIRON, timeout=3600
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"SB3 DQN failed: {result.stderr.strip()[-2000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+def run_peer_dqn(library: str, xla_flags: str = "", **kwargs: Any) -> dict[str, Any]:
+    """`peer_dqn` in its own process (benchmarks.peers.run_peer), with env steps/s over the
+    whole run, launch to exit."""
+    run = run_peer(peer_dqn, library, xla_flags, **kwargs)
+    return {**run, "sps": run["env_steps"] / run["wall_clock"]}
 
 
 def beast_dqn(
@@ -172,7 +178,6 @@ def beast_dqn(
         wall_clock = time.monotonic() - launched
         if result.returncode != 0:
             raise RuntimeError(f"beast DQN failed: {result.stderr.strip()[-2000:]}")
-        threads = re.findall(r"learner on \S+ in \S+ with (\d+) thread", result.stdout)
         run_dir = str(Path(savedir) / "cartpole")
         reached = {}
         for threshold in thresholds:
@@ -182,12 +187,13 @@ def beast_dqn(
         env_steps = max(seconds_at_steps(run_dir, wall_clock), default=0)
     return {
         "reached": reached,
+        "best": outcome.best,
         "final": outcome.last,
         "episodes": outcome.episodes,
         "wall_clock": wall_clock,
         "env_steps": env_steps,
         "sps": env_steps / wall_clock,
-        "threads": int(threads[-1]) if threads else None,
+        "threads": f"learner {learner_threads(result.stdout)}",
     }
 
 
@@ -233,12 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "beast_flags", nargs="*", help="extra monobeast flags (after --), e.g. --no-dueling"
     )
-    parser.add_argument("--sb3", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--sb3_kwargs", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.sb3:  # the child process of run_sb3
-        print(json.dumps(sb3_dqn(**json.loads(args.sb3_kwargs))), flush=True)
-        return
     defaults = (
         QUICK if args.quick else {"total_steps": BUDGET, "threshold": list(THRESHOLDS), "runs": 3}
     )
@@ -265,7 +266,8 @@ def main(argv: list[str] | None = None) -> None:
         runs: dict[str, dict[str, Any]] = {}
         for side in ("sb3", "beast") if i % 2 == 0 else ("beast", "sb3"):
             if side == "sb3":
-                runs[side] = run_sb3(
+                runs[side] = run_peer_dqn(
+                    "sb3",
                     seed=seed,
                     total_steps=args.total_steps,
                     thresholds=args.threshold,
@@ -275,8 +277,8 @@ def main(argv: list[str] | None = None) -> None:
                 runs[side] = beast_dqn(seed, args.total_steps, args.threshold, args.beast_flags)
             results[side].append(runs[side])
         print(
-            f"\n[{i + 1}/{args.runs}] seed {seed} (ran {' then '.join(runs)}; torch threads:"
-            f" SB3 {runs['sb3']['threads']}, beast's learner {runs['beast']['threads']})",
+            f"\n[{i + 1}/{args.runs}] seed {seed} (ran {' then '.join(runs)}; threads:"
+            f" SB3 {runs['sb3']['threads']}; beast {runs['beast']['threads']})",
             flush=True,
         )
         print(HEADER)

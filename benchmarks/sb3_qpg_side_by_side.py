@@ -12,9 +12,10 @@ the other, never at once, the order alternating between pairs:
 - pendulum: wall-clock to a mean of -200 over the last 20 training episodes on
   Pendulum-v1 (`--algo`'s zoo settings: SAC's hyperparams/sac.yml, learning_rate 1e-3
   over SB3's defaults; configs/<algo>/classic.yaml on beast's side), within 20k steps
-  (30k for TD3 and DDPG). Both sides stop once they reach it. SB3's clock starts before
-  the env and the model are built and a callback watches Monitor's episode returns;
-  beast's starts at the launch of `monobeast.py` (start-up included), which this script
+  (30k for TD3 and DDPG). Both sides stop once they reach it. Both clocks start at the
+  launch of the side's process (start-up included): SB3's in its own process
+  (benchmarks.peers), where a callback watches Monitor's episode returns; beast's at
+  the launch of `monobeast.py`, which this script
   watches through the run's episodes.csv, written at each update, and stops with SIGTERM
   (a checkpoint, as a user's Ctrl-C) once the mean is reached: the time is when the
   script saw it, never less than the truth.
@@ -27,13 +28,14 @@ the other, never at once, the order alternating between pairs:
 SB3 gets `--sb3_threads` torch threads (default 1, as beast's learner takes for models
 this small: beast/engine.py learner_threads); beast's actor process runs beside its
 learner on the other core. Medians per side and beast/SB3 ratios are printed at the end.
+`python -m benchmarks.races` races SBX as well.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
+import math
 import os
 import signal
 import statistics
@@ -48,7 +50,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.monobeast_sps import _CLEAN_ENVIRON
+from benchmarks.monobeast_sps import _CLEAN_ENVIRON, learner_threads
+from benchmarks.peers import algorithm, run_peer, set_threads, threads_held
 from benchmarks.sb3_side_by_side import ROOT, _ratio, _seconds, machine_description
 
 TARGET = -200.0
@@ -75,7 +78,9 @@ NET_ARCH = {"sac": [256, 256], "td3": [400, 300], "ddpg": [400, 300]}
 NOISE_STD = 0.1  # the zoo's normal action noise for TD3 and DDPG
 
 
-def sb3_run(
+def peer_run(
+    library: str,
+    launched: float,
     algo: str,
     env_id: str,
     seed: int,
@@ -83,71 +88,66 @@ def sb3_run(
     kwargs: dict[str, Any],
     threads: int,
     target: float | None,
-    marks: tuple[int, ...],
+    marks: list[int],
+    window: int = WINDOW,
 ) -> dict[str, Any]:
-    """One SB3 run in this process: the time and step at which the mean of the last
-    WINDOW episodes first reached `target` (then it stops), and the clock at each of
-    `marks` (env steps)."""
+    """One SAC, TD3 or DDPG run of SB3 or SBX (`library`) in this process
+    (benchmarks.peers runs it): the time from `launched` and the step at which the mean
+    of the last `window` episodes first reached `target` (then it stops), the best such
+    mean, and the clock at each of `marks` (env steps).
+
+    SBX's SAC, TD3 and DDPG take SB3's arguments used here (SAC's defaults are SB3's:
+    net_arch [256, 256], log_std_init -3, ent_coef auto from 1.0); SBX has no
+    optimize_memory_usage or target_update_interval (SB3's default, 1, is what SBX does)
+    and its gSDE is partial (neither side uses gSDE here)."""
     import numpy as np
-    import torch
-    from stable_baselines3 import DDPG, SAC, TD3
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.noise import NormalActionNoise
 
+    set_threads(library, threads)
+    model_class = algorithm(library, algo.upper())
+
     class Watch(BaseCallback):
-        def __init__(self, start: float) -> None:
+        def __init__(self) -> None:
             super().__init__()
-            self.start = start
-            self.window: deque[float] = deque(maxlen=WINDOW)
+            self.window: deque[float] = deque(maxlen=window)
             self.reached: tuple[float, int] | None = None
-            self.marks: dict[int, float] = {}
+            self.best = math.nan
+            self.marks: dict[str, float] = {}
 
         def _on_step(self) -> bool:
-            now = time.monotonic() - self.start
+            now = time.monotonic() - launched
             if self.num_timesteps in marks:
-                self.marks[self.num_timesteps] = now
+                self.marks[str(self.num_timesteps)] = now
+                self.marks[f"{self.num_timesteps}_step"] = self.num_timesteps
             for info in self.locals["infos"]:
                 if "episode" in info:  # Monitor's
                     self.window.append(float(info["episode"]["r"]))
-                    full = len(self.window) == WINDOW
-                    if target is not None and full and sum(self.window) / WINDOW >= target:
+                    if len(self.window) < window:
+                        continue
+                    mean = sum(self.window) / window
+                    self.best = mean if math.isnan(self.best) else max(self.best, mean)
+                    if target is not None and mean >= target:
                         self.reached = (now, self.num_timesteps)
                         return False
             return True
 
-    if threads:
-        torch.set_num_threads(threads)
-    start = time.monotonic()
     env = make_vec_env(env_id, n_envs=1, seed=seed)
     kwargs = dict(kwargs)
     if algo != "sac":
         dim = env.action_space.shape[0]
         kwargs["action_noise"] = NormalActionNoise(np.zeros(dim), NOISE_STD * np.ones(dim))
-    model = {"sac": SAC, "td3": TD3, "ddpg": DDPG}[algo](
-        "MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs
-    )
-    callback = Watch(start)
+    model = model_class("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
+    callback = Watch()
     model.learn(total_timesteps=total_steps, callback=callback)
     return {
         "reached": callback.reached,
-        "marks": {str(k): v for k, v in callback.marks.items()},
-        "wall_clock": time.monotonic() - start,
+        "best": callback.best,
+        "marks": callback.marks,
         "env_steps": model.num_timesteps,
-        "threads": torch.get_num_threads(),
+        "threads": threads_held(),
     }
-
-
-def run_sb3(**kwargs: Any) -> dict[str, Any]:
-    """`sb3_run` in its own process, as a user runs it."""
-    argv = [sys.executable, "-m", "benchmarks.sb3_qpg_side_by_side", "--sb3"]
-    argv += ["--sb3_kwargs", json.dumps(kwargs)]
-    result = subprocess.run(
-        argv, cwd=ROOT, capture_output=True, text=True, env=_CLEAN_ENVIRON, timeout=7200
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"SB3 failed: {result.stderr.strip()[-2000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -158,6 +158,26 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return []
 
 
+def best_mean(returns: list[float], window: int) -> float:
+    """The best mean of `window` consecutive returns; nan when there are fewer."""
+    if window <= 0 or len(returns) < window:
+        return math.nan
+    total = sum(returns[:window])
+    best = total
+    for i in range(window, len(returns)):
+        total += returns[i] - returns[i - window]
+        best = max(best, total)
+    return best / window
+
+
+def marked_rate(marks: dict[str, float], from_step: int, to_step: int) -> float:
+    """Env steps/s between two of a run's `marks`: `marks[str(s)]` is the time (seconds)
+    at the first record at or after step s, and `marks[f"{s}_step"]` the step of that
+    record (beast logs one per update, not per env step; a peer's are exact)."""
+    steps = marks[f"{to_step}_step"] - marks[f"{from_step}_step"]
+    return steps / (marks[str(to_step)] - marks[str(from_step)])
+
+
 def beast_run(
     algo: str,
     env_id: str,
@@ -166,9 +186,10 @@ def beast_run(
     flags: list[str],
     target: float | None,
     marks: tuple[int, ...],
+    window: int = WINDOW,
 ) -> dict[str, Any]:
     """monobeast.py with `flags`, timed from launch; stopped (SIGTERM) once the mean of
-    the last WINDOW episodes reaches `target`. The clock at each of `marks` (env steps)
+    the last `window` episodes reaches `target`. The clock at each of `marks` (env steps)
     comes from logs.csv (the logger's time plus the start-up before it)."""
     with tempfile.TemporaryDirectory() as savedir:
         run_dir = Path(savedir) / "run"
@@ -190,8 +211,8 @@ def beast_run(
             if target is None or reached is not None:
                 continue
             episodes = _rows(run_dir / "episodes.csv")
-            returns = [float(row["return"]) for row in episodes[-WINDOW:]]
-            if len(returns) == WINDOW and sum(returns) / WINDOW >= target:
+            returns = [float(row["return"]) for row in episodes[-window:]]
+            if len(returns) == window and sum(returns) / window >= target:
                 reached = (time.monotonic() - launched, int(episodes[-1]["step"]))
                 proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate()
@@ -206,13 +227,31 @@ def beast_run(
             if row is not None:
                 times[str(mark)] = start_up + float(row["time"])
                 times[f"{mark}_step"] = int(row["step"])
-        threads = [line for line in out.splitlines() if "thread(s)" in line]
+        returns = [float(row["return"]) for row in _rows(run_dir / "episodes.csv")]
     return {
         "reached": reached,
+        "best": best_mean(returns, window),
         "marks": times,
         "wall_clock": wall_clock,
         "env_steps": int(logs[-1]["step"]) if logs else 0,
-        "threads": threads[-1].rsplit("with ", 1)[-1] if threads else "?",
+        "threads": f"learner {learner_threads(out)}",
+    }
+
+
+def halfcheetah_beast_flags(algo: str) -> list[str]:
+    """beast's HalfCheetah flags over configs/<algo>/mujoco.yaml: the measured settings."""
+    flags = ["--learning_starts", str(LEARNING_STARTS), "--utd_ratio", "1", "--batch_size"]
+    return [*flags, "256", "--net_arch", ",".join(map(str, NET_ARCH[algo]))]
+
+
+def halfcheetah_peer_kwargs(algo: str) -> dict[str, Any]:
+    """The same settings in SB3's (and SBX's) arguments."""
+    return {
+        "learning_starts": LEARNING_STARTS,
+        "train_freq": 1,
+        "gradient_steps": 1,
+        "batch_size": 256,
+        "policy_kwargs": {"net_arch": NET_ARCH[algo]},
     }
 
 
@@ -230,7 +269,9 @@ def pendulum(args: argparse.Namespace) -> None:
         seed, runs = i + 1, {}
         for side in ("sb3", "beast") if i % 2 == 0 else ("beast", "sb3"):
             if side == "sb3":
-                runs[side] = run_sb3(
+                runs[side] = run_peer(
+                    peer_run,
+                    "sb3",
                     algo=args.algo,
                     env_id="Pendulum-v1",
                     seed=seed,
@@ -238,7 +279,7 @@ def pendulum(args: argparse.Namespace) -> None:
                     kwargs=SB3_PENDULUM[args.algo],
                     threads=args.sb3_threads,
                     target=args.target,
-                    marks=(),
+                    marks=[],
                 )
             else:
                 runs[side] = beast_run(
@@ -271,8 +312,7 @@ def pendulum(args: argparse.Namespace) -> None:
 
 
 def halfcheetah(args: argparse.Namespace) -> None:
-    marks = (args.from_step, args.to_step)
-    span = args.to_step - args.from_step
+    marks = [args.from_step, args.to_step]
     print(
         f"\n## HalfCheetah-v5 {args.algo}: env steps/s between steps {args.from_step:,} and"
         f" {args.to_step:,}, 1 update per env step, batch 256, net_arch"
@@ -281,39 +321,28 @@ def halfcheetah(args: argparse.Namespace) -> None:
     print("| seed | side | steps/s | threads |")
     print("|---|---|---|---|")
     rates: dict[str, list[float]] = {"sb3": [], "beast": []}
-    flags = ["--learning_starts", str(LEARNING_STARTS), "--utd_ratio", "1", "--batch_size"]
-    flags += ["256", "--net_arch", ",".join(map(str, NET_ARCH[args.algo])), *args.beast_flags]
-    sb3_kwargs = {
-        "learning_starts": LEARNING_STARTS,
-        "train_freq": 1,
-        "gradient_steps": 1,
-        "batch_size": 256,
-        "policy_kwargs": {"net_arch": NET_ARCH[args.algo]},
-    }
     for i in range(args.runs):
         seed, runs = i + 1, {}
         for side in ("sb3", "beast") if i % 2 == 0 else ("beast", "sb3"):
             if side == "sb3":
-                runs[side] = run_sb3(
+                runs[side] = run_peer(
+                    peer_run,
+                    "sb3",
                     algo=args.algo,
                     env_id="HalfCheetah-v5",
                     seed=seed,
                     total_steps=args.to_step,
-                    kwargs=sb3_kwargs,
+                    kwargs=halfcheetah_peer_kwargs(args.algo),
                     threads=args.sb3_threads,
                     target=None,
                     marks=marks,
                 )
-                m = runs[side]["marks"]
-                rate = span / (m[str(args.to_step)] - m[str(args.from_step)])
             else:
+                flags = [*halfcheetah_beast_flags(args.algo), *args.beast_flags]
                 runs[side] = beast_run(
                     args.algo, "HalfCheetah-v5", seed, args.to_step + 1, flags, None, marks
                 )
-                m = runs[side]["marks"]
-                steps = m[f"{args.to_step}_step"] - m[f"{args.from_step}_step"]
-                rate = steps / (m[str(args.to_step)] - m[str(args.from_step)])
-            rates[side].append(rate)
+            rates[side].append(marked_rate(runs[side]["marks"], args.from_step, args.to_step))
         for side in ("sb3", "beast"):
             print(f"| {seed} | {side} | {rates[side][-1]:.1f} | {runs[side]['threads']} |")
     medians = {side: statistics.median(values) for side, values in rates.items()}
@@ -335,12 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sb3_threads", type=int, default=1, help="SB3's torch threads")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 short pair each")
     parser.add_argument("beast_flags", nargs="*", help="extra monobeast flags (after --)")
-    parser.add_argument("--sb3", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--sb3_kwargs", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.sb3:  # the child process of run_sb3
-        print(json.dumps(sb3_run(**json.loads(args.sb3_kwargs))), flush=True)
-        return
     defaults = QUICK if args.quick else {}
     defaults = {"runs": 3, "target": TARGET, "from_step": 2_000, "to_step": 5_000, **defaults}
     for key, value in defaults.items():

@@ -11,22 +11,24 @@ alternates between repeats, so neither side always runs on a cooler machine):
   of the last 100 finished episodes reaches `--threshold` (475), within the zoo's budget
   of 100k env steps. SB3 runs the zoo's tuned PPO (`SB3_CARTPOLE`); beast runs
   `monobeast.py --algo ppo --env CartPole-v1`, which picks configs/ppo/classic.yaml,
-  the same settings. SB3's time is read in a callback; beast's is the logs.csv time of
-  the update that consumed the episode, plus its start-up
+  the same settings. Both are timed from the launch of their process: SB3's time is
+  read in a callback (benchmarks.peers explains the clock); beast's is the logs.csv
+  time of the update that consumed the episode, plus its start-up
   (`benchmarks.learning_checks.seconds_at_steps`: shutdown counts as start-up, which
   only makes beast look slower).
 - HalfCheetah-v5: env steps per second of PPO over `--seconds` after `--warmup`
   seconds, SB3 with the zoo's HalfCheetah settings (`SB3_HALFCHEETAH`, VecNormalize),
   beast with configs/ppo/mujoco.yaml (the same).
 
-The ratios SB3 time / beast time and beast SPS / SB3 SPS are given per pair and as
-medians over the repeats.
+SB3 gets `--sb3_threads` torch threads (default 1). The ratios SB3 time / beast time
+and beast SPS / SB3 SPS are given per pair and as medians over the repeats.
+`python -m benchmarks.races` races SBX as well.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import statistics
 import subprocess
 import sys
@@ -40,8 +42,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.env_throughput import machine_description
-from benchmarks.learning_checks import Check, summarize
-from benchmarks.monobeast_sps import _CLEAN_ENVIRON, measure_monobeast_sps
+from benchmarks.learning_checks import Check, seconds_at_steps, summarize
+from benchmarks.monobeast_sps import _CLEAN_ENVIRON, learner_threads, measure_monobeast_sps
+from benchmarks.peers import algorithm, run_peer, set_threads, threads_held
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE_BUDGET = 100_000
@@ -80,43 +83,79 @@ def _zoo_value(value: Any) -> Any:
     return value
 
 
-def sb3_cartpole(seed: int, launched: float, threshold: float) -> dict[str, Any]:
-    """One SB3 PPO CartPole run to the zoo's budget (in this process)."""
-    from stable_baselines3 import PPO
+def peer_cartpole(
+    library: str,
+    launched: float,
+    seed: int,
+    threshold: float,
+    threads: int,
+    total_steps: int = CARTPOLE_BUDGET,
+) -> dict[str, Any]:
+    """One PPO CartPole run of SB3 or SBX (`library`) with the zoo's settings over
+    `total_steps`, in this process (benchmarks.peers runs it): the time from `launched`
+    and the env step at which the mean return of the last 100 episodes first reached
+    `threshold`, and the best such mean.
+
+    SBX's PPO takes the same arguments, with its own defaults where the zoo sets none:
+    ortho_init False (SB3: True; SBX's True would only scale the policy's last layer
+    by 0.01), separate Adam optimizers (eps 1e-5, each clipped to max_grad_norm) for
+    the policy and the value function where SB3 has one for their summed loss;
+    clip_range_vf is not supported (the zoo leaves it unset)."""
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+
+    set_threads(library, threads)
+    ppo = algorithm(library, "PPO")
 
     class Threshold(BaseCallback):
         def __init__(self) -> None:
             super().__init__()
             self.returns: deque[float] = deque(maxlen=100)
             self.reached: tuple[float, int] | None = None
+            self.best = math.nan
 
         def _on_step(self) -> bool:
             for info in self.locals["infos"]:
                 if "episode" in info:
                     self.returns.append(float(info["episode"]["r"]))
-            full = len(self.returns) == 100
-            if self.reached is None and full and sum(self.returns) / 100 >= threshold:
-                self.reached = (time.time() - launched, self.num_timesteps)
+                    if len(self.returns) < 100:
+                        continue
+                    mean = sum(self.returns) / 100
+                    self.best = mean if math.isnan(self.best) else max(self.best, mean)
+                    if self.reached is None and mean >= threshold:
+                        self.reached = (time.monotonic() - launched, self.num_timesteps)
             return True
 
     env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
     kwargs = {key: _zoo_value(value) for key, value in SB3_CARTPOLE.items()}
-    model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
+    model = ppo("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
     callback = Threshold()
-    model.learn(total_timesteps=CARTPOLE_BUDGET, callback=callback)
+    model.learn(total_timesteps=total_steps, callback=callback)
     seconds, steps = callback.reached if callback.reached else (None, None)
-    return {"seconds": seconds, "steps": steps, "wall_clock": time.time() - launched}
+    return {
+        "seconds": seconds,
+        "steps": steps,
+        "best": callback.best,
+        "env_steps": model.num_timesteps,
+        "threads": threads_held(),
+    }
 
 
-def sb3_halfcheetah(seed: int, warmup: float, seconds: float) -> dict[str, Any]:
-    """SB3 PPO on HalfCheetah-v5 for warmup + seconds: its steady env steps/s."""
-    from stable_baselines3 import PPO
+def peer_halfcheetah(
+    library: str, launched: float, seed: int, warmup: float, seconds: float, threads: int
+) -> dict[str, Any]:
+    """SB3's PPO on HalfCheetah-v5 for warmup + seconds of training: its steady env
+    steps/s (`launched` is unused: the rate is between two points after warm-up). SB3
+    only: the zoo's policy_kwargs name torch's ReLU."""
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
     from torch import nn
+
+    if library != "sb3":
+        raise ValueError(f"PPO HalfCheetah runs SB3 only, not {library}")
+    set_threads(library, threads)
+    ppo = algorithm(library, "PPO")
 
     class Clock(BaseCallback):
         """(time since training began, env steps) at each rollout's end; stops the run."""
@@ -139,7 +178,7 @@ def sb3_halfcheetah(seed: int, warmup: float, seconds: float) -> dict[str, Any]:
         "activation_fn": nn.ReLU,
         "net_arch": {"pi": [256, 256], "vf": [256, 256]},
     }
-    model = PPO(
+    model = ppo(
         "MlpPolicy",
         env,
         seed=seed,
@@ -152,29 +191,20 @@ def sb3_halfcheetah(seed: int, warmup: float, seconds: float) -> dict[str, Any]:
     model.learn(total_timesteps=10**9, callback=clock)
     steady = [mark for mark in clock.marks if mark[0] >= warmup]
     if len(steady) < 2:
-        raise RuntimeError(f"SB3 finished too few rollouts after {warmup}s warm-up")
+        raise RuntimeError(f"{library} finished too few rollouts after {warmup}s warm-up")
     (t0, s0), (t1, s1) = steady[0], steady[-1]
-    return {"sps": (s1 - s0) / (t1 - t0)}
+    return {"sps": (s1 - s0) / (t1 - t0), "threads": threads_held()}
 
 
-def run_sb3(part: str, **kwargs: Any) -> dict[str, Any]:
-    """An SB3 measurement in its own process, as a user runs it (imports included)."""
-    argv = [sys.executable, "-m", "benchmarks.sb3_side_by_side", "--sb3", part]
-    argv += ["--sb3_kwargs", json.dumps(kwargs)]
-    result = subprocess.run(
-        argv, cwd=ROOT, capture_output=True, text=True, env=_CLEAN_ENVIRON, timeout=3600
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"SB3 {part} failed: {result.stderr.strip()[-2000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def beast_cartpole(seed: int, threshold: float, flags: list[str]) -> dict[str, Any]:
-    """monobeast.py --algo ppo --env CartPole-v1 (configs/ppo/classic.yaml) to 100k."""
+def beast_cartpole(
+    seed: int, threshold: float, flags: list[str], total_steps: int = CARTPOLE_BUDGET
+) -> dict[str, Any]:
+    """monobeast.py --algo ppo --env CartPole-v1 (configs/ppo/classic.yaml) over
+    `total_steps`, timed from launch."""
     with tempfile.TemporaryDirectory() as savedir:
         argv = [sys.executable, str(ROOT / "monobeast.py"), "--algo", "ppo"]
         argv += ["--env", "CartPole-v1", "--seed", str(seed), "--total_steps"]
-        argv += [str(CARTPOLE_BUDGET), "--savedir", savedir, "--xpid", "cartpole", *flags]
+        argv += [str(total_steps), "--savedir", savedir, "--xpid", "cartpole", *flags]
         launched = time.monotonic()
         result = subprocess.run(
             argv, cwd=ROOT, capture_output=True, text=True, env=_CLEAN_ENVIRON, timeout=3600
@@ -182,10 +212,18 @@ def beast_cartpole(seed: int, threshold: float, flags: list[str]) -> dict[str, A
         wall_clock = time.monotonic() - launched
         if result.returncode != 0:
             raise RuntimeError(f"beast CartPole failed: {result.stderr.strip()[-2000:]}")
-        check = Check("ppo", "monobeast.py", "local", "CartPole-v1", CARTPOLE_BUDGET, threshold)
-        outcome = summarize(check, seed, str(Path(savedir) / "cartpole"), wall_clock)
-    seconds, steps = outcome.reached_seconds, outcome.reached_at
-    return {"seconds": seconds, "steps": steps, "wall_clock": wall_clock}
+        run_dir = str(Path(savedir) / "cartpole")
+        check = Check("ppo", "monobeast.py", "local", "CartPole-v1", total_steps, threshold)
+        outcome = summarize(check, seed, run_dir, wall_clock)
+        env_steps = max(seconds_at_steps(run_dir, wall_clock), default=0)
+    return {
+        "seconds": outcome.reached_seconds,
+        "steps": outcome.reached_at,
+        "best": outcome.best,
+        "env_steps": env_steps,
+        "wall_clock": wall_clock,
+        "threads": f"learner {learner_threads(result.stdout)}",
+    }
 
 
 def beast_halfcheetah(seed: int, warmup: float, seconds: float, flags: list[str]) -> dict[str, Any]:
@@ -212,13 +250,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "beast_flags", nargs="*", help="extra monobeast flags (after --), e.g. --no-synchronous"
     )
-    parser.add_argument("--sb3", choices=["cartpole", "halfcheetah"], help=argparse.SUPPRESS)
-    parser.add_argument("--sb3_kwargs", default="{}", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--sb3_threads", type=int, default=1, help="SB3's torch threads (0: torch's default)"
+    )
     args = parser.parse_args(argv)
-    if args.sb3:  # the child process of run_sb3
-        worker = sb3_cartpole if args.sb3 == "cartpole" else sb3_halfcheetah
-        print(json.dumps(worker(**json.loads(args.sb3_kwargs))), flush=True)
-        return
 
     import stable_baselines3
 
@@ -236,8 +271,12 @@ def main(argv: list[str] | None = None) -> None:
             runs = {}
             for side in ("sb3", "beast") if sb3_first else ("beast", "sb3"):
                 if side == "sb3":
-                    runs[side] = run_sb3(
-                        "cartpole", seed=seed, launched=time.time(), threshold=args.threshold
+                    runs[side] = run_peer(
+                        peer_cartpole,
+                        "sb3",
+                        seed=seed,
+                        threshold=args.threshold,
+                        threads=args.sb3_threads,
                     )
                 else:
                     runs[side] = beast_cartpole(seed, args.threshold, args.beast_flags)
@@ -257,8 +296,13 @@ def main(argv: list[str] | None = None) -> None:
             sps = {}
             for side in ("sb3", "beast") if sb3_first else ("beast", "sb3"):
                 if side == "sb3":
-                    sps[side] = run_sb3(
-                        "halfcheetah", seed=seed, warmup=args.warmup, seconds=args.seconds
+                    sps[side] = run_peer(
+                        peer_halfcheetah,
+                        "sb3",
+                        seed=seed,
+                        warmup=args.warmup,
+                        seconds=args.seconds,
+                        threads=args.sb3_threads,
                     )["sps"]
                 else:
                     sps[side] = beast_halfcheetah(

@@ -1,13 +1,18 @@
 """Contract of benchmarks.bench: the learner-only and acting-only measurements run on tiny
 CartPole configs, return sane figures, clean up their processes, and refuse bad inputs.
+Then the pure parts of the races against SB3 and SBX (benchmarks.races, benchmarks.peers
+and the side-by-side scripts' helpers): no race runs here.
 
 The figures themselves are not checked against any speed: this machine is shared.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import multiprocessing as mp
+import os
 
 import numpy as np
 import pytest
@@ -18,7 +23,9 @@ from beast.buffers import rollout_spec
 from beast.envs import EnvError
 from beast.fields import box_obs, core_state
 from beast.measure import synthetic_batch
-from benchmarks import bench
+from benchmarks import bench, peers, races
+from benchmarks import sb3_qpg_side_by_side as qpg
+from benchmarks.monobeast_sps import learner_threads
 
 CARTPOLE = {"obs_shape": (4,), "obs_dtype": np.float32, "num_actions": 2}
 TINY = {"unroll_length": 4, "batch_size": 2}
@@ -229,3 +236,182 @@ def test_cli_learner_part_appends_a_results_section(tmp_path, capsys):
     assert "Command: `python -m benchmarks.bench throughput --env CartPole-v1" in text
     assert "| learner fp32, 1 thread(s)" in text and "| learner bf16, 1 thread(s)" in text
     assert "machine: " in capsys.readouterr().out
+
+
+# The races of beast, SB3 and SBX (benchmarks.races) and the helpers of the side-by-side
+# scripts they reuse: their pure parts only; no race runs here.
+
+
+def _run(side: str, seed: int, seconds: float | None, rate: float = 100.0) -> races.Run:
+    return races.Run(side, seed, seconds, None, math.nan, 1000, 10.0, rate, "torch 1")
+
+
+def test_rotated_puts_each_side_first_once_over_as_many_seeds():
+    sides = ["beast", "SB3", "SBX"]
+    orders = [races.rotated(sides, i) for i in range(3)]
+    assert orders == [["beast", "SB3", "SBX"], ["SB3", "SBX", "beast"], ["SBX", "beast", "SB3"]]
+    assert races.rotated(sides, 4) == orders[1]  # the shift wraps around
+
+
+@pytest.mark.parametrize(
+    "values, median",
+    [
+        ([10.0, None, 12.0], 12.0),  # not reached sorts after every time: [10, 12, inf]
+        ([None, None, 5.0], None),  # most did not reach it: the median is "not reached"
+        ([3.0, 1.0, 2.0], 2.0),
+        ([1.0, 2.0], 1.5),
+        ([1.0, None], None),  # (1 + inf) / 2
+    ],
+)
+def test_median_seconds_counts_not_reached_as_slowest(values, median):
+    assert races.median_seconds(values) == median
+
+
+def test_faster_picks_least_time_and_most_rate():
+    medians = {"SB3 (1 thr)": 30.0, "SB3 (2 thr)": None, "SBX": 6.0}
+    assert races.faster(medians, races.TIME) == "SBX"
+    assert races.faster(medians | {"SBX": None}, races.TIME) == "SB3 (1 thr)"
+    assert races.faster({"SB3 (1 thr)": 60.0, "SBX": 120.0}, races.RATE) == "SBX"
+    assert races.faster({"SBX": None}, races.TIME) is None
+
+
+def test_paired_ratios_use_only_seeds_where_both_have_the_figure():
+    runs = [
+        _run("beast", 1, 10.0),
+        _run("SB3", 1, 20.0),
+        _run("beast", 2, None),  # beast did not reach it: no pair
+        _run("SB3", 2, 30.0),
+        _run("beast", 3, 12.0),
+        _run("SB3", 3, None),  # SB3 did not: no pair
+        _run("beast", 4, 8.0),  # SB3 failed with seed 4: no run, no pair
+    ]
+    assert races.paired_ratios(runs, "SB3", races.TIME) == [0.5]
+    assert races.paired_ratios(runs, "SB3", races.RATE) == [1.0, 1.0, 1.0]
+
+
+def test_summary_gives_medians_and_ratios_to_each_peer_and_the_faster():
+    race = races.RACES["ppo_cartpole"]
+    times = {"beast": [10.0, None, 12.0], "SB3 (1 thr)": [20.0, 30.0, None], "SBX": [5, 6, 7]}
+    runs = [
+        _run(side, seed, None if t is None else float(t), 100.0 if side == "SBX" else 50.0)
+        for side, values in times.items()
+        for seed, t in zip((1, 4, 5), values, strict=True)
+    ]
+    lines = races.summary(race, list(times), runs)
+    assert lines[0] == "medians over 3 seed(s):"
+    assert lines[1] == "- beast: to 475 12.0 s (reached 2/3), 50.0 steps/s"
+    assert lines[2] == "- SB3 (1 thr): to 475 30.0 s (reached 2/3), 50.0 steps/s"
+    assert lines[3] == "- SBX: to 475 6.0 s (reached 3/3), 100.0 steps/s"
+    # 12 / 30 of the medians; per seed only seed 1 pairs (10 / 20).
+    assert lines[4] == "time to 475, beast / SB3 (1 thr): 0.40 (medians); per seed: 0.50 (0.50)"
+    # 10 / 5 and 12 / 7, median 1.86.
+    assert lines[5] == "time to 475, beast / SBX: 2.00 (medians); per seed: 1.86 (2.00, 1.71)"
+    assert lines[6] == "time to 475, beast / the faster peer (SBX): 2.00"
+    assert len(lines) == 7  # PPO's race is timed only: no steps/s ratios
+
+
+def test_summary_of_a_rate_race_and_a_side_with_no_run():
+    race = races.RACES["sac_halfcheetah"]
+    runs = [
+        _run("beast", 1, None, 66.0),
+        _run("SB3 (1 thr)", 1, None, 60.0),
+        _run("SB3 (2 thr)", 1, None, 33.0),
+    ]
+    lines = races.summary(race, ["beast", "SB3 (1 thr)", "SB3 (2 thr)", "SBX"], runs)
+    assert "- SBX: no run finished" in lines
+    assert "steps/s, beast / SB3 (1 thr): 1.10 (medians); per seed: 1.10 (1.10)" in lines
+    assert "steps/s, beast / SB3 (2 thr): 2.00 (medians); per seed: 2.00 (2.00)" in lines
+    assert lines[-2:] == [
+        "steps/s, beast / SB3 at its better thread setting (SB3 (1 thr)): 1.10",
+        "steps/s, beast / the faster peer (SB3 (1 thr)): 1.10",
+    ]
+
+
+@pytest.mark.parametrize("name", list(races.RACES))
+def test_every_race_has_a_header_matching_its_rows_and_quick_settings(name):
+    race = races.RACES[name]
+    quick = dataclasses.replace(race, **race.quick)  # every override names a Race field
+    assert quick.budget < race.budget
+    assert (race.threshold is None) == (races.TIME not in race.figures)
+    columns, rule = races.header(race).splitlines()
+    line = races.row(race, races.Run("SBX", 1, 3.5, 700, -150.0, 900, 4.0, 225.0, "torch 1"))
+    assert columns.count("|") == rule.count("|") == line.count("|")
+
+
+def test_sides_are_beast_sb3_per_thread_count_then_sbx():
+    labels = [side.label for side in races.sides(races.RACES["sac_halfcheetah"], None)]
+    assert labels == ["beast", "SB3 (1 thr)", "SB3 (2 thr)", "SBX"]
+    labels = [side.label for side in races.sides(races.RACES["dqn_cartpole"], None)]
+    assert labels == ["beast", "SB3 (1 thr)", "SBX"]
+    labels = [side.label for side in races.sides(races.RACES["dqn_cartpole"], (0, 2))]
+    assert labels == ["beast", "SB3 (torch default)", "SB3 (2 thr)", "SBX"]
+
+
+def test_race_flags_parse_lists_and_beast_flags():
+    args = races.parse_args(["--beast_flags", "--compile on --updates_per_sample 4"])
+    assert args.beast_flags == ("--compile", "on", "--updates_per_sample", "4")
+    assert args.seeds == (1, 4, 5) and args.only == tuple(races.RACES)
+    assert args.sb3_threads is None  # each race's own
+    args = races.parse_args(["--quick", "--only", "sac_pendulum,dqn_cartpole", "--seeds", "7"])
+    assert args.seeds == (7,) and args.only == ("sac_pendulum", "dqn_cartpole")
+    assert races.parse_args(["--quick"]).seeds == (1,)
+    assert races.parse_args(["--beast_flags=--no-dueling"]).beast_flags == ("--no-dueling",)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--only", "dqn_pong"],
+        ["--only", ""],
+        ["--seeds", "1,x"],
+        ["--sb3_threads", "-1"],
+        ["--beast_flags", '--xpid "unclosed'],
+    ],
+)
+def test_race_flags_refuse_bad_input_in_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        races.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith("python -m benchmarks.races: error")
+
+
+def test_peer_environ_puts_jax_on_the_cpu_for_sbx_only():
+    sbx = peers.peer_environ("sbx", "--xla_cpu_multi_thread_eigen=false")
+    assert sbx["JAX_PLATFORMS"] == "cpu"
+    assert sbx["XLA_FLAGS"] == "--xla_cpu_multi_thread_eigen=false"
+    sb3 = peers.peer_environ("sb3", "--xla_cpu_multi_thread_eigen=false")
+    assert sb3.get("XLA_FLAGS") == os.environ.get("XLA_FLAGS")
+    assert sb3.get("JAX_PLATFORMS") == os.environ.get("JAX_PLATFORMS")
+    with pytest.raises(ValueError, match="unknown peer"):
+        peers.peer_environ("rllib")
+
+
+def test_peer_main_calls_the_named_function_with_the_json_arguments(capsys):
+    # What a peer's process runs: MODULE:FUNCTION with JSON keyword arguments; one JSON line.
+    peers.main(["benchmarks.sb3_qpg_side_by_side:best_mean", '{"returns": [1, 5, 3], "window": 2}'])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == 4.0
+
+
+def _best_mean_reference(returns: list[float], window: int) -> float:
+    """Every window's mean, recomputed from scratch."""
+    means = [sum(returns[i : i + window]) / window for i in range(len(returns) - window + 1)]
+    return max(means) if means and window > 0 else math.nan
+
+
+@pytest.mark.parametrize("window", [1, 3, 20])
+def test_best_mean_matches_the_mean_of_every_window(window):
+    returns = [float(x) for x in np.random.default_rng(window).integers(-1600, 0, size=50)]
+    assert qpg.best_mean(returns, window) == pytest.approx(_best_mean_reference(returns, window))
+    assert math.isnan(qpg.best_mean(returns[: window - 1], window))  # too few episodes
+
+
+def test_marked_rate_counts_the_steps_between_the_records_found():
+    # beast's records land after the marks (per update): 2,010 -> 5,004 in 30 s.
+    marks = {"2000": 40.0, "2000_step": 2010, "5000": 70.0, "5000_step": 5004}
+    assert qpg.marked_rate(marks, 2000, 5000) == pytest.approx(2994 / 30)
+
+
+def test_learner_threads_reads_beast_start_line():
+    line = "run x in /tmp/x: env CartPole-v1, learner on cpu in fp32 with 1 thread(s); lr 1e-3"
+    assert learner_threads(f"starting\n{line}\n") == 1
+    assert learner_threads("no such line") is None
