@@ -10,7 +10,6 @@ one line saying what is wrong.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 PROG = "monobeast.py"
@@ -29,4 +28,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from beast.cli import exit_process
+
+    exit_process(main())

@@ -12,7 +12,6 @@ wrong. See docs/polybeast.md.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 PROG = "polybeast.py"
@@ -31,4 +30,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from beast.cli import exit_process
+
+    exit_process(main())

@@ -7,10 +7,26 @@ that had to stop (TrainingError, CheckpointError), 130 after Ctrl-C, 0 otherwise
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
-__all__ = ["run_entry_point"]
+__all__ = ["exit_process", "run_entry_point"]
+
+
+def exit_process(code: int) -> NoReturn:
+    """End an entry point's process with `code` once its run is over (actors stopped,
+    checkpoint written, logs closed): at once, even while a learner's compilation still
+    runs in its thread, which the interpreter's exit would otherwise wait for (a stop
+    never waits for a compilation, beast/train_step.py)."""
+    from beast.train_step import compilations_under_way
+
+    if compilations_under_way():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def run_entry_point(prog: str, parse: Callable[[], object], train: Callable[[object], None]) -> int:

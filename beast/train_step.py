@@ -66,6 +66,7 @@ __all__ = [
     "StepResult",
     "TargetNetwork",
     "TrainStep",
+    "compilations_under_way",
     "compile_cache_dir",
 ]
 
@@ -600,11 +601,11 @@ class TrainStep:
                 return
         self._records[kind] = record._replace(eager=eager)
         copies = tree_map(_clone, dict(inputs))
+        # Not a daemon: the interpreter's exit waits for it rather than freezing it
+        # inside torch's C++ (which aborts the process); monobeast.py and polybeast.py
+        # exit without waiting (`beast.cli.exit_process`).
         compilation = threading.Thread(
-            target=self._compile,
-            args=(kind, copies),
-            name=f"compile-{'-'.join(kind)}",
-            daemon=True,
+            target=self._compile, args=(kind, copies), name=f"compile-{'-'.join(kind)}"
         )
         self._compilations[kind] = compilation
         if self.background:
@@ -922,6 +923,11 @@ def _rmsprop(
         buffer = state["momentum_buffer"] * momentum + grad / average
         return param - lr * buffer, {"square_avg": square_avg, "momentum_buffer": buffer}
     return param - lr * (grad / average), {"square_avg": square_avg}
+
+
+def compilations_under_way() -> bool:
+    """Whether a learner's compilation (a thread of its own) is still running."""
+    return any(t.name.startswith("compile-") and t.is_alive() for t in threading.enumerate())
 
 
 def _first_line(error: BaseException) -> str:

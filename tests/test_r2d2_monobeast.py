@@ -20,6 +20,7 @@ from beast.engine import (
     build_algorithm,
     build_checked_model,
     build_experience,
+    cpu_bf16_native,
     select_policy,
     select_precision,
 )
@@ -140,11 +141,15 @@ def test_run_pieces_follow_the_algo():
     assert build_checked_model(r2d2).core is not None  # R2D2 is recurrent
     assert build_checked_model(apex).core is None
     for algorithm in (r2d2, apex):
-        # Central inference on a GPU, as for every algorithm; a Q-network learns in fp32
-        # unless told otherwise.
+        # Central inference on a GPU, as for every algorithm; a Q-network learns in bf16
+        # where the CPU has it (its built-in model keeps the Q-values in float32), and a
+        # user's Q-network in fp32.
         assert select_policy(algorithm.config, torch.device("cuda")) == "central"
         cpu = torch.device("cpu")
-        assert select_precision(algorithm.config, cpu, atari, type(algorithm)) == "fp32"
+        native = "bf16" if cpu_bf16_native() else "fp32"
+        assert select_precision(algorithm.config, cpu, atari, type(algorithm)) == native
+        user = dataclasses.replace(algorithm.config, model="tests.user_models:TinyQNetwork")
+        assert select_precision(user, cpu, atari, type(algorithm)) == "fp32"
     small = build_algorithm(
         dataclasses.replace(apex_config, replay_size=160, learning_starts=5), atari
     )

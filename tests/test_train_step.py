@@ -59,15 +59,18 @@ def build(algo: str, spec: EnvSpec, compile: str, *flags: str, clipping: float =
         total_steps=10_000,
         progress=progress,
     )
+    lines: list[str] = []
     context = LearnerContext(
         device=torch.device("cpu"),
         bf16=False,
         step=stepper,
         progress=progress,
         compile=compile,
-        log=lambda line: None,
+        log=lines.append,
     )
-    return model, algorithm.learner(model, context), progress
+    update = algorithm.learner(model, context)
+    update.log_lines = lines  # what the step said: why it is not compiled, if it is not
+    return model, update, progress
 
 
 def transition_batch(B: int, seed: int, *, continuous: bool) -> Batch:
@@ -152,7 +155,7 @@ def test_transition_replay_dqn_with_priorities_matches_eager(fast_backend):
     batches = [transition_batch(8, seed, continuous=False) for seed in range(9)]
     assert_same_steps(eager, compiled, batches, progress, priorities=True)
     update = compiled[1]
-    assert update.train_step.path == "compiled"
+    assert update.train_step.path == "compiled", update.log_lines
     # The target network was copied at updates 3, 6 and 9, in the graph as eagerly.
     for a, b in zip(
         eager[1].target_model.parameters(), update.target_model.parameters(), strict=True
@@ -164,12 +167,12 @@ def test_rollouts_impala_and_ppo_match_eager(fast_backend):
     flags = ("--hidden_size", "16", "--unroll_length", "6", "--batch_size", "4")
     eager, compiled, progress = pair("impala", CARTPOLE, *flags, "--optimizer", "rmsprop")
     assert_same_steps(eager, compiled, [rollout_batch(6, 4, s) for s in range(6)], progress)
-    assert compiled[1].train_step.path == "compiled"
+    assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
     ppo_flags = (*flags, "--num_epochs", "2", "--num_minibatches", "2", "--no-synchronous")
     eager, compiled, progress = pair("ppo", CARTPOLE, *ppo_flags, clipping=0.5)
     # PPO draws each epoch's minibatches from torch's generator: seeded alike per batch.
     assert_same_steps(eager, compiled, [rollout_batch(6, 4, s) for s in range(3)], progress)
-    assert compiled[1].train_step.path == "compiled"
+    assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
 
 
 def test_sequence_replay_r2d2_matches_eager(fast_backend):
@@ -179,7 +182,7 @@ def test_sequence_replay_r2d2_matches_eager(fast_backend):
     eager, compiled, progress = pair("r2d2", CARTPOLE, *flags)
     batches = [rollout_batch(6, 4, s, hidden=8) for s in range(5)]
     assert_same_steps(eager, compiled, batches, progress, priorities=True)
-    assert compiled[1].train_step.path == "compiled"
+    assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])
@@ -189,7 +192,7 @@ def test_twin_critic_actor_critics_match_eager(fast_backend, algo):
     batches = [transition_batch(8, seed, continuous=True) for seed in range(7)]
     assert_same_steps(eager, compiled, batches, progress)
     update = compiled[1]
-    assert update.train_step.path == "compiled"
+    assert update.train_step.path == "compiled", update.log_lines
     for a, b in zip(eager[1].target.parameters(), update.target.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     if algo == "sac":
@@ -202,7 +205,7 @@ def test_inductor_compiles_a_dqn_step_that_matches_eager():
     eager, compiled, progress = pair("dqn", CARTPOLE, *flags)
     batches = [transition_batch(8, seed, continuous=False) for seed in range(7)]
     assert_same_steps(eager, compiled, batches, progress)
-    assert compiled[1].train_step.path == "compiled"
+    assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
 
 
 def test_checkpoints_hold_the_same_state_on_either_path(fast_backend):
@@ -214,7 +217,7 @@ def test_checkpoints_hold_the_same_state_on_either_path(fast_backend):
     batches = [transition_batch(8, seed, continuous=False) for seed in range(6)]
     for batch in batches:
         update(batch)
-    assert update.train_step.path == "compiled"
+    assert update.train_step.path == "compiled", update.log_lines
     saved_model = copy.deepcopy(model.state_dict())
     saved = copy.deepcopy(update.state_dict())
     steps = [float(s["step"]) for s in saved["optimizer"]["state"].values()]
