@@ -99,7 +99,8 @@ def synthetic_batch(
         elif dtype.is_floating_point:
             tensor.copy_(torch.randn(shape, generator=generator))
         else:
-            tensor.copy_(torch.randint(0, num_actions, shape, dtype=dtype, generator=generator))
+            high = max(num_actions, 1)  # a continuous action space has no action count
+            tensor.copy_(torch.randint(0, high, shape, dtype=dtype, generator=generator))
     tensors = buffers.tensors
     point = torch.rand(tensors["reward"].shape, generator=generator) < _REWARD_PROBABILITY
     tensors["reward"].copy_(point * torch.randn(point.shape, generator=generator).sign())
