@@ -188,18 +188,25 @@ class _StepRecord(NamedTuple):
 
 # What --compile auto assumes before a step has been compiled on this machine: a first
 # compilation's cost (on 2 cores, SAC's step took 35-76 s and DQN's about 30 s; cached
-# graphs load in 4-10 s), and a compiled step's time over an eager one's.
+# graphs load in 4-10 s), and a compiled step's time over an eager one's: on CPU 0.3-0.5
+# for the MLPs of classic control and MuJoCo (benchmarks/RESULTS.md), 0.8-1.1 for
+# convolutional networks, whose time is their convolutions'; on CUDA 0.1-0.3.
 _FIRST_COMPILE_SECONDS = 60.0
-_COMPILED_RATIO = 0.6
+_COMPILED_RATIO = {"cpu": 0.6, "cpu convolutions": 0.9, "cuda": 0.3}
+# A compiled step kept only if at least this much faster than the eager one, measured.
+_KEEP_COMPILED_BELOW = 0.97
 # Eager steps of each kind timed before deciding (the first, warming caches, not counted).
 _EAGER_PROBES = 4
 
 
-def _worth_compiling(eager: float, record: _StepRecord, steps_left: int | None) -> tuple[bool, str]:
-    """Whether compiling a step pays over the steps left (--compile auto), and why not."""
+def _worth_compiling(
+    eager: float, record: _StepRecord, steps_left: int | None, prior: float
+) -> tuple[bool, str]:
+    """Whether compiling a step pays over the steps left (--compile auto), and why not;
+    `prior` is the compiled-to-eager time ratio assumed before one was measured."""
     if steps_left is None:
         return True, ""
-    ratio = _COMPILED_RATIO
+    ratio = prior
     if record.eager and record.compiled:
         ratio = record.compiled / record.eager
     cost = record.compile_seconds
@@ -592,7 +599,9 @@ class TrainStep:
         eager = statistics.median(self._timings[kind][1:])  # the first warms caches up
         record = _StepRecord.load(self._signature(kind, inputs))
         if self.mode == "auto":
-            worth, reason = _worth_compiling(eager, record, self._steps_left())
+            worth, reason = _worth_compiling(
+                eager, record, self._steps_left(), _COMPILED_RATIO[self._hardware()]
+            )
             if not worth:
                 self._decided[kind] = None
                 self.log(
@@ -654,6 +663,13 @@ class TrainStep:
         params = [tuple(p.shape) for p in self._layout.params] if self._layout else []
         text = repr((loss, kind, params, leaves, torch.__version__, str(self._device())))
         return hashlib.sha1(text.encode()).hexdigest()
+
+    def _hardware(self) -> str:
+        """What `_COMPILED_RATIO` knows: cuda, cpu, or cpu convolutions."""
+        device = self._device().type
+        if device == "cpu" and any(isinstance(m, nn.Conv2d) for m in self.program.modules()):
+            return "cpu convolutions"
+        return "cuda" if device == "cuda" else "cpu"
 
     def _device(self) -> torch.device:
         return self._layout.flat.device if self._layout is not None else torch.device("cpu")
@@ -728,14 +744,24 @@ class TrainStep:
         return StepResult(applied, False, stats, priorities)
 
     def _time_compiled(self, kind: Train, record: _StepRecord, seconds: float) -> None:
-        """Time the first compiled steps of a kind, then keep what compiling cost and
-        gained for --compile auto's next decisions on this step (`_StepRecord`)."""
+        """Time the first compiled steps of a kind against the eager ones: keep the
+        compiled step only if it is faster (said once if not), and keep what compiling
+        cost and gained for --compile auto's next decisions on this step
+        (`_StepRecord`)."""
         timings = self._compiled_timings.setdefault(kind, [])
         if seconds:
             timings.append(seconds)
-        if len(timings) > _EAGER_PROBES:
-            del self._records[kind]
-            record._replace(compiled=statistics.median(timings[1:])).save()
+        if len(timings) <= _EAGER_PROBES:
+            return
+        del self._records[kind]
+        compiled = statistics.median(timings[1:])
+        record._replace(compiled=compiled).save()
+        if record.eager is not None and compiled > _KEEP_COMPILED_BELOW * record.eager:
+            self._decided[kind] = None
+            self.log(
+                f"the compiled update took {compiled * 1e3:.2f} ms a step against"
+                f" {record.eager * 1e3:.2f} eagerly: the learner goes on eagerly"
+            )
 
     def _set_tau(self, tau: float | None) -> None:
         """This step's target averaging into the graph's input (0: none)."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import multiprocessing
 import statistics
 import time
@@ -39,6 +40,7 @@ import torch
 from torch import nn
 
 from beast import envs
+from beast import train_step as train_step_module
 from beast.algos.base import Batch, LearnerContext, Rollouts, SequenceReplay, TransitionReplay
 from beast.buffers import rollout_spec
 from beast.config import parse_args
@@ -305,6 +307,12 @@ def _acting_load(env_id: str, stop: multiprocessing.synchronize.Event) -> None:
             env.reset()
 
 
+def _time_every_compiled_step() -> None:
+    """The benchmark times the compiled step whatever it gains: no going back to eager
+    when it is slower, as a run would (beast/train_step.py)."""
+    train_step_module._KEEP_COMPILED_BELOW = math.inf
+
+
 def measure(
     case: Case,
     *,
@@ -394,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f" {args.updates} updates, {args.clock} clock",
         flush=True,
     )
+    _time_every_compiled_step()
     if args.parity:
         for name in names:
             gradient_parity(CASES[name], device, lambda line: print(line, flush=True))

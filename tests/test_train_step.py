@@ -353,3 +353,18 @@ def test_cuda_graph_replays_match_eager():
     assert update.train_step.path == "CUDA graph"
     for a, b in zip(eager[0].parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(b.cpu(), a, rtol=1e-3, atol=1e-4)
+
+
+def test_a_compiled_step_no_faster_than_eager_gives_way_to_it(fast_backend, monkeypatch, tmp_path):
+    """The run times its first compiled steps against the eager ones and keeps the compiled
+    step only if it is faster (here nothing is fast enough), said once."""
+    monkeypatch.setattr(train_step_module, "_KEEP_COMPILED_BELOW", 0.0)
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))  # its record, not the user's
+    _, update, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16")
+    paths = []
+    for seed in range(12):
+        update(transition_batch(32, seed, continuous=False))
+        paths.append(update.train_step.path)
+    assert "compiled" in paths and paths[-1] == "eager"
+    reverted = [line for line in update.log_lines if "goes on eagerly" in line]
+    assert len(reverted) == 1 and "ms a step against" in reverted[0]
