@@ -248,8 +248,10 @@ class Config:
         " steps, target updates) into one graph with torch.compile (beast/train_step.py):"
         " on, off, or auto: on where the run's updates save more time than compiling"
         " costs (the first steps measure the eager update; compiled graphs are cached in"
-        " ~/.cache/beast/inductor, so a second run of a config compiles in seconds). A"
-        " failed compilation is logged once and the learner goes on eagerly.",
+        " ~/.cache/beast/inductor, so a second run of a config compiles in seconds; auto"
+        " keeps a compiled update only if it measures faster than the eager one, on keeps"
+        " it regardless). A failed compilation is logged once and the learner goes on"
+        " eagerly.",
         choices=("auto", "on", "off"),
     )
 

@@ -637,6 +637,7 @@ class TrainStep:
                 compiled = _CudaGraphStep(compiled, self._arguments(inputs, copies=False))
             except Exception as error:  # a step that does not capture: compiled, ungraphed
                 self.log(f"no CUDA graph for the learner's update ({_first_line(error)})")
+        _configure_compiler()  # this thread runs the step, and recompiles it if need be
         self._decided[kind] = compiled
         seconds = self._compiled_seconds[kind]
         record = self._records[kind]
@@ -744,8 +745,9 @@ class TrainStep:
         return StepResult(applied, False, stats, priorities)
 
     def _time_compiled(self, kind: Train, record: _StepRecord, seconds: float) -> None:
-        """Time the first compiled steps of a kind against the eager ones: keep the
-        compiled step only if it is faster (said once if not), and keep what compiling
+        """Time the first compiled steps of a kind against the eager ones: under
+        --compile auto, keep the compiled step only if it is faster (said once if not;
+        --compile on keeps it regardless), and keep what compiling
         cost and gained for --compile auto's next decisions on this step
         (`_StepRecord`)."""
         timings = self._compiled_timings.setdefault(kind, [])
@@ -756,7 +758,8 @@ class TrainStep:
         del self._records[kind]
         compiled = statistics.median(timings[1:])
         record._replace(compiled=compiled).save()
-        if record.eager is not None and compiled > _KEEP_COMPILED_BELOW * record.eager:
+        slower = record.eager is not None and compiled > _KEEP_COMPILED_BELOW * record.eager
+        if self.mode == "auto" and slower:
             self._decided[kind] = None
             self.log(
                 f"the compiled update took {compiled * 1e3:.2f} ms a step against"
@@ -982,18 +985,14 @@ def _inductor_patch(**settings: Any) -> Any:
     return inductor_config.patch(settings)
 
 
-_COMPILER_CONFIGURED = False
-
-
 def _configure_compiler() -> None:
-    """Once per process, before the first compilation: generated CPU kernels follow the
-    torch thread count at run time (`cpp.dynamic_threads`: the learner's count is measured
-    and may change), compiled graphs persist in `compile_cache_dir()`, and dynamo traces
-    through LSTM modules (`allow_rnn`: a compiled step runs their cell arithmetic itself,
-    beast/models.py `_lstm_steps`, and only reads their parameters)."""
-    global _COMPILER_CONFIGURED
-    if _COMPILER_CONFIGURED:
-        return
+    """Before a compilation, and in the thread that runs compiled steps (which may
+    recompile): generated CPU kernels follow the torch thread count at run time
+    (`cpp.dynamic_threads`: the learner's count is measured and may change), compiled
+    graphs persist in `compile_cache_dir()`, and dynamo traces through LSTM modules
+    (`allow_rnn`: a compiled step runs their cell arithmetic itself, beast/models.py
+    `_lstm_steps`, and only reads their parameters). torch keeps these settings per
+    thread (its config overrides are context variables), so every such thread sets them."""
     import torch._inductor.config as inductor_config
 
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache_dir())
@@ -1002,7 +1001,6 @@ def _configure_compiler() -> None:
     # machine whose cores the run uses, no faster).
     inductor_config.compile_threads = 1
     torch._dynamo.config.allow_rnn = True
-    _COMPILER_CONFIGURED = True
 
 
 class _CudaGraphStep:

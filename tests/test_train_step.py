@@ -44,7 +44,14 @@ def fast_backend(monkeypatch):
     monkeypatch.setattr(train_step_module, "_EAGER_PROBES", 2)
 
 
-def build(algo: str, spec: EnvSpec, compile: str, *flags: str, clipping: float = 0.0):
+def build(
+    algo: str,
+    spec: EnvSpec,
+    compile: str,
+    *flags: str,
+    clipping: float = 0.0,
+    background: bool = False,
+):
     """An algorithm's update on a tiny network, seeded: two builds start identical."""
     env = "Pendulum-v1" if spec.continuous else "CartPole-v1"
     config = parse_args(["--algo", algo, "--env", env, *flags])
@@ -67,6 +74,7 @@ def build(algo: str, spec: EnvSpec, compile: str, *flags: str, clipping: float =
         progress=progress,
         compile=compile,
         log=lines.append,
+        compile_in_background=background,
     )
     update = algorithm.learner(model, context)
     update.log_lines = lines  # what the step said: why it is not compiled, if it is not
@@ -183,6 +191,30 @@ def test_sequence_replay_r2d2_matches_eager(fast_backend):
     batches = [rollout_batch(6, 4, s, hidden=8) for s in range(5)]
     assert_same_steps(eager, compiled, batches, progress, priorities=True)
     assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
+
+
+def test_each_compiling_thread_configures_the_compiler(fast_backend):
+    """torch keeps its compiler settings per thread: an LSTM update compiles in its own
+    background thread (as in a run) after another update compiled in another, and runs
+    compiled in this one."""
+    r2d2_flags = ("--hidden_size", "8", "--model", "mlp", "--batch_size", "4", "--burn_in", "2")
+    r2d2_flags += ("--seq_len", "6", "--seq_overlap", "2", "--n_step", "2")
+    runs = [
+        (
+            build("dqn", CARTPOLE, "on", "--hidden_size", "16", background=True)[1],
+            lambda seed: transition_batch(8, seed, continuous=False),
+        ),
+        (
+            build("r2d2", CARTPOLE, "on", *r2d2_flags, background=True)[1],
+            lambda seed: rollout_batch(6, 4, seed, hidden=8),
+        ),
+    ]
+    for update, batch in runs:
+        for seed in range(12):
+            update(batch(seed))
+            for compilation in list(update.train_step._compilations.values()):
+                compilation.join()
+        assert update.train_step.path == "compiled", update.log_lines
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])
@@ -356,11 +388,14 @@ def test_cuda_graph_replays_match_eager():
 
 
 def test_a_compiled_step_no_faster_than_eager_gives_way_to_it(fast_backend, monkeypatch, tmp_path):
-    """The run times its first compiled steps against the eager ones and keeps the compiled
-    step only if it is faster (here nothing is fast enough), said once."""
+    """Under --compile auto the run times its first compiled steps against the eager ones
+    and keeps the compiled step only if it is faster (here nothing is fast enough), said
+    once. (--compile on keeps it: the parity tests above, whose tiny steps run no faster
+    compiled, assert that.)"""
     monkeypatch.setattr(train_step_module, "_KEEP_COMPILED_BELOW", 0.0)
+    monkeypatch.setattr(train_step_module, "_worth_compiling", lambda *args: (True, ""))
     monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))  # its record, not the user's
-    _, update, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16")
+    _, update, _ = build("dqn", CARTPOLE, "auto", "--hidden_size", "16")
     paths = []
     for seed in range(12):
         update(transition_batch(32, seed, continuous=False))
