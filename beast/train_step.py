@@ -994,8 +994,13 @@ def _configure_compiler() -> None:
     `_lstm_steps`, and only reads their parameters). torch keeps these settings per
     thread (its config overrides are context variables), so every such thread sets them."""
     import torch._inductor.config as inductor_config
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache_dir())
+    # torch writes its /tmp default into TORCHINDUCTOR_CACHE_DIR the first time anything
+    # asks for the cache, so a user's own setting is one that differs from that default.
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache_dir()
     inductor_config.cpp.dynamic_threads = True
     # Compile in-process: no pool of compile workers to outlive a stopped run (and on a
     # machine whose cores the run uses, no faster).

@@ -13,6 +13,7 @@ takes a minute cold on 2 cores); one test runs inductor itself.
 from __future__ import annotations
 
 import copy
+import os
 
 import numpy as np
 import pytest
@@ -403,3 +404,19 @@ def test_a_compiled_step_no_faster_than_eager_gives_way_to_it(fast_backend, monk
     assert "compiled" in paths and paths[-1] == "eager"
     reverted = [line for line in update.log_lines if "goes on eagerly" in line]
     assert len(reverted) == 1 and "ms a step against" in reverted[0]
+
+
+def test_compiled_graphs_go_to_beasts_cache_unless_the_user_chose_one(monkeypatch, tmp_path):
+    """torch writes its /tmp default into TORCHINDUCTOR_CACHE_DIR the first time anything
+    asks for its cache; beast's persistent cache replaces that default, never a user's
+    own choice."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path / "beast"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    cache_dir()  # torch picks its default, as any earlier compilation in the process does
+    train_step_module._configure_compiler()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "beast")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    train_step_module._configure_compiler()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
