@@ -283,9 +283,8 @@ def evaluate(
 
 
 # `beast.evaluate` is the function above, not the submodule beast/evaluate.py (`--mode
-# test`), and `beast.export` the function of beast/export.py, not the module: importing a
-# submodule binds it to the package's attribute of its name, which has happened by now
-# (the imports at the top of this module, or ones before them) and does not happen again.
-# (`from beast.evaluate import test` still finds the submodule.)
+# test`): importing a submodule binds it to the package's attribute of its name, which
+# has happened by now (the import at the top of this module, or one before it) and does
+# not happen again. (`from beast.evaluate import test` still finds the submodule.)
+# `beast.export` is the module beast/export.py, which calls as its function does.
 sys.modules["beast"].evaluate = evaluate
-sys.modules["beast"].export = export

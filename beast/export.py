@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import os
 import sys
+import types
 import warnings
 import zipfile
 from collections.abc import Sequence
@@ -136,7 +137,9 @@ def load_exported(path: str) -> Policy:
     if zipfile.is_zipfile(path):
         extra = {SIGNATURE_FILE: ""}
         try:
-            module = torch.jit.load(path, _extra_files=extra)
+            with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript (module doc)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                module = torch.jit.load(path, _extra_files=extra)
         except RuntimeError as error:
             raise ConfigError(f"{path} is no TorchScript file beast exported: {error}") from None
         if not extra[SIGNATURE_FILE]:
@@ -197,6 +200,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"[beast] wrote {path}", flush=True)
     return 0
 
+
+class _CallableModule(types.ModuleType):
+    """`beast.export(...)` calls `export` whichever of the two the package's attribute
+    holds: the function (what `beast.export` resolves to first) or this module (what
+    importing it binds there, `python -m beast.export`'s name)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> str:
+        return export(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     sys.exit(main())
