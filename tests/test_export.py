@@ -10,7 +10,9 @@ LSTM's state go round trip through the outputs): its actions must equal --mode t
 exactly for discrete actions and within 1e-5 for continuous ones.
 
 Runs are tiny (400 steps, 2 actors x 2 envs, in this process: tests/in_process.py), one per
-case and module. Cases whose code paths others already take run with `-m slow`.
+case and module; seeded noise then spreads their weights until --mode test takes more than
+one action in the 100 steps (a 400-step run's Q-network acts alike everywhere). Cases whose
+code paths others already take run with `-m slow`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import copy
 import dataclasses
 import importlib
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -42,6 +43,7 @@ from tests.in_process import run_main, run_monobeast
 from tests.test_matrix import ALGO_FLAGS
 
 STEPS = 100
+ONNX_PACKAGES = ("onnx", "onnxruntime", "onnxscript")
 SPREAD_TRIES = 10
 # --mode test's module (beast.evaluate is also the API function's name).
 MODE_TEST = importlib.import_module("beast.evaluate")
@@ -77,13 +79,17 @@ CASES = {
 # and with a distribution, squashed), LSTMs of both kinds, --normalize_obs and Dict
 # observations. The others share their acting and network with one of these.
 DEFAULT_CASES = {"impala_lstm", "ppo_pendulum", "r2d2", "rainbow", "sac_dict", "impala_dict"}
+# ONNX exports cost seconds each (torch.export): by default, an LSTM, a distributional
+# Q-network and the Dict observations of both action kinds.
+DEFAULT_ONNX_CASES = {"impala_lstm", "rainbow", "sac_dict", "impala_dict"}
 FORMATS = ("run", "torchscript", "onnx")
 
 
 def params():
     for name in CASES:
         for form in FORMATS:
-            marks = () if name in DEFAULT_CASES else (pytest.mark.slow,)
+            default = DEFAULT_ONNX_CASES if form == "onnx" else DEFAULT_CASES
+            marks = () if name in default else (pytest.mark.slow,)
             yield pytest.param(name, form, id=f"{name}-{form}", marks=marks)
 
 
@@ -180,14 +186,29 @@ def runs(tmp_path_factory):
     return get
 
 
-def load(run_dir: str, form: str, tmp_path) -> beast.Policy:
+@pytest.fixture(scope="module")
+def exported(runs, tmp_path_factory):
+    """(name, format) -> the file `beast.export` wrote for that run, on first use."""
+    directory = tmp_path_factory.mktemp("exported")
+    paths: dict[tuple[str, str], str] = {}
+
+    def get(name: str, form: str) -> str:
+        if form == "onnx":
+            for package in ONNX_PACKAGES:
+                pytest.importorskip(package, reason="ONNX export needs the export extra")
+        if (name, form) not in paths:
+            run_dir, _ = runs(name)
+            paths[name, form] = beast.export(run_dir, form, output=directory / f"{name}.{form}")
+        return paths[name, form]
+
+    return get
+
+
+def load(runs, exported, name: str, form: str) -> beast.Policy:
+    """The policy of run `name`: from the run itself ("run"), or from its export."""
     if form == "run":
-        return beast.load_policy(run_dir)
-    if form == "onnx":
-        pytest.importorskip("onnxruntime", reason="ONNX export needs the export extra")
-        pytest.importorskip("onnxscript", reason="ONNX export needs the export extra")
-    path = beast.export(run_dir, form, output=tmp_path / f"policy.{form}")
-    return beast.load_policy(path)
+        return beast.load_policy(runs(name)[0])
+    return beast.load_policy(exported(name, form))
 
 
 def nested(obs: dict[str, np.ndarray]):
@@ -207,9 +228,9 @@ def assert_actions_equal(actual, expected, discrete: bool) -> None:
 
 
 @pytest.mark.parametrize("name, form", params())
-def test_policy_acts_as_mode_test(runs, name, form, tmp_path):
-    run_dir, recording = runs(name)
-    policy = load(run_dir, form, tmp_path)
+def test_policy_acts_as_mode_test(runs, exported, name, form):
+    _, recording = runs(name)
+    policy = load(runs, exported, name, form)
     discrete = policy.signature.num_actions > 0
     # Not a constant policy; CartPole's episodes end within the steps (done, and the state
     # carried through the reset), Pendulum's last 200.
@@ -243,11 +264,11 @@ def test_policy_acts_as_mode_test(runs, name, form, tmp_path):
     assert [s.shape[0] for s in next_state] == [STEPS] * len(policy.signature.state)
 
 
-def test_lstm_state_goes_round_trip(runs, tmp_path):
+def test_lstm_state_goes_round_trip(runs, exported):
     """The LSTM's state is an input and an output: the same observation from a carried
     state and from the initial one gives other states, and done=True resets it."""
-    run_dir, recording = runs("impala_lstm")
-    policy = load(run_dir, "torchscript", tmp_path)
+    _, recording = runs("impala_lstm")
+    policy = load(runs, exported, "impala_lstm", "torchscript")
     assert [s.name for s in policy.signature.state] == [
         "last_action",
         "core_state_0",
@@ -262,7 +283,7 @@ def test_lstm_state_goes_round_trip(runs, tmp_path):
     torch.testing.assert_close(reset[1:], fresh[1:], rtol=0, atol=0)
 
 
-def test_the_best_checkpoint_exports_on_request(runs, tmp_path):
+def test_the_best_checkpoint_exports_on_request(runs):
     run_dir, _ = runs("impala_lstm")
     best = load_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME))
     spread_weights(best["model_state_dict"], seed=1)
@@ -281,9 +302,8 @@ def test_the_best_checkpoint_exports_on_request(runs, tmp_path):
     os.remove(os.path.join(run_dir, "model_best.tar"))
 
 
-def test_exported_signature_names_dict_inputs(runs, tmp_path):
-    run_dir, _ = runs("sac_dict")
-    policy = load(run_dir, "torchscript", tmp_path)
+def test_exported_signature_names_dict_inputs(runs, exported):
+    policy = load(runs, exported, "sac_dict", "torchscript")
     signature = policy.signature
     assert [s.name for s in signature.inputs] == [
         "obs.angle",
@@ -297,11 +317,9 @@ def test_exported_signature_names_dict_inputs(runs, tmp_path):
     assert (signature.action_low, signature.action_high) == ((-2.0,), (2.0,))
 
 
-def test_onnx_inputs_are_named_with_a_batch_axis(runs, tmp_path):
-    onnxruntime = pytest.importorskip("onnxruntime", reason="ONNX export needs the export extra")
-    pytest.importorskip("onnxscript", reason="ONNX export needs the export extra")
-    run_dir, _ = runs("impala_dict")
-    path = beast.export(run_dir, "onnx", output=tmp_path / "p.onnx")
+def test_onnx_inputs_are_named_with_a_batch_axis(exported):
+    path = exported("impala_dict", "onnx")
+    onnxruntime = pytest.importorskip("onnxruntime")
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     inputs = {node.name: node.shape for node in session.get_inputs()}
     assert inputs["obs.position"] == ["batch", 2]
@@ -322,9 +340,9 @@ def test_cli_writes_the_file_beside_the_run(runs):
     "argv, message",
     [
         (["{run}", "--format", "tflite"], "unknown format 'tflite': use torchscript or onnx"),
-        (["{tmp}", "--format", "onnx"], "no checkpoint at {tmp}/model.tar: train the run first"),
+        (["{tmp}", "--format", "torchscript"], "no checkpoint at {tmp}/model.tar: train the run"),
         (["{tmp}/nope", "--format", "torchscript"], "no run directory {tmp}/nope: pass"),
-        (["{run}", "--format", "onnx", "--checkpoint", "best"], "no best checkpoint at"),
+        (["{run}", "--format", "torchscript", "--checkpoint", "best"], "no best checkpoint at"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, argv, message):
@@ -338,26 +356,31 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, argv, message):
     )
 
 
-def test_missing_onnx_packages_are_one_line_and_exit_2(runs, monkeypatch):
+@pytest.mark.parametrize("missing", ONNX_PACKAGES)
+def test_missing_onnx_packages_are_one_line_and_exit_2(runs, monkeypatch, missing):
+    for package in ONNX_PACKAGES:
+        if package != missing:
+            pytest.importorskip(package, reason="the others must be there to see this one")
     run_dir, _ = runs("impala_lstm")
-    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails
+    monkeypatch.setitem(sys.modules, missing, None)  # its import fails
     result = run_main(export_main, [run_dir, "--format", "onnx"])
     assert result.returncode == 2
     assert result.stderr == (
-        "python -m beast.export: error: ONNX export needs onnxruntime: pip install -e"
+        f"python -m beast.export: error: ONNX export needs {missing}: pip install -e"
         " '.[export]' (onnx, onnxruntime, onnxscript)\n"
     )
-    with pytest.raises(ConfigError, match="needs onnxruntime"):
+    with pytest.raises(ConfigError, match=f"needs {missing}"):
         beast.export(run_dir, "onnx")
 
 
-def test_module_runs_as_a_script(tmp_path):
-    """`python -m beast.export` is the entry point (a process: its exit code)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "beast.export", str(tmp_path), "--format", "torchscript"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 2
-    assert "no checkpoint at" in result.stderr
+def test_loading_an_onnx_file_without_onnxruntime_or_a_foreign_file_is_one_line(
+    exported, monkeypatch, tmp_path
+):
+    path = exported("impala_lstm", "onnx")
+    foreign = tmp_path / "model.onnx"
+    foreign.write_bytes(b"not a model")
+    with pytest.raises(ConfigError, match="is no ONNX model: "):
+        beast.load_policy(foreign)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(ConfigError, match=r"is an ONNX file, which needs onnxruntime: pip"):
+        beast.load_policy(path)
