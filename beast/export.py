@@ -104,11 +104,20 @@ def export(
     # are fixed for one step; the ONNX exporter of its deprecations and skipped ops.
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        if format == "torchscript":
-            traced = torch.jit.trace(module, example, check_trace=False)
-            torch.jit.save(traced, output, _extra_files={SIGNATURE_FILE: signature.to_json()})
-        else:
-            _export_onnx(module, example, signature, output)
+        try:
+            if format == "torchscript":
+                traced = torch.jit.trace(module, example, check_trace=False)
+                extra = {SIGNATURE_FILE: signature.to_json()}
+                torch.jit.save(traced, output, _extra_files=extra)
+            else:
+                _export_onnx(module, example, signature, output)
+        # A user's network or policy that cannot be traced, or the exporter's many error
+        # types: one line, the cause chained for a debugger.
+        except Exception as error:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise ConfigError(
+                f"cannot export {run_dir} to {format}: {reason or type(error).__name__}"
+            ) from error
     return output
 
 

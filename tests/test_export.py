@@ -29,6 +29,7 @@ import torch
 
 import beast
 from beast import envs
+from beast.algos.policies import CategoricalPolicy
 from beast.api import evaluate
 from beast.checkpoint import (
     CHECKPOINT_NAME,
@@ -384,3 +385,14 @@ def test_loading_an_onnx_file_without_onnxruntime_or_a_foreign_file_is_one_line(
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     with pytest.raises(ConfigError, match=r"is an ONNX file, which needs onnxruntime: pip"):
         beast.load_policy(path)
+
+
+def test_a_policy_without_a_deterministic_action_is_one_line(runs, monkeypatch, tmp_path):
+    run_dir, _ = runs("impala_lstm")
+    monkeypatch.delattr(CategoricalPolicy, "deterministic_action")  # the base's refusal
+    with pytest.raises(ConfigError) as refused:
+        beast.export(run_dir, "torchscript", output=tmp_path / "p.pt")
+    assert str(refused.value) == (
+        f"cannot export {run_dir} to torchscript: CategoricalPolicy has no deterministic"
+        " action, so its policy cannot be exported; define Policy.deterministic_action"
+    )
