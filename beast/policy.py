@@ -67,8 +67,6 @@ __all__ = [
     "torch_step",
 ]
 
-# Per-step inputs besides the observation and the state.
-STEP_INPUTS = ("reward", "done")
 # The state's first part; an LSTM's tensors follow as core_state_0, core_state_1, ...
 LAST_ACTION = "last_action"
 
@@ -164,7 +162,6 @@ class ActingModule(nn.Module):
         self.model = model
         self.rule = rule
         self.obs_keys = tuple(spec.obs_fields())
-        self.num_core_states = len(model.initial_state(1))
         self.continuous = spec.continuous
         if spec.continuous:
             self.register_buffer("action_low", torch.tensor(spec.action_low, dtype=torch.float32))
