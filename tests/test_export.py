@@ -21,6 +21,8 @@ import copy
 import dataclasses
 import importlib
 import os
+import re
+import subprocess
 import sys
 
 import numpy as np
@@ -75,6 +77,8 @@ CASES = {
     "impala_dict": Case("impala", "DictCartPole-v1", ("--use_lstm", "--normalize_obs")),
     "dqn_dict": Case("dqn", "DictCartPole-v1"),
     "sac_dict": Case("sac", "DictPendulum-v1", ("--normalize_obs",)),
+    # uint8 frames through AtariNet; the policy docs/export.md's script plays.
+    "impala_pong": Case("impala", "PongNoFrameskip-v4"),
 }
 # Run by default: every acting rule (categorical, Gaussian, epsilon-greedy with Q-values
 # and with a distribution, squashed), LSTMs of both kinds, --normalize_obs and Dict
@@ -234,9 +238,9 @@ def test_policy_acts_as_mode_test(runs, exported, name, form):
     policy = load(runs, exported, name, form)
     discrete = policy.signature.num_actions > 0
     # Not a constant policy; CartPole's episodes end within the steps (done, and the state
-    # carried through the reset), Pendulum's last 200.
+    # carried through the reset), Pendulum's last 200 and Pong's longer.
     assert len({np.asarray(a).tobytes() for a in recording.action}) > 1
-    assert any(recording.done[1:]) == discrete
+    assert any(recording.done[1:]) == CASES[name].env.endswith("CartPole-v1")
     state, states = None, []
     for t in range(STEPS):
         states.append(state if state is not None else policy.initial_state())
@@ -396,3 +400,27 @@ def test_a_policy_without_a_deterministic_action_is_one_line(runs, monkeypatch, 
         f"cannot export {run_dir} to torchscript: CategoricalPolicy has no deterministic"
         " action, so its policy cannot be exported; define Policy.deterministic_action"
     )
+
+
+@pytest.mark.slow
+def test_the_docs_script_plays_pong_without_beast(exported, tmp_path):
+    """docs/export.md's script, as it is written there, plays a Pong episode from an ONNX
+    export with gymnasium, ale_py and onnxruntime, in a directory where beast cannot be
+    imported."""
+    path = exported("impala_pong", "onnx")
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "export.md")) as f:
+        section = f.read().split("## Playing Pong without beast")[1]
+    script = section.split("```python\n")[1].split("```")[0]
+    assert not re.search(r"^\s*(import|from)\s+beast", script, re.MULTILINE)
+    assert len([line for line in script.splitlines() if line.strip()]) <= 25
+    (tmp_path / "play.py").write_text(script)
+    result = subprocess.run(
+        [sys.executable, "play.py", path],
+        cwd=tmp_path,
+        env={key: value for key, value in os.environ.items() if key != "PYTHONPATH"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.fullmatch(r"return -?\d+\.0\n", result.stdout)
