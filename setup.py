@@ -14,6 +14,10 @@ ENVPOOL = "envpool>=1.2.5,<1.3"
 # --wandb (beast/wandb_log.py), checked with 0.31: a 20 MB wheel, 56 MB installed (its Go
 # core included), plus OpenTelemetry and httpx (about 2 MB).
 WANDB = ["wandb>=0.31"]
+# python -m beast.export --format onnx and running its files (beast/export.py): torch's
+# dynamo ONNX exporter needs onnxscript; checked with onnx 1.23, onnxruntime 1.32 and
+# onnxscript 0.7 (about 120 MB installed, 78 of them onnxruntime's).
+EXPORT = ["onnx>=1.23", "onnxruntime>=1.32", "onnxscript>=0.7"]
 
 setup(
     name="beast",
@@ -47,6 +51,7 @@ setup(
             "ray>=2.60,<3",
             *MUJOCO,
             *WANDB,  # tests/test_wandb.py's offline run
+            *EXPORT,  # tests/test_export.py's ONNX files
         ],
         # polybeast.py: Ray 2.x (an ~80 MB wheel; its other dependencies are mostly
         # already here). tests/test_polybeast.py skips itself without it.
@@ -64,6 +69,8 @@ setup(
         "envpool": [ENVPOOL],
         # --wandb: Weights & Biases logging, online or offline.
         "wandb": WANDB,
+        # ONNX export (TorchScript needs nothing more than torch).
+        "export": EXPORT,
         # benchmarks/races.py and the sb3_*_side_by_side scripts: the peers of the
         # learner-bound algorithms, run beside beast, in the versions compared against:
         # SB3 2.9.2 and SBX 0.28 (SB3's API over jax-jitted updates). SBX brings jax with

@@ -3,6 +3,7 @@
     import beast
     result = beast.train(env="CartPole-v1", total_steps=200_000)  # any flag by name
     beast.evaluate(result.run_dir, episodes=10)
+    policy = beast.load_policy(result.run_dir)  # action, state = policy.act(obs, state)
 
 The Python API is beast/api.py (docs/api.md). Its names are imported on first use, so
 that `import beast` stays cheap for the actor processes, which import beast's modules.
@@ -20,6 +21,9 @@ _API = {
     "train": "beast.api",
     "evaluate": "beast.api",
     "TrainResult": "beast.api",
+    "export": "beast.api",
+    "load_policy": "beast.api",
+    "Policy": "beast.policy",
     "EvalResult": "beast.evaluate",
     "Config": "beast.config",
     "ConfigError": "beast.config",

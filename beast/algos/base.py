@@ -101,6 +101,17 @@ class Policy(abc.ABC):
         """A function that fills `record` ([n, ...] arrays) from model outputs for n envs,
         reading `params` ([n, ...] rows of `env_params`)."""
 
+    def deterministic_action(self, outputs: Mapping[str, Tensor]) -> Tensor:
+        """The action of the policy built with `explore=False` (--mode test), as torch ops on
+        the model's outputs for n envs (`[1, n, ...]`, as `bind`'s function gets them):
+        int64 [n] or float32 [n, d], before the env's bounds clip it. What an exported
+        policy computes (beast/policy.py); a Q-network's is greedy, without --test_epsilon.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no deterministic action, so its policy cannot be"
+            " exported; define Policy.deterministic_action"
+        )
+
 
 @dataclass(frozen=True)
 class Rollouts:

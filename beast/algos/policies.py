@@ -92,6 +92,10 @@ class CategoricalPolicy(Policy):
 
         return act
 
+    def deterministic_action(self, outputs: Mapping[str, Tensor]) -> Tensor:
+        """argmax_a policy_logits (the first on a tie, as np.argmax): int64 [n]."""
+        return outputs["policy_logits"][0].float().argmax(dim=1)
+
 
 class GaussianPolicy(Policy):
     """Draw from a diagonal Gaussian; store its parameters and the baseline.
@@ -137,6 +141,10 @@ class GaussianPolicy(Policy):
             np.add(actions, mean, out=actions)
 
         return act
+
+    def deterministic_action(self, outputs: Mapping[str, Tensor]) -> Tensor:
+        """The Gaussian's mean, unclipped: float32 [n, d]."""
+        return outputs["action_mean"][0].float()
 
 
 class SquashedPolicy(Policy):
@@ -212,6 +220,14 @@ class SquashedPolicy(Policy):
             np.add(actions, low, out=actions)
 
         return act
+
+    def deterministic_action(self, outputs: Mapping[str, Tensor]) -> Tensor:
+        """``low + (tanh(m) + 1) (high - low) / 2``, the arithmetic in `bind`'s order:
+        float32 [n, d] in the env's units."""
+        low = torch.tensor(self.low, dtype=torch.float32)
+        half_range = 0.5 * (torch.tensor(self.high, dtype=torch.float32) - low)
+        unit = torch.tanh(outputs["action_mean"][0].float())
+        return (unit + 1.0) * half_range + low
 
 
 def actor_epsilons(num_envs: int, eps_base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
@@ -300,3 +316,12 @@ class EpsilonGreedyPolicy(Policy):
             np.copyto(actions, np.where(explore, rng.integers(num_actions, size=n), greedy))
 
         return act
+
+    def deterministic_action(self, outputs: Mapping[str, Tensor]) -> Tensor:
+        """argmax_a Q(x, a) (the first on a tie, as np.argmax), with no epsilon: int64 [n]."""
+        if self.support is None:
+            q_values = outputs["q_values"][0].float()
+        else:
+            probs = outputs["q_logits"][0].float().softmax(dim=-1)
+            q_values = probs @ torch.tensor(self.support, dtype=probs.dtype)
+        return q_values.argmax(dim=1)
