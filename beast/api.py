@@ -1,6 +1,6 @@
 """The Python API: `beast.train(...)` and `beast.evaluate(...)`, for notebooks, scripts and
 tuners (docs/api.md); `beast.export(...)` and `beast.load_policy(...)` for a trained policy
-outside the engine (beast/export.py, beast/policy.py, docs/export.md).
+outside the engine (beast/exporting.py, beast/policy.py, docs/export.md).
 
 `train` takes the flags as keyword arguments, under the command line's names, checked and
 layered as the command line's are (beast.config.config_from_flags: defaults < the tuned
@@ -37,7 +37,7 @@ import yaml
 from beast.checkpoint import load_latest_checkpoint
 from beast.config import AUTO, Config, ConfigError, config_from_dict, config_from_flags
 from beast.evaluate import EvalResult, test
-from beast.export import export
+from beast.exporting import export
 from beast.logs import RETURN_WINDOW
 from beast.policy import Policy, load_policy
 from beast.poly.config import PolyConfig
@@ -286,5 +286,4 @@ def evaluate(
 # test`): importing a submodule binds it to the package's attribute of its name, which
 # has happened by now (the import at the top of this module, or one before it) and does
 # not happen again. (`from beast.evaluate import test` still finds the submodule.)
-# `beast.export` is the module beast/export.py, which calls as its function does.
 sys.modules["beast"].evaluate = evaluate

@@ -329,7 +329,7 @@ def load_policy(run: Any, *, checkpoint: str = "latest") -> Policy:
     Raises:
         ConfigError: no such run, checkpoint or file; onnxruntime missing for an .onnx.
     """
-    from beast.export import load_exported
+    from beast.exporting import load_exported
 
     run_dir = getattr(run, "run_dir", run)
     path = os.path.abspath(os.path.expanduser(os.fspath(run_dir)))

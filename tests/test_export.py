@@ -40,7 +40,7 @@ from beast.checkpoint import (
     save_checkpoint,
 )
 from beast.config import ConfigError
-from beast.export import main as export_main
+from beast.exporting import main as export_main
 from beast.inference import LocalPolicy
 from tests.in_process import run_main, run_monobeast
 from tests.test_matrix import ALGO_FLAGS
