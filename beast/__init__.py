@@ -24,7 +24,7 @@ _API = {
     "Config": "beast.config",
     "ConfigError": "beast.config",
     "EnvError": "beast.envs",
-    "TrainingError": "beast.runner",
+    "TrainingError": "beast.run_setup",
     "CheckpointError": "beast.checkpoint",
 }
 

@@ -53,7 +53,7 @@ from beast.poly.cluster import ray_session
 from beast.poly.config import PolyConfig
 from beast.poly.distributed import GradientReducer, broadcast_parameters, init_process_group
 from beast.poly.feeders import CentralInference, RolloutReceiver, ServerPool, WeightsBroadcast
-from beast.runner import (
+from beast.run_setup import (
     TrainingError,
     learner_failure,
     open_run_log,
