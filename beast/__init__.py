@@ -20,7 +20,7 @@ _API = {
     "train": "beast.api",
     "evaluate": "beast.api",
     "TrainResult": "beast.api",
-    "EvalResult": "beast.evaluate",
+    "EvalResult": "beast.play",
     "Config": "beast.config",
     "ConfigError": "beast.config",
     "EnvError": "beast.envs",
@@ -35,8 +35,6 @@ def __getattr__(name: str) -> Any:
     module = _API.get(name)
     if module is None:
         raise AttributeError(f"module 'beast' has no attribute {name!r}")
-    # First beast.api, which binds `beast.evaluate` to its function (see there).
-    importlib.import_module("beast.api")
     return getattr(importlib.import_module(module), name)
 
 

@@ -35,8 +35,8 @@ import yaml
 
 from beast.checkpoint import load_latest_checkpoint
 from beast.config import AUTO, Config, ConfigError, config_from_dict, config_from_flags
-from beast.evaluate import EvalResult, test
 from beast.logs import RETURN_WINDOW
+from beast.play import EvalResult, test
 from beast.poly.config import PolyConfig
 from beast.references import reference
 
@@ -277,10 +277,3 @@ def evaluate(
     }
     values = {key: _flag_value(key, value) for key, value in values.items()}
     return test(config_from_flags(values, source="beast.evaluate()"))
-
-
-# `beast.evaluate` is the function above, not the submodule beast/evaluate.py (`--mode
-# test`): importing a submodule binds it to the package's attribute of its name, which
-# has happened by now (the import at the top of this module, or one before it) and does
-# not happen again. (`from beast.evaluate import test` still finds the submodule.)
-sys.modules["beast"].evaluate = evaluate

@@ -1,7 +1,7 @@
 """A run's components, built through the algorithm registry; resume and checkpoints.
 
 Shared by monobeast (beast/runner.py), polybeast (beast/poly/trainer.py), --serial
-(beast/serial.py) and --mode test (beast/evaluate.py): none of them names an algorithm.
+(beast/serial.py) and --mode test (beast/play.py): none of them names an algorithm.
 `build_run` turns a config into the algorithm (beast/algos), its network (checked
 against what the algorithm needs), the actors' shared copy of it, the experience the
 algorithm asks for (rollout slots, optionally with a replay of rollouts, or a

@@ -3,7 +3,7 @@ of its own, beside training.
 
 Training returns mix in exploration (epsilon, sampled actions, action noise); papers
 report the returns of the evaluation policy, `Algorithm.policy(explore=False)`, the one
-`--mode test` acts with (beast/evaluate.py says what it is for each algorithm). Each time
+`--mode test` acts with (beast/play.py says what it is for each algorithm). Each time
 training passes a multiple of --eval_interval agent steps, the learner hands a snapshot of
 its weights to the evaluator, which plays --eval_episodes episodes with it through
 `play_episodes` (--mode test's loop) and reports (step, returns, lengths) back to the run
@@ -59,10 +59,10 @@ from beast.config import Config, config_from_dict
 from beast.engine import Run, build_algorithm, build_checked_model
 from beast.error_board import ErrorBoard, post_traceback
 from beast.eval_result import EvalResult
-from beast.evaluate import play_episodes
 from beast.inference import LocalPolicy
 from beast.learner import UpdateStats
 from beast.models import copy_weights
+from beast.play import play_episodes
 from beast.supervisor import (
     ForkServerError,
     RestartWindow,
