@@ -353,7 +353,7 @@ class Algorithm(abc.ABC):
         Args: the dataclass of its flags.
         bf16_auto: whether --precision auto may pick bf16 for it (image models only).
         bf16_builtin_only: auto picks bf16 for its built-in models only (Q-learning: they
-            keep the Q-values in float32, beast/models.py `QNet`), never for a user's.
+            keep the Q-values in float32, beast/models/q.py `QNet`), never for a user's.
         continuous_actions: whether it acts in continuous (Box) action spaces; the engine
             refuses such an env for an algorithm that does not, in one line.
         discrete_actions: whether it acts in Discrete action spaces (likewise).

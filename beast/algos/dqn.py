@@ -630,7 +630,7 @@ class DQN(Algorithm):
     Args = DQNArgs
     # Q-values regress onto targets whose TD errors, late in training, are as small as
     # bf16's resolution near them (8 mantissa bits: 0.016 at Q = 3): bf16 runs the
-    # built-in models' torsos only, their Q-values stay float32 (beast/models.py QNet).
+    # built-in models' torsos only, their Q-values stay float32 (beast/models/q.py QNet).
     bf16_builtin_only = True
     core_defaults: Mapping[str, Any] = {
         "optimizer": "adam",

@@ -642,7 +642,7 @@ class R2D2(Algorithm):
     Args = R2D2Args
     # Q-values regress onto targets whose TD errors, late in training, are as small as
     # bf16's resolution near them (8 mantissa bits: 0.016 at Q = 3): bf16 runs the
-    # built-in models' torsos only, their Q-values stay float32 (beast/models.py QNet).
+    # built-in models' torsos only, their Q-values stay float32 (beast/models/q.py QNet).
     bf16_builtin_only = True
 
     @classmethod
