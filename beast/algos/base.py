@@ -357,7 +357,7 @@ class Algorithm(abc.ABC):
         continuous_actions: whether it acts in continuous (Box) action spaces; the engine
             refuses such an env for an algorithm that does not, in one line.
         discrete_actions: whether it acts in Discrete action spaces (likewise).
-        core_defaults: core flags (beast/config.py `Config`) whose defaults differ for it
+        core_defaults: core flags (beast/config/flags.py `Config`) whose defaults differ for it
             (PPO's optimizer and rollout length, say): what a run gets with no config file
             (--config none, or no configs/<algo>/ file for its env's family) and no flag;
             a family's configs/<algo>/ file and the command line still replace them.
