@@ -5,7 +5,7 @@ family modules give (beast/models/atari.py, resnet.py, mlp.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from beast.models.base import (
     _BASELINE_GAIN,
     _POLICY_GAIN,
+    DEFAULT_LSTM_SIZE,
     AgentOutput,
     CoreState,
     GaussianAgentOutput,
@@ -27,6 +28,7 @@ from beast.models.lstm import _unroll_lstm
 
 __all__ = [
     "ActorCriticNet",
+    "ImageActorCriticNet",
 ]
 
 
@@ -154,3 +156,34 @@ class ActorCriticNet(_PolicyHeads):
     ) -> tuple[Tensor, CoreState]:
         assert self.core is not None
         return _unroll_lstm(self.core, core_input, done, core_state)
+
+
+class ImageActorCriticNet(ActorCriticNet):
+    """`ActorCriticNet` on an image torso that its family names (`build_torso`: obs_shape
+    [C, H, W] -> (torso, features), initialised); AtariNet and ResNet are two of these.
+    The LSTM is ``lstm_size`` wide (default 256, IMPALA's)."""
+
+    build_torso: Callable[[tuple[int, ...]], tuple[nn.Module, int]]
+
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        num_actions: int,
+        *,
+        use_lstm: bool = False,
+        lstm_size: int = DEFAULT_LSTM_SIZE,
+        action_dim: int = 0,
+        log_std_init: float = 0.0,
+    ) -> None:
+        obs_shape = tuple(obs_shape)
+        torso, torso_size = type(self).build_torso(obs_shape)
+        super().__init__(
+            torso,
+            torso_size,
+            obs_shape,
+            num_actions,
+            use_lstm=use_lstm,
+            lstm_size=lstm_size,
+            action_dim=action_dim,
+            log_std_init=log_std_init,
+        )

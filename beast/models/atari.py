@@ -5,14 +5,11 @@ network on it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from torch import nn
 
-from beast.models.actor_critic import ActorCriticNet
+from beast.models.actor_critic import ImageActorCriticNet
 from beast.models.base import (
     _RELU_GAIN,
-    DEFAULT_LSTM_SIZE,
     _check_image_shape,
     _flat_size,
     _orthogonal_init,
@@ -21,36 +18,6 @@ from beast.models.base import (
 __all__ = [
     "AtariNet",
 ]
-
-
-class AtariNet(ActorCriticNet):
-    """TorchBeast's AtariNet (the Nature-DQN torso) for [C, H, W] images with H, W >= 36.
-
-    conv 32 8x8 s4 -> ReLU -> conv 64 4x4 s2 -> ReLU -> conv 64 3x3 s1 -> ReLU -> fc 512 -> ReLU.
-    """
-
-    def __init__(
-        self,
-        obs_shape: Sequence[int],
-        num_actions: int,
-        *,
-        use_lstm: bool = False,
-        lstm_size: int = DEFAULT_LSTM_SIZE,
-        action_dim: int = 0,
-        log_std_init: float = 0.0,
-    ) -> None:
-        obs_shape = tuple(obs_shape)
-        torso, torso_size = _atari_torso(obs_shape)
-        super().__init__(
-            torso,
-            torso_size,
-            obs_shape,
-            num_actions,
-            use_lstm=use_lstm,
-            lstm_size=lstm_size,
-            action_dim=action_dim,
-            log_std_init=log_std_init,
-        )
 
 
 def _atari_torso(obs_shape: tuple[int, ...]) -> tuple[nn.Module, int]:
@@ -68,3 +35,12 @@ def _atari_torso(obs_shape: tuple[int, ...]) -> tuple[nn.Module, int]:
     torso = nn.Sequential(convs, nn.Linear(_flat_size(convs, obs_shape, "atari"), 512), nn.ReLU())
     _orthogonal_init(torso, _RELU_GAIN)
     return torso, 512
+
+
+class AtariNet(ImageActorCriticNet):
+    """TorchBeast's AtariNet (the Nature-DQN torso) for [C, H, W] images with H, W >= 36.
+
+    conv 32 8x8 s4 -> ReLU -> conv 64 4x4 s2 -> ReLU -> conv 64 3x3 s1 -> ReLU -> fc 512 -> ReLU.
+    """
+
+    build_torso = staticmethod(_atari_torso)

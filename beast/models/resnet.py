@@ -4,15 +4,12 @@ small images, and the Q-networks' "resnet" torso) and the actor-critic network o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from beast.models.actor_critic import ActorCriticNet
+from beast.models.actor_critic import ImageActorCriticNet
 from beast.models.base import (
     _RELU_GAIN,
-    DEFAULT_LSTM_SIZE,
     _check_image_shape,
     _flat_size,
     _orthogonal_init,
@@ -35,38 +32,6 @@ class _ResidualBlock(nn.Module):
         return x + self.conv1(F.relu(self.conv0(F.relu(x))))
 
 
-class ResNet(ActorCriticNet):
-    """The IMPALA deep ResNet (Espeholt et al. 2018, fig. 3, right) for [C, H, W] images.
-
-    Three sections of 16, 32, 32 channels, each: conv 3x3 -> maxpool 3x3 s2 -> two residual
-    blocks; then ReLU -> flatten -> fc 256 -> ReLU. The max-pool pads by 1, which gives
-    TensorFlow's "SAME" output size ceil(H / 2) (84 -> 42 -> 21 -> 11).
-    """
-
-    def __init__(
-        self,
-        obs_shape: Sequence[int],
-        num_actions: int,
-        *,
-        use_lstm: bool = False,
-        lstm_size: int = DEFAULT_LSTM_SIZE,
-        action_dim: int = 0,
-        log_std_init: float = 0.0,
-    ) -> None:
-        obs_shape = tuple(obs_shape)
-        torso, torso_size = _resnet_torso(obs_shape)
-        super().__init__(
-            torso,
-            torso_size,
-            obs_shape,
-            num_actions,
-            use_lstm=use_lstm,
-            lstm_size=lstm_size,
-            action_dim=action_dim,
-            log_std_init=log_std_init,
-        )
-
-
 def _resnet_torso(obs_shape: tuple[int, ...]) -> tuple[nn.Module, int]:
     """The IMPALA deep ResNet torso (see ResNet), initialised; returns (torso, features)."""
     _check_image_shape(obs_shape, "resnet")
@@ -84,3 +49,14 @@ def _resnet_torso(obs_shape: tuple[int, ...]) -> tuple[nn.Module, int]:
     torso = nn.Sequential(convs, nn.Linear(_flat_size(convs, obs_shape, "resnet"), 256), nn.ReLU())
     _orthogonal_init(torso, _RELU_GAIN)
     return torso, 256
+
+
+class ResNet(ImageActorCriticNet):
+    """The IMPALA deep ResNet (Espeholt et al. 2018, fig. 3, right) for [C, H, W] images.
+
+    Three sections of 16, 32, 32 channels, each: conv 3x3 -> maxpool 3x3 s2 -> two residual
+    blocks; then ReLU -> flatten -> fc 256 -> ReLU. The max-pool pads by 1, which gives
+    TensorFlow's "SAME" output size ceil(H / 2) (84 -> 42 -> 21 -> 11).
+    """
+
+    build_torso = staticmethod(_resnet_torso)
