@@ -63,9 +63,9 @@ from beast.algos.r2d2 import (
 )
 from beast.config import ConfigError, flag
 from beast.fields import index_inputs, model_inputs
-from beast.models import build_q_model, copy_weights
+from beast.models import build_q_model
 from beast.optim import build_optimizer
-from beast.train_step import ParameterGroup, StepLoss, TargetNetwork
+from beast.train_step import StepLoss
 
 __all__ = [
     "C51",
@@ -501,20 +501,11 @@ class TransitionQUpdate(TargetNetworkUpdate):
         double_q: bool,
         epsilon: Callable[[int], float] | None = None,
     ) -> None:
-        self.model, self.context, self.optimizer, self.loss_fn = model, context, optimizer, loss_fn
-        self.target_model = target_model.requires_grad_(False)
-        copy_weights(self.target_model, model)
-        self.target_update_period, self.tau = target_update_period, tau
+        self.tau = tau
         self.prioritized, self.double_q = prioritized, double_q
         self.epsilon = epsilon
         self.schedule = _schedule_of(model)
-        self.num_updates = 0  # applied updates, for the target updates
-        self.train_step = context.train_step(
-            self.loss,
-            modules={"model": model, "target": self.target_model},
-            groups=[ParameterGroup("model", optimizer)],
-            targets=[TargetNetwork(self.target_model, model)],
-        )
+        self._start(model, target_model, context, optimizer, loss_fn, target_update_period)
 
     def loss(self, data: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
         """The loss on a batch's tensors (steps 1-2 of the class docstring)."""
@@ -544,13 +535,7 @@ class TransitionQUpdate(TargetNetworkUpdate):
             if batch.weights is not None
             else torch.ones(inputs["n_steps"].shape, device=inputs["n_steps"].device)
         )
-        averages = (self.num_updates + 1) % self.target_update_period == 0
-        result = self.train_step(inputs, train=("model",), tau=self.tau if averages else None)
-        stats.update(result.stats)
-        if not result.applied:
-            return UpdateInfo(stats=stats)
-        self.num_updates += 1
-        return UpdateInfo(stats=stats, priorities=result.priorities)
+        return self._step(inputs, tau=self.tau, stats=stats)
 
 
 def _scaled_returns(

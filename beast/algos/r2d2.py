@@ -548,6 +548,41 @@ class TargetNetworkUpdate(Update):
     num_updates: int
     train_step: TrainStep
 
+    def _start(
+        self,
+        model: nn.Module,
+        target_model: nn.Module,
+        context: LearnerContext,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[..., Any],
+        target_update_period: int,
+    ) -> None:
+        """The state every Q-learner starts from: the target network a frozen copy of the
+        online one, no applied update yet, and the optimizer step over `self.loss`."""
+        self.model, self.context, self.optimizer, self.loss_fn = model, context, optimizer, loss_fn
+        self.target_model = target_model.requires_grad_(False)
+        copy_weights(self.target_model, model)
+        self.target_update_period = target_update_period
+        self.num_updates = 0  # applied updates, for the target updates
+        self.train_step = context.train_step(
+            self.loss,
+            modules={"model": model, "target": self.target_model},
+            groups=[ParameterGroup("model", optimizer)],
+            targets=[TargetNetwork(self.target_model, model)],
+        )
+
+    def _step(self, inputs: dict[str, Tensor], tau: float, stats: dict[str, Any]) -> UpdateInfo:
+        """One optimizer step on `inputs`; every `target_update_period` applied updates the
+        target network moves `tau` of the way to the online one (1: a copy). `stats` are
+        reported before the step's own."""
+        due = (self.num_updates + 1) % self.target_update_period == 0
+        result = self.train_step(inputs, train=("model",), tau=tau if due else None)
+        stats = {**stats, **result.stats}
+        if not result.applied:
+            return UpdateInfo(stats=stats)
+        self.num_updates += 1
+        return UpdateInfo(stats=stats, priorities=result.priorities)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "optimizer": self.optimizer.state_dict(),
@@ -587,19 +622,9 @@ class SequenceQUpdate(TargetNetworkUpdate):
         target_update_period: int,
         reward_clipping: str,
     ) -> None:
-        self.model, self.context, self.optimizer, self.loss_fn = model, context, optimizer, loss_fn
-        self.target_model = target_model.requires_grad_(False)
-        copy_weights(self.target_model, model)
         self.burn_in = burn_in
-        self.target_update_period = target_update_period
         self.reward_clipping = reward_clipping
-        self.num_updates = 0  # applied updates, for the target copies
-        self.train_step = context.train_step(
-            self.loss,
-            modules={"model": model, "target": self.target_model},
-            groups=[ParameterGroup("model", optimizer)],
-            targets=[TargetNetwork(self.target_model, model)],
-        )
+        self._start(model, target_model, context, optimizer, loss_fn, target_update_period)
 
     def loss(self, data: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
         """Steps 1-2 of the class docstring on a batch's tensors."""
@@ -623,12 +648,7 @@ class SequenceQUpdate(TargetNetworkUpdate):
         inputs = dict(batch.data)
         if batch.weights is not None:
             inputs["weights"] = batch.weights
-        copies = (self.num_updates + 1) % self.target_update_period == 0
-        result = self.train_step(inputs, train=("model",), tau=1.0 if copies else None)
-        if not result.applied:
-            return UpdateInfo(stats=result.stats)
-        self.num_updates += 1
-        return UpdateInfo(stats=result.stats, priorities=result.priorities)
+        return self._step(inputs, tau=1.0, stats={})
 
 
 class R2D2(Algorithm):
