@@ -61,7 +61,7 @@ from beast.algos.r2d2 import (
     inverse_value_rescaling,
     value_rescaling,
 )
-from beast.config import ConfigError, flag
+from beast.config import ConfigError, flag, require_fraction, require_nonnegative, require_positive
 from beast.fields import index_inputs, model_inputs
 from beast.models import build_q_model
 from beast.optim import build_optimizer
@@ -397,29 +397,23 @@ class DQNArgs:
 
     @staticmethod
     def check(config: Any) -> None:
-        for name in ("n_step", "target_update_period", "replay_size", "batch_size"):
-            if getattr(config, name) <= 0:
-                raise ConfigError(f"--{name} must be positive, got {getattr(config, name)}")
+        require_positive(config, "n_step", "target_update_period", "replay_size", "batch_size")
         if config.n_step > 255:
             raise ConfigError(f"--n_step must be at most 255, got {config.n_step}")
         if config.learning_starts < 0 or config.eps_decay_steps < 0:
             raise ConfigError("--learning_starts and --eps_decay_steps must be >= 0")
-        if not 0.0 <= config.discounting <= 1.0:
-            raise ConfigError(f"--discounting must be in [0, 1], got {config.discounting}")
+        require_fraction(config, "discounting")
         if not 0.0 < config.tau <= 1.0:
             raise ConfigError(f"--tau must be in (0, 1], got {config.tau}")
-        for name in ("priority_exponent", "eps_alpha", "samples_per_insert"):
-            if getattr(config, name) < 0:
-                raise ConfigError(f"--{name} must be >= 0, got {getattr(config, name)}")
-        for name in (
+        require_nonnegative(config, "priority_exponent", "eps_alpha", "samples_per_insert")
+        require_fraction(
+            config,
             "importance_sampling_exponent",
             "eps_base",
             "eps_start",
             "eps_end",
             "test_epsilon",
-        ):
-            if not 0.0 <= getattr(config, name) <= 1.0:
-                raise ConfigError(f"--{name} must be in [0, 1], got {getattr(config, name)}")
+        )
         if config.learning_starts > config.replay_size:
             raise ConfigError(
                 f"--learning_starts {config.learning_starts} exceeds --replay_size"

@@ -79,7 +79,7 @@ from beast.algos.base import (
 from beast.algos.dtypes import compute_dtype
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
 from beast.algos.policies import EpsilonGreedyPolicy
-from beast.config import ConfigError, flag
+from beast.config import ConfigError, flag, require_fraction, require_nonnegative, require_positive
 from beast.fields import core_state, index_inputs, model_inputs
 from beast.models import build_q_model, copy_weights
 from beast.optim import build_optimizer
@@ -508,17 +508,10 @@ class QLearningArgs:
 
     @staticmethod
     def check(config: Any) -> None:
-        for name in ("n_step", "target_update_period", "min_replay_size", "replay_size"):
-            if getattr(config, name) <= 0:
-                raise ConfigError(f"--{name} must be positive, got {getattr(config, name)}")
-        if not 0.0 <= config.discounting <= 1.0:
-            raise ConfigError(f"--discounting must be in [0, 1], got {config.discounting}")
-        for name in ("priority_exponent", "eps_alpha", "samples_per_insert"):
-            if getattr(config, name) < 0:
-                raise ConfigError(f"--{name} must be >= 0, got {getattr(config, name)}")
-        for name in ("importance_sampling_exponent", "eps_base", "test_epsilon"):
-            if not 0.0 <= getattr(config, name) <= 1.0:
-                raise ConfigError(f"--{name} must be in [0, 1], got {getattr(config, name)}")
+        require_positive(config, "n_step", "target_update_period", "min_replay_size", "replay_size")
+        require_fraction(config, "discounting")
+        require_nonnegative(config, "priority_exponent", "eps_alpha", "samples_per_insert")
+        require_fraction(config, "importance_sampling_exponent", "eps_base", "test_epsilon")
         if config.min_replay_size > config.replay_size:
             raise ConfigError(
                 f"--min_replay_size {config.min_replay_size} exceeds --replay_size"

@@ -40,6 +40,9 @@ from beast.config.flags import (
     config_for,
     flag,
     int_or_auto,
+    require_fraction,
+    require_nonnegative,
+    require_positive,
 )
 from beast.config.parsing import build_parser, config_from_dict, config_from_flags, parse_args
 
@@ -60,6 +63,9 @@ __all__ = [
     "flag",
     "int_or_auto",
     "load_config_file",
+    "require_fraction",
+    "require_nonnegative",
+    "require_positive",
     "parse_args",
     "tuned_config",
     "CONFIGS_DIR",

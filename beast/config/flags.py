@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     pass
 
 __all__ = [
+    "require_fraction",
+    "require_nonnegative",
+    "require_positive",
     "AUTO",
     "Config",
     "ConfigError",
@@ -48,6 +51,28 @@ WANDB_TAG_LENGTH = 64
 
 class ConfigError(ValueError):
     """A flag value that cannot work; the message is one line for the user."""
+
+
+def require_positive(config: Any, *names: str) -> None:
+    """ConfigError for the first flag of `names` that is not > 0 (an algorithm's `check`)."""
+    for name in names:
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"--{name} must be positive, got {getattr(config, name)}")
+
+
+def require_nonnegative(config: Any, *names: str) -> None:
+    """ConfigError for the first flag of `names` that is < 0."""
+    for name in names:
+        if getattr(config, name) < 0:
+            raise ConfigError(f"--{name} must be >= 0, got {getattr(config, name)}")
+
+
+def require_fraction(config: Any, *names: str) -> None:
+    """ConfigError for the first flag of `names` outside [0, 1] (discounts, exponents,
+    probabilities)."""
+    for name in names:
+        if not 0.0 <= getattr(config, name) <= 1.0:
+            raise ConfigError(f"--{name} must be in [0, 1], got {getattr(config, name)}")
 
 
 def flag(default: Any, help: str, **kwargs: Any) -> Any:
