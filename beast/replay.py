@@ -68,6 +68,7 @@ __all__ = [
     "ReplayFootprint",
     "ReplaySample",
     "SequenceBuilder",
+    "check_exponents",
     "check_saved_replay",
     "draw_weights",
     "field_nbytes",
@@ -256,6 +257,15 @@ def importance_weights(probabilities: Tensor, beta: float) -> Tensor:
         raise ValueError("probabilities must be positive")
     smallest = probabilities.min(dim=-1, keepdim=True).values
     return (probabilities / smallest).pow(-beta).float()
+
+
+def check_exponents(alpha: float, beta: float) -> None:
+    """ValueError for a priority exponent `alpha` < 0 or an importance-sampling exponent
+    `beta` outside [0, 1] (a prioritized replay's construction)."""
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1], got {beta}")
 
 
 def scaled_priorities(td_priorities: Tensor, alpha: float, min_priority: float) -> Tensor:
@@ -520,10 +530,7 @@ class PrioritizedReplay:
         min_priority: float = 1e-6,
         default_priority: float = 1.0,
     ) -> None:
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}")
-        if not 0.0 <= beta <= 1.0:
-            raise ValueError(f"beta must be in [0, 1], got {beta}")
+        check_exponents(alpha, beta)
         if not min_priority > 0 or not default_priority > 0:
             raise ValueError("min_priority and default_priority must be > 0")
         self.spec = dict(spec)

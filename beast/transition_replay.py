@@ -63,6 +63,7 @@ from beast.native import SumTree
 from beast.profile import PhaseClock
 from beast.replay import (
     ReplaySample,
+    check_exponents,
     check_saved_replay,
     draw_weights,
     env_fields,
@@ -182,10 +183,7 @@ class RingReplay:
         min_priority: float = 1e-6,
         default_priority: float = 1.0,
     ) -> None:
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}")
-        if not 0.0 <= beta <= 1.0:
-            raise ValueError(f"beta must be in [0, 1], got {beta}")
+        check_exponents(alpha, beta)
         if n_step < 1 or n_step > 255:
             raise ValueError(f"n_step must be in [1, 255], got {n_step}")
         self.spec = dict(spec)
