@@ -52,12 +52,14 @@ from beast.algos.base import (
     UpdateInfo,
     as_outputs,
 )
+from beast.algos.distributional import categorical_projection
 from beast.algos.dtypes import compute_dtype
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
+from beast.algos.nstep import NStepReturns, bootstrap_targets, n_step_returns
 from beast.algos.policies import EpsilonGreedyPolicy
-from beast.algos.r2d2 import (
+from beast.algos.target_update import TargetNetworkUpdate
+from beast.algos.value_rescaling import (
     DEFAULT_RESCALE_EPS,
-    TargetNetworkUpdate,
     inverse_value_rescaling,
     value_rescaling,
 )
@@ -73,64 +75,18 @@ __all__ = [
     "C51Args",
     "DQNArgs",
     "ExplorationSchedule",
-    "NStepReturns",
     "QLossOutput",
     "Rainbow",
     "RainbowArgs",
     "TransitionQUpdate",
-    "bootstrap_targets",
     "categorical_loss",
-    "categorical_projection",
     "linear_epsilon",
-    "n_step_returns",
     "q_learning_targets",
     "q_loss",
 ]
 
 LOSSES = ("huber", "mse")
 EXPLORATION = ("linear", "per_env")
-
-
-class NStepReturns(NamedTuple):
-    """``G`` and ``gamma^k`` per transition, float [B] each, of one dtype."""
-
-    returns: Tensor
-    discounts: Tensor
-
-
-def n_step_returns(rewards: Tensor, n_steps: Tensor, discounting: float) -> NStepReturns:
-    """``G = sum_{i<k} gamma^i r_{s+1+i}`` and ``gamma^k`` (module docstring).
-
-    Args:
-        rewards: float [n, B], the window's rewards (those past k are ignored).
-        n_steps: int [B], k in [1, n].
-        discounting: gamma in [0, 1].
-
-    Returns:
-        `NStepReturns`, [B] each, in rewards' dtype and at least float32; summed in
-        float64 whatever that is, so a float32 G is the float64 sum rounded once.
-    """
-    if not 0.0 <= discounting <= 1.0:
-        raise ValueError(f"discounting must be in [0, 1], got {discounting}")
-    n = rewards.shape[0]
-    steps = torch.arange(n, device=rewards.device).unsqueeze(1)  # [n, 1]
-    taken = steps < n_steps.unsqueeze(0)
-    powers = torch.pow(torch.full_like(rewards, discounting, dtype=torch.float64), steps)
-    returns = torch.where(taken, powers * rewards.double(), 0.0).sum(dim=0)
-    discounts = torch.pow(
-        torch.tensor(discounting, dtype=torch.float64, device=n_steps.device), n_steps.double()
-    )
-    dtype = compute_dtype(rewards)
-    return NStepReturns(returns.to(dtype), discounts.to(dtype))
-
-
-def bootstrap_targets(returns: NStepReturns, terminal: Tensor, values: Tensor) -> Tensor:
-    """``y = G + gamma^k v`` per transition, ``G`` alone when the window ended in a terminal
-    state: float [B]. `values` [B] is what the target bootstraps from at x_{s+k}: Q of the
-    greedy action (DQN), the clipped double-Q of the next action (TD3), with SAC's entropy
-    bonus (beast/algos/qpg)."""
-    continuing = returns.discounts * values
-    return returns.returns + torch.where(terminal, torch.zeros_like(continuing), continuing)
 
 
 def _greedy_actions(next_online: Tensor | None, next_target: Tensor) -> Tensor:
@@ -214,46 +170,6 @@ def q_loss(
         "mean_abs_td": priorities.mean(),
     }
     return QLossOutput(total, stats, priorities)
-
-
-@torch.no_grad()
-def categorical_projection(
-    returns: NStepReturns, terminal: Tensor, next_probs: Tensor, support: Tensor
-) -> Tensor:
-    """Project the target distribution onto the support (Bellemare et al. 2017, alg. 1).
-
-    Atom j of the next distribution moves to ``Tz_j = clamp(G + gamma^k z_j, z_1, z_N)``
-    (``G`` when terminal), at ``b_j = (Tz_j - z_1) / dz`` in atom units; its probability
-    is split between atoms ``l = floor(b_j)`` and ``u = ceil(b_j)`` as ``(u - b_j)`` and
-    ``(b_j - l)``, all to l when b_j falls on an atom.
-
-    Args:
-        returns: `n_step_returns` ([B] each).
-        terminal: bool [B].
-        next_probs: float [B, N], p_j(x_{s+k}, a*) under the target network.
-        support: float [N], evenly spaced z_1 < ... < z_N.
-
-    Returns:
-        float [B, N], rows summing to 1 (as next_probs' do), in the promoted dtype of
-        the four float inputs, at least float32.
-    """
-    dtype = compute_dtype(returns.returns, returns.discounts, next_probs, support)
-    support = support.to(dtype)
-    num_atoms = support.shape[0]
-    v_min, v_max = float(support[0]), float(support[-1])
-    delta = (v_max - v_min) / (num_atoms - 1)
-    discounts = torch.where(terminal, 0.0, returns.discounts.to(dtype)).unsqueeze(1)
-    shifted = returns.returns.to(dtype).unsqueeze(1) + discounts * support.unsqueeze(0)
-    shifted = shifted.clamp(v_min, v_max)
-    position = (shifted - v_min) / delta  # [B, N], in [0, N - 1]
-    lower = position.floor().clamp(0, num_atoms - 1)
-    upper = position.ceil().clamp(0, num_atoms - 1)
-    probs = next_probs.to(dtype)
-    on_atom = (upper == lower).float()
-    target = torch.zeros_like(probs)
-    target.scatter_add_(1, lower.long(), probs * (upper - position + on_atom))
-    target.scatter_add_(1, upper.long(), probs * (position - lower))
-    return target
 
 
 def categorical_loss(

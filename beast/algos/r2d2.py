@@ -40,8 +40,9 @@ return and van Hasselt et al.'s double-Q action), in paper notation:
     a*  = argmax_a Q(x_{t+n}, a; theta)
 
 where ``r_{t+k}`` is ``reward[t + k + 1]`` here, theta the online and theta-
-the target network, and h the value rescaling below. An episode end inside
-the window stops the sum after its reward and drops the bootstrap term; a
+the target network, and h the value rescaling (beast/algos/value_rescaling.py). An
+episode end inside the window stops the sum after its reward and drops the bootstrap
+term; a
 truncated row inside the window stops the sum there and bootstraps from that
 row (its Q-values are the final observation's, not 0 and not the next
 episode's).
@@ -79,11 +80,17 @@ from beast.algos.base import (
 from beast.algos.dtypes import compute_dtype
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
 from beast.algos.policies import EpsilonGreedyPolicy
+from beast.algos.target_update import TargetNetworkUpdate
+from beast.algos.value_rescaling import (
+    DEFAULT_RESCALE_EPS,
+    inverse_value_rescaling,
+    value_rescaling,
+)
 from beast.config import ConfigError, flag, require_fraction, require_nonnegative, require_positive
 from beast.fields import core_state, index_inputs, model_inputs
-from beast.models import build_q_model, copy_weights
+from beast.models import build_q_model
 from beast.optim import build_optimizer
-from beast.train_step import ParameterGroup, StepLoss, TargetNetwork, TrainStep
+from beast.train_step import StepLoss
 
 __all__ = [
     "NStepTargets",
@@ -91,63 +98,14 @@ __all__ = [
     "R2D2",
     "R2D2Args",
     "SequenceQUpdate",
-    "TargetNetworkUpdate",
     "R2D2LossOutput",
     "double_q_values",
-    "inverse_value_rescaling",
     "n_step_double_q_targets",
     "r2d2_loss",
     "sequence_priorities",
     "unroll_with_burn_in",
-    "value_rescaling",
 ]
-
-# R2D2's defaults, here only as the defaults of the arguments below.
-DEFAULT_RESCALE_EPS = 1e-3  # Pohlen et al. 2018; R2D2 section 2
 DEFAULT_ETA = 0.9  # priority mix, R2D2 section 2.3
-
-
-def value_rescaling(x: Tensor, eps: float = DEFAULT_RESCALE_EPS) -> Tensor:
-    """``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x`` (Pohlen et al. 2018, eq. 4).
-
-    Squashes returns of any scale into a range a network can regress on,
-    without clipping rewards; R2D2 applies it to every target. Computed as
-    ``sign(x) |x| / (sqrt(|x| + 1) + 1) + eps x``, the same value with no
-    cancellation between sqrt(|x| + 1) and 1 for tiny |x|, so the round trip
-    through `inverse_value_rescaling` is accurate from 1e-6 to 1e6.
-
-    Args:
-        x: float tensor of any shape.
-        eps: the linear term's weight (> 0 makes h invertible with a
-            Lipschitz inverse; 0 gives the plain signed square root).
-    """
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-    abs_x = x.abs()
-    return torch.sign(x) * abs_x / (torch.sqrt(abs_x + 1.0) + 1.0) + eps * x
-
-
-def inverse_value_rescaling(x: Tensor, eps: float = DEFAULT_RESCALE_EPS) -> Tensor:
-    """The exact inverse of `value_rescaling` (Pohlen et al. 2018, proposition A.2).
-
-    The paper's closed form is
-
-        h^-1(x) = sign(x) ( ((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1 ).
-
-    Written as ``sign(x) (u - 1)(u + 1)`` with ``u = (s - 1) / (2 eps)`` and
-    ``s = sqrt(1 + 4 eps (|x| + 1 + eps)) = sqrt((1 + 2 eps)^2 + 4 eps |x|)``,
-    some algebra gives ``u - 1 = 2|x| / (1 + 2 eps + s)``: a sum of positive
-    terms, where the literal form subtracts nearly equal numbers twice (for
-    eps = 1e-3 and |x| = 1e-6 it loses all but ~3 digits in float32 and ~7 in
-    float64). The rewrite also holds at eps = 0 (``h^-1(x) = sign(x)((|x| +
-    1)^2 - 1)``) with no division by eps.
-    """
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-    abs_x = x.abs()
-    s = torch.sqrt((1.0 + 2.0 * eps) ** 2 + 4.0 * eps * abs_x)
-    u_minus_1 = 2.0 * abs_x / (1.0 + 2.0 * eps + s)
-    return torch.sign(x) * u_minus_1 * (u_minus_1 + 2.0)
 
 
 def double_q_values(online_q: Tensor, target_q: Tensor) -> Tensor:
@@ -530,64 +488,6 @@ class R2D2Args(QLearningArgs):
         "Steps at a sequence's start that only refresh the stored LSTM state (no loss, no"
         " gradient).",
     )
-
-
-class TargetNetworkUpdate(Update):
-    """What a Q-learner's checkpoint keeps: its optimizer, its target network and the count
-    of applied updates that times the target's updates (R2D2, the DQN family)."""
-
-    optimizer: torch.optim.Optimizer
-    target_model: nn.Module
-    num_updates: int
-    train_step: TrainStep
-
-    def _start(
-        self,
-        model: nn.Module,
-        target_model: nn.Module,
-        context: LearnerContext,
-        optimizer: torch.optim.Optimizer,
-        loss_fn: Callable[..., Any],
-        target_update_period: int,
-    ) -> None:
-        """The state every Q-learner starts from: the target network a frozen copy of the
-        online one, no applied update yet, and the optimizer step over `self.loss`."""
-        self.model, self.context, self.optimizer, self.loss_fn = model, context, optimizer, loss_fn
-        self.target_model = target_model.requires_grad_(False)
-        copy_weights(self.target_model, model)
-        self.target_update_period = target_update_period
-        self.num_updates = 0  # applied updates, for the target updates
-        self.train_step = context.train_step(
-            self.loss,
-            modules={"model": model, "target": self.target_model},
-            groups=[ParameterGroup("model", optimizer)],
-            targets=[TargetNetwork(self.target_model, model)],
-        )
-
-    def _step(self, inputs: dict[str, Tensor], tau: float, stats: dict[str, Any]) -> UpdateInfo:
-        """One optimizer step on `inputs`; every `target_update_period` applied updates the
-        target network moves `tau` of the way to the online one (1: a copy). `stats` are
-        reported before the step's own."""
-        due = (self.num_updates + 1) % self.target_update_period == 0
-        result = self.train_step(inputs, train=("model",), tau=tau if due else None)
-        stats = {**stats, **result.stats}
-        if not result.applied:
-            return UpdateInfo(stats=stats)
-        self.num_updates += 1
-        return UpdateInfo(stats=stats, priorities=result.priorities)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "target_model": self.target_model.state_dict(),
-            "num_updates": self.num_updates,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.target_model.load_state_dict(state["target_model"])
-        self.num_updates = int(state["num_updates"])
-        self.train_step.load_optimizer_states()
 
 
 class SequenceQUpdate(TargetNetworkUpdate):

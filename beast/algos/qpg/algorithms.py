@@ -32,7 +32,8 @@ from beast.algos.base import (
     Update,
     UpdateInfo,
 )
-from beast.algos.dqn import ExplorationSchedule, NStepReturns, n_step_returns
+from beast.algos.dqn import ExplorationSchedule
+from beast.algos.nstep import NStepReturns, n_step_returns
 from beast.algos.policies import SquashedPolicy
 from beast.algos.qpg.functions import (
     critic_loss,
