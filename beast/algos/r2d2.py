@@ -42,10 +42,8 @@ return and van Hasselt et al.'s double-Q action), in paper notation:
 where ``r_{t+k}`` is ``reward[t + k + 1]`` here, theta the online and theta-
 the target network, and h the value rescaling (beast/algos/value_rescaling.py). An
 episode end inside the window stops the sum after its reward and drops the bootstrap
-term; a
-truncated row inside the window stops the sum there and bootstraps from that
-row (its Q-values are the final observation's, not 0 and not the next
-episode's).
+term; a truncated row inside the window stops the sum there and bootstraps from that
+row (its Q-values are the final observation's, not 0 and not the next episode's).
 
 Priorities (R2D2 section 2.3): ``p = eta * max_t |delta_t| + (1 - eta) *
 mean_t |delta_t|`` over the sequence's trained steps, ``delta_t = y_t -
