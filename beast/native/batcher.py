@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 
 from beast.native._ext import ffi, lib
+from beast.native.shared_block import SharedBlock
 from beast.native.waits import _MAX_TIMEOUT_SECONDS, QueueClosed, _deadline_ns, _remaining_ns
 
 __all__ = [
@@ -192,7 +193,7 @@ def _raise_for_batcher(status: int) -> None:
     raise RuntimeError(f"Batcher: unexpected native status {status}")
 
 
-class Batcher(_BatcherArgs):
+class Batcher(_BatcherArgs, SharedBlock):
     """Process-shared request table for central inference (see batcher.h).
 
     `num_groups` groups (one per actor) of `group_size` slots (one per env);
@@ -244,17 +245,6 @@ class Batcher(_BatcherArgs):
         sizes = ffi.new("uint32_t[3]")
         _raise_for_batcher(lib.beast_batcher_sizes(self._mem, sizes, sizes + 1, sizes + 2))
         self.num_groups, self.group_size, self.num_servers = (int(x) for x in sizes)
-
-    def __getstate__(self) -> dict:
-        return {"tensor": self._tensor}
-
-    def __setstate__(self, state: dict) -> None:
-        tensor = state["tensor"]
-        # As for IndexQueue: only torch's multiprocessing pickler shares the
-        # memory; a plain pickle would make a private table nobody else sees.
-        if not tensor.is_shared():
-            raise RuntimeError("Batcher can only be pickled to multiprocessing children")
-        self._attach(tensor)
 
     def post(self, group: int, count: int | None = None) -> None:
         """Post requests for the first `count` slots of `group` (default: all K).

@@ -23,6 +23,7 @@ import time
 import torch
 
 from beast.native._ext import ffi, lib
+from beast.native.shared_block import SharedBlock
 from beast.native.waits import QueueClosed, _deadline_ns
 
 __all__ = [
@@ -78,7 +79,7 @@ def _raise_for(status: int, capacity: int) -> None:
     raise RuntimeError(f"IndexQueue: unexpected native status {status}")
 
 
-class SlotOwners:
+class SlotOwners(SharedBlock):
     """Who holds each of `num_slots` slots that is on no queue: an owner id (>= 0), or
     NO_OWNER. An int64 shared tensor; `IndexQueue.get`/`put` with `owners` set a slot's
     mark as they move it, `IndexQueue.reclaim` clears a dead owner's.
@@ -91,17 +92,14 @@ class SlotOwners:
         self._attach(tensor.share_memory_())
 
     def _attach(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-        # C borrows the memory for as long as self.tensor keeps it alive.
+        self._tensor = tensor
+        # C borrows the memory for as long as self._tensor keeps it alive.
         self._marks = ffi.cast("int64_t *", tensor.data_ptr())
 
-    def __getstate__(self) -> dict:
-        return {"tensor": self.tensor}
-
-    def __setstate__(self, state: dict) -> None:
-        if not state["tensor"].is_shared():
-            raise RuntimeError("SlotOwners can only be pickled to multiprocessing children")
-        self._attach(state["tensor"])
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The marks, int64 [num_slots], in shared memory."""
+        return self._tensor
 
     def __len__(self) -> int:
         return len(self.tensor)
@@ -128,7 +126,7 @@ def _check_owner(owners: SlotOwners | None, owner: int) -> int:
     return owner
 
 
-class IndexQueue:
+class IndexQueue(SharedBlock):
     """Process-shared FIFO of int32 indices, with blocking `get` and `close`.
 
     Picklable to `multiprocessing` children of any start method: only the
@@ -156,18 +154,6 @@ class IndexQueue:
         out = ffi.new("uint32_t *")
         _raise_for(lib.beast_queue_capacity(self._mem, out), 0)
         self._capacity = int(out[0])
-
-    def __getstate__(self) -> dict:
-        return {"tensor": self._tensor}
-
-    def __setstate__(self, state: dict) -> None:
-        tensor = state["tensor"]
-        # torch's multiprocessing pickler hands the child the same shared
-        # memory; any other pickler copies the bytes into a private queue
-        # nobody else sees, which is never what the caller meant.
-        if not tensor.is_shared():
-            raise RuntimeError("IndexQueue can only be pickled to multiprocessing children")
-        self._attach(tensor)
 
     @property
     def capacity(self) -> int:

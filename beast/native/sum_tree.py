@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 
 from beast.native._ext import ffi, lib
+from beast.native.shared_block import SharedBlock
 
 __all__ = [
     "PySumTree",
@@ -146,7 +147,7 @@ def _raise_for_tree(status: int, capacity: int) -> None:
     raise RuntimeError(f"SumTree: unexpected native status {status}")
 
 
-class SumTree:
+class SumTree(SharedBlock):
     """Process-shared sum tree of float64 priorities (see sum_tree.h).
 
     ``capacity`` leaves, all 0 at first. ``sample(draws)`` maps each draw u in
@@ -195,17 +196,6 @@ class SumTree:
         out = ffi.new("uint32_t *")
         _raise_for_tree(lib.beast_sumtree_capacity(self._mem, out), 0)
         self._capacity = int(out[0])
-
-    def __getstate__(self) -> dict:
-        return {"tensor": self._tensor}
-
-    def __setstate__(self, state: dict) -> None:
-        tensor = state["tensor"]
-        # As for IndexQueue: only torch's multiprocessing pickler shares the
-        # memory; a plain pickle would make a private tree nobody else sees.
-        if not tensor.is_shared():
-            raise RuntimeError("SumTree can only be pickled to multiprocessing children")
-        self._attach(tensor)
 
     @property
     def capacity(self) -> int:
