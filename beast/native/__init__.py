@@ -37,6 +37,7 @@ The wrappers, one module per native part (each with its reference):
     sum_tree.py     `SumTree`, `SumTreeSample`, `SumTreeStats`, `PySumTree`  (sum_tree.c)
     acting.py       an actor's sampler and step copies               (acting.c)
     waits.py        `QueueClosed` and the deadlines the blocking calls pass to C
+    shared_block.py `SharedBlock`: a wrapper's shared memory, pickled to children
 """
 
 # Every wrapper imports ffi and lib from the compiled extension; checking it here, where
