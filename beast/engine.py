@@ -40,7 +40,7 @@ from beast.algos.base import (
     TransitionReplay,
     Update,
 )
-from beast.buffers import RolloutBuffers, RolloutSource, rollout_spec
+from beast.buffers import RolloutBuffers, rollout_spec
 from beast.checkpoint import (
     CheckpointError,
     has_checkpoint,
@@ -58,6 +58,7 @@ from beast.normalize import DISCOUNTED_RETURN_KEY, RewardScaler, find_observatio
 from beast.replay import PrioritizedReplay, replay_footprint, sequence_spec
 from beast.replay_sink import ReplaySink, ReplaySource, SequenceSink
 from beast.rollout_replay import RolloutReplay
+from beast.rollout_source import RolloutSource
 from beast.transition_replay import RingReplay, TransitionSink, ring_footprint, step_spec
 
 __all__ = [

@@ -232,7 +232,7 @@ class LearnerNode:
         pool = ServerPool(config, servers, log.print, run.sink.staging_recipe())
         pools.append(pool)
         stop = threading.Event()
-        # Synchronous rollouts (beast/buffers.py RolloutSource): a server's next rollout
+        # Synchronous rollouts (beast/rollout_source.py RolloutSource): a server's next rollout
         # must act with the weights of the update its last one fed, so it is asked for
         # once that update is out, with those weights.
         synchronous = getattr(run.source, "synchronous", False)
