@@ -4,7 +4,7 @@
     python monobeast.py --mode test --xpid <run>
 
 Flags: `python monobeast.py --help`. This file only parses flags and hands
-over to beast.runner / beast.evaluate; bad input exits with status 2 and
+over to beast.runner / beast.play; bad input exits with status 2 and
 one line saying what is wrong.
 """
 

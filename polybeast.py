@@ -6,7 +6,7 @@
 
 Flags: `python polybeast.py --help` (monobeast's, plus the cluster's). This
 file only parses flags and hands over to beast.poly.trainer /
-beast.evaluate; bad input exits with status 2 and one line saying what is
+beast.play; bad input exits with status 2 and one line saying what is
 wrong. See docs/polybeast.md.
 """
 

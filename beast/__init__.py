@@ -24,11 +24,11 @@ _API = {
     "export": "beast.api",
     "load_policy": "beast.api",
     "Policy": "beast.policy",
-    "EvalResult": "beast.evaluate",
+    "EvalResult": "beast.play",
     "Config": "beast.config",
     "ConfigError": "beast.config",
     "EnvError": "beast.envs",
-    "TrainingError": "beast.runner",
+    "TrainingError": "beast.run_setup",
     "CheckpointError": "beast.checkpoint",
 }
 
@@ -39,8 +39,6 @@ def __getattr__(name: str) -> Any:
     module = _API.get(name)
     if module is None:
         raise AttributeError(f"module 'beast' has no attribute {name!r}")
-    # First beast.api, which binds `beast.evaluate` to its function (see there).
-    importlib.import_module("beast.api")
     return getattr(importlib.import_module(module), name)
 
 

@@ -36,10 +36,10 @@ import yaml
 
 from beast.checkpoint import load_latest_checkpoint
 from beast.config import AUTO, Config, ConfigError, config_from_dict, config_from_flags
-from beast.evaluate import EvalResult, test
-from beast.exporting import export
+from beast.exporting import export, load_policy
 from beast.logs import RETURN_WINDOW
-from beast.policy import Policy, load_policy
+from beast.play import EvalResult, test
+from beast.policy import Policy
 from beast.poly.config import PolyConfig
 from beast.references import reference
 
@@ -280,10 +280,3 @@ def evaluate(
     }
     values = {key: _flag_value(key, value) for key, value in values.items()}
     return test(config_from_flags(values, source="beast.evaluate()"))
-
-
-# `beast.evaluate` is the function above, not the submodule beast/evaluate.py (`--mode
-# test`): importing a submodule binds it to the package's attribute of its name, which
-# has happened by now (the import at the top of this module, or one before it) and does
-# not happen again. (`from beast.evaluate import test` still finds the submodule.)
-sys.modules["beast"].evaluate = evaluate

@@ -37,7 +37,7 @@ def run_entry_point(prog: str, parse: Callable[[], object], train: Callable[[obj
     try:
         config = parse()
         if config.mode == "test":
-            from beast.evaluate import test
+            from beast.play import test
 
             test(config)
         else:

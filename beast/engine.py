@@ -1,7 +1,7 @@
 """A run's components, built through the algorithm registry; resume and checkpoints.
 
 Shared by monobeast (beast/runner.py), polybeast (beast/poly/trainer.py), --serial
-(beast/serial.py) and --mode test (beast/evaluate.py): none of them names an algorithm.
+(beast/serial.py) and --mode test (beast/play.py): none of them names an algorithm.
 `build_run` turns a config into the algorithm (beast/algos), its network (checked
 against what the algorithm needs), the actors' shared copy of it, the experience the
 algorithm asks for (rollout slots, optionally with a replay of rollouts, or a
@@ -40,7 +40,7 @@ from beast.algos.base import (
     TransitionReplay,
     Update,
 )
-from beast.buffers import RolloutBuffers, RolloutSource, rollout_spec
+from beast.buffers import RolloutBuffers, rollout_spec
 from beast.checkpoint import (
     CheckpointError,
     has_checkpoint,
@@ -58,6 +58,7 @@ from beast.normalize import DISCOUNTED_RETURN_KEY, RewardScaler, find_observatio
 from beast.replay import PrioritizedReplay, replay_footprint, sequence_spec
 from beast.replay_sink import ReplaySink, ReplaySource, SequenceSink
 from beast.rollout_replay import RolloutReplay
+from beast.rollout_source import RolloutSource
 from beast.transition_replay import RingReplay, TransitionSink, ring_footprint, step_spec
 
 __all__ = [

@@ -3,7 +3,7 @@ of its own, beside training.
 
 Training returns mix in exploration (epsilon, sampled actions, action noise); papers
 report the returns of the evaluation policy, `Algorithm.policy(explore=False)`, the one
-`--mode test` acts with (beast/evaluate.py says what it is for each algorithm). Each time
+`--mode test` acts with (beast/play.py says what it is for each algorithm). Each time
 training passes a multiple of --eval_interval agent steps, the learner hands a snapshot of
 its weights to the evaluator, which plays --eval_episodes episodes with it through
 `play_episodes` (--mode test's loop) and reports (step, returns, lengths) back to the run
@@ -48,7 +48,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,10 +58,11 @@ from beast.checkpoint import BEST_CHECKPOINT_NAME, load_checkpoint, save_best_ch
 from beast.config import Config, config_from_dict
 from beast.engine import Run, build_algorithm, build_checked_model
 from beast.error_board import ErrorBoard, post_traceback
-from beast.evaluate import play_episodes
+from beast.eval_result import EvalResult
 from beast.inference import LocalPolicy
 from beast.learner import UpdateStats
 from beast.models import copy_weights
+from beast.play import play_episodes
 from beast.supervisor import (
     ForkServerError,
     RestartWindow,
@@ -114,30 +114,6 @@ def _holding(lock: Any) -> Iterator[bool]:
     finally:
         if taken:
             lock.release()
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    """One evaluation: the snapshot's step, each episode's return and length, the seconds
-    it took, and whether its mean return is the best so far (model_best.tar holds it)."""
-
-    step: int
-    returns: tuple[float, ...]
-    lengths: tuple[int, ...]
-    seconds: float
-    best: bool
-
-    def summary(self) -> dict[str, float]:
-        """The statistics the run log records (as eval_* columns and eval/ scalars)."""
-        return {
-            "mean_return": statistics.fmean(self.returns),
-            "median_return": statistics.median(self.returns),
-            "std_return": statistics.pstdev(self.returns),
-            "min_return": min(self.returns),
-            "max_return": max(self.returns),
-            "mean_length": statistics.fmean(self.lengths),
-            "episodes": len(self.returns),
-        }
 
 
 class EvalSchedule:

@@ -38,7 +38,7 @@ from beast.config import ConfigError
 from beast.envs import EnvError
 from beast.policy import Policy, Signature, StepFunction, acting_module, torch_step
 
-__all__ = ["FORMATS", "export", "load_exported", "main"]
+__all__ = ["FORMATS", "export", "load_exported", "load_policy", "main"]
 
 # Format -> the default file name's extension.
 FORMATS = {"torchscript": "pt", "onnx": "onnx"}
@@ -169,6 +169,26 @@ def load_exported(path: str) -> Policy:
         raise ConfigError(f"{path} holds no beast policy signature (metadata {SIGNATURE_KEY!r})")
     signature = Signature.from_json(metadata[SIGNATURE_KEY])
     return Policy(_onnx_step(session, signature), signature)
+
+
+def load_policy(run: Any, *, checkpoint: str = "latest") -> Policy:
+    """The acting policy of a run or of an exported file, to call from Python.
+
+    Args:
+        run: a run directory (or `beast.train`'s result): the policy --mode test plays,
+            built from its checkpoint; or a file `beast.export` wrote (TorchScript .pt,
+            or ONNX .onnx, run with onnxruntime).
+        checkpoint: latest or best, for a run directory.
+
+    Raises:
+        ConfigError: no such run, checkpoint or file; onnxruntime missing for an .onnx.
+    """
+    run_dir = getattr(run, "run_dir", run)
+    path = os.path.abspath(os.path.expanduser(os.fspath(run_dir)))
+    if os.path.isfile(path):
+        return load_exported(path)
+    module, signature = acting_module(path, checkpoint)
+    return Policy(torch_step(module), signature)
 
 
 def _onnx_step(session: Any, signature: Signature) -> StepFunction:

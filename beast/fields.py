@@ -106,7 +106,7 @@ def core_state(batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
 # Observation leaves (module docstring).
 
 OBS_KEY = "obs"
-# What the model reads besides the observation, per step (beast/models.py's contract).
+# What the model reads besides the observation, per step (beast/models/__init__.py's contract).
 _STEP_INPUT_KEYS = ("reward", "done", "last_action")
 # One step of a leaf's path in its field name: ".key" (a Dict key) or "[index]" (a Tuple).
 _PATH_STEP = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]")
@@ -195,8 +195,9 @@ def flatten_obs(obs: Any, is_leaf: Callable[[Any], bool] | None = None) -> dict[
 
 
 def model_inputs(fields: Mapping[str, Any]) -> dict[str, Any]:
-    """What a model reads from a batch, a table's rows or an actor's arrays (beast/models.py
-    contract): `obs` (its leaves nested, `nest_obs`), `reward`, `done`, `last_action`."""
+    """What a model reads from a batch, a table's rows or an actor's arrays (the contract
+    of beast/models/__init__.py): `obs` (its leaves nested, `nest_obs`), `reward`, `done`,
+    `last_action`."""
     return {OBS_KEY: nest_obs(fields), **{key: fields[key] for key in _STEP_INPUT_KEYS}}
 
 

@@ -6,7 +6,7 @@ Learner threads take batches from the run's source, hand each to the algorithm's
 publish the weights to the actors. The learner does not know which algorithm runs, nor
 where batches come from. A source is one of:
 
-    RolloutSource   (beast/buffers.py) full rollouts from the rollout slots, gathered by
+    RolloutSource   (beast/rollout_source.py) full rollouts from the rollout slots, gathered by
                     preparation threads, optionally mixed with a replay of rollouts;
     ReplaySource  (beast/replay_sink.py) prioritized sequences the actors put in a
                     shared replay, sampled by the learner threads themselves;

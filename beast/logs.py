@@ -57,7 +57,7 @@ from rich.text import Text
 from beast.learner import UpdateStats
 
 if TYPE_CHECKING:
-    from beast.evaluator import EvalResult
+    from beast.eval_result import EvalResult
     from beast.wandb_log import WandbSettings
 
 __all__ = [

@@ -53,8 +53,8 @@ from beast.algos.base import as_outputs
 from beast.checkpoint import CHECKPOINT_NAME, has_checkpoint
 from beast.config import Config, ConfigError, config_from_dict
 from beast.engine import build_algorithm, build_checked_model
-from beast.evaluate import load_test_checkpoint
 from beast.fields import model_inputs, numpy_dtype, obs_leaf, obs_path
+from beast.play import load_test_checkpoint
 
 __all__ = [
     "ActingModule",
@@ -63,7 +63,6 @@ __all__ = [
     "StepFunction",
     "TensorSpec",
     "acting_module",
-    "load_policy",
     "torch_step",
 ]
 
@@ -315,25 +314,3 @@ def torch_step(module: nn.Module) -> StepFunction:
             return module(*inputs)
 
     return step
-
-
-def load_policy(run: Any, *, checkpoint: str = "latest") -> Policy:
-    """The acting policy of a run or of an exported file, to call from Python.
-
-    Args:
-        run: a run directory (or `beast.train`'s result): the policy --mode test plays,
-            built from its checkpoint; or a file `beast.export` wrote (TorchScript .pt,
-            or ONNX .onnx, run with onnxruntime).
-        checkpoint: latest or best, for a run directory.
-
-    Raises:
-        ConfigError: no such run, checkpoint or file; onnxruntime missing for an .onnx.
-    """
-    from beast.exporting import load_exported
-
-    run_dir = getattr(run, "run_dir", run)
-    path = os.path.abspath(os.path.expanduser(os.fspath(run_dir)))
-    if os.path.isfile(path):
-        return load_exported(path)
-    module, signature = acting_module(path, checkpoint)
-    return Policy(torch_step(module), signature)

@@ -60,7 +60,7 @@ from torch import Tensor
 
 from beast.buffers import env_step_spec
 from beast.fields import OBS_KEY, Field, core_state_key, is_core_state, is_obs_key, shared_zeros
-from beast.native import SumTree
+from beast.native import SumTree, SumTreeSample
 
 __all__ = [
     "ENV_KEYS",
@@ -68,12 +68,17 @@ __all__ = [
     "ReplayFootprint",
     "ReplaySample",
     "SequenceBuilder",
+    "check_exponents",
+    "check_saved_replay",
+    "draw_weights",
+    "field_nbytes",
     "importance_weights",
     "new_priority",
     "replay_footprint",
     "scaled_priorities",
     "sequence_spec",
     "settle_tree",
+    "stacked_image_keys",
     "step_keys",
     "storage_spec",
     "stratified_draws",
@@ -144,6 +149,19 @@ def image_keys(spec: Mapping[str, Field], leading: int) -> list[str]:
     return [key for key, f in spec.items() if is_obs_key(key) and len(f.shape) == leading + 3]
 
 
+def stacked_image_keys(spec: Mapping[str, Field], leading: int) -> list[str]:
+    """`image_keys` for frame dedup, which needs at least one: ValueError naming the
+    observation's shapes when there is none (`leading` as in `image_keys`)."""
+    keys = image_keys(spec, leading)
+    if not keys:
+        shapes = {key: f.shape for key, f in spec.items() if is_obs_key(key)}
+        layout = "[L, k, H, W]" if leading else "[k, H, W]"
+        raise ValueError(
+            f"frame_dedup needs frame-stacked image observations {layout}, got {shapes}"
+        )
+    return keys
+
+
 def storage_spec(spec: Mapping[str, Field], frame_dedup: bool) -> dict[str, Field]:
     """What the replay stores per sequence: the spec, or with ``frame_dedup`` the
     spec with each image leaf [L, k, H, W] replaced by its frames [L + k - 1, H, W]
@@ -154,20 +172,15 @@ def storage_spec(spec: Mapping[str, Field], frame_dedup: bool) -> dict[str, Fiel
     """
     out = dict(spec)
     if frame_dedup:
-        keys = image_keys(spec, leading=1)
-        if not keys:
-            shapes = {key: f.shape for key, f in spec.items() if is_obs_key(key)}
-            raise ValueError(
-                f"frame_dedup needs frame-stacked image observations [L, k, H, W], got {shapes}"
-            )
-        for key in keys:
+        for key in stacked_image_keys(spec, leading=1):
             obs = out.pop(key)
             rows, stack, *frame_shape = obs.shape
             out[frames_key(key)] = Field((rows + stack - 1, *frame_shape), obs.dtype)
     return out
 
 
-def _nbytes(field: Field) -> int:
+def field_nbytes(field: Field) -> int:
+    """Bytes one value of `field` takes."""
     return math.prod(field.shape) * torch.empty((), dtype=field.dtype).element_size()
 
 
@@ -193,7 +206,7 @@ def replay_footprint(
     seq_len = _seq_len(spec)
     if not 0 <= seq_overlap < seq_len:
         raise ValueError(f"seq_overlap must be in [0, {seq_len}), got {seq_overlap}")
-    per_sequence = sum(_nbytes(f) for f in storage_spec(spec, frame_dedup).values())
+    per_sequence = sum(field_nbytes(f) for f in storage_spec(spec, frame_dedup).values())
     return ReplayFootprint(
         per_sequence=per_sequence,
         per_stored_step=per_sequence / (seq_len + 1),
@@ -246,6 +259,15 @@ def importance_weights(probabilities: Tensor, beta: float) -> Tensor:
     return (probabilities / smallest).pow(-beta).float()
 
 
+def check_exponents(alpha: float, beta: float) -> None:
+    """ValueError for a priority exponent `alpha` < 0 or an importance-sampling exponent
+    `beta` outside [0, 1] (a prioritized replay's construction)."""
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1], got {beta}")
+
+
 def scaled_priorities(td_priorities: Tensor, alpha: float, min_priority: float) -> Tensor:
     """``max(p, min_priority) ** alpha`` in float64 on the CPU, what a sum tree stores for
     priorities p from a loss; ValueError for a negative or non-finite one."""
@@ -268,6 +290,23 @@ def new_priority(
             torch.tensor([default_priority], dtype=torch.float64), alpha, min_priority
         )[0]
     )
+
+
+def check_saved_replay(
+    tensors: Mapping[str, Tensor],
+    state: Mapping[str, object],
+    capacity: int,
+    fields: Mapping[str, Tensor],
+    unit: str,
+) -> None:
+    """ValueError (one line) when a saved replay (`contents`' two parts) holds another
+    number of `unit` than `capacity`, or other fields than `fields`."""
+    if state["capacity"] != capacity:
+        raise ValueError(f"the saved replay holds {state['capacity']} {unit}, this one {capacity}")
+    if set(tensors) != set(fields):
+        raise ValueError(
+            f"the saved replay's fields {sorted(tensors)} differ from {sorted(fields)}"
+        )
 
 
 def settle_tree(state: dict[str, object], tree: SumTree) -> dict[str, object]:
@@ -421,6 +460,19 @@ class SequenceBuilder:
         return sequence
 
 
+def draw_weights(
+    tree: SumTree, drawn: SumTreeSample, beta: float, parts: int
+) -> tuple[Tensor, Tensor]:
+    """(importance weights [B], probabilities [B]) of a stratified draw of `parts` batches
+    (`stratified_parts`), the weights normalised batch by batch and 0 for every slot a
+    writer claimed after it was drawn (it may have changed the rows mid-copy: claims
+    bump the generation before any write)."""
+    fresh = tree.generations(drawn.indices) == drawn.generations
+    probabilities = drawn.priorities / drawn.total
+    weights = importance_weights(probabilities.view(parts, -1), beta).view(-1) * fresh
+    return weights, probabilities
+
+
 class ReplaySample(NamedTuple):
     """A sampled batch.
 
@@ -478,10 +530,7 @@ class PrioritizedReplay:
         min_priority: float = 1e-6,
         default_priority: float = 1.0,
     ) -> None:
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}")
-        if not 0.0 <= beta <= 1.0:
-            raise ValueError(f"beta must be in [0, 1], got {beta}")
+        check_exponents(alpha, beta)
         if not min_priority > 0 or not default_priority > 0:
             raise ValueError("min_priority and default_priority must be > 0")
         self.spec = dict(spec)
@@ -591,11 +640,7 @@ class PrioritizedReplay:
                 rows = rows.unfold(1, stack, 1).permute(0, 1, 4, 2, 3)
                 key = leaf
             batch[key] = rows.transpose(0, 1).contiguous()
-        # A writer that claimed a slot after it was drawn may have changed
-        # the rows mid-copy (claims bump the generation before any write).
-        fresh = self.tree.generations(indices) == drawn.generations
-        probabilities = drawn.priorities / drawn.total
-        weights = importance_weights(probabilities.view(parts, -1), beta).view(-1) * fresh
+        weights, probabilities = draw_weights(self.tree, drawn, beta, parts)
         return ReplaySample(indices, drawn.generations, batch, weights, probabilities)
 
     def update_priorities(self, indices: Tensor, td_priorities: Tensor, generations: Tensor) -> int:
@@ -631,15 +676,8 @@ class PrioritizedReplay:
     def restore(self, tensors: Mapping[str, Tensor], state: Mapping[str, object]) -> None:
         """Load `contents`' two parts into this (empty, same-layout) replay, before any
         writer starts. ValueError (one line) when the layout or capacity differ."""
-        if state["capacity"] != self.capacity:
-            raise ValueError(
-                f"the saved replay holds {state['capacity']} sequences, this one {self.capacity}"
-            )
+        check_saved_replay(tensors, state, self.capacity, self.tensors, "sequences")
         size = int(state["size"])
-        if set(tensors) != set(self.tensors):
-            raise ValueError(
-                f"the saved replay's fields {sorted(tensors)} differ from {sorted(self.tensors)}"
-            )
         for key, tensor in self.tensors.items():
             saved = tensors[key]
             if tuple(saved.shape) != (size, *tensor.shape[1:]) or saved.dtype != tensor.dtype:

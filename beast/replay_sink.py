@@ -218,6 +218,15 @@ class ReplaySink(abc.ABC):
         """Add a staged payload (rate-limited), its steps and episodes, as row `row`; False
         when `stop` was set while waiting."""
 
+    def record_payload(self, payload: Mapping, row: int) -> None:
+        """Count a staged payload's env steps and record its finished episodes, as row
+        `row` (the end of every `commit`)."""
+        self.env_steps[row] += int(payload["env_steps"])
+        for episode_return, length in zip(
+            payload["episode_returns"], payload["episode_steps"], strict=True
+        ):
+            self.record_episode(row, episode_return, length)
+
     def wait_for_room(self, count: int, give_up: Callable[[], bool]) -> bool:
         """Wait until `count` more inserts are allowed (the rate limit); False when the
         sink was closed, or `give_up()` said so, meanwhile."""
@@ -324,11 +333,7 @@ class SequenceSink(ReplaySink):
                 return False
             self.replay.add({key: torch.from_numpy(value[i]) for key, value in sequences.items()})
             self.inserted[row] += 1
-        self.env_steps[row] += int(payload["env_steps"])
-        for episode_return, length in zip(
-            payload["episode_returns"], payload["episode_steps"], strict=True
-        ):
-            self.record_episode(row, episode_return, length)
+        self.record_payload(payload, row)
         return True
 
 

@@ -36,7 +36,7 @@ from beast.checkpoint import CheckpointError
 from beast.config import Config, ConfigError
 from beast.learner import NonFiniteError
 from beast.profile import ACTOR_PHASES, PhaseClock
-from beast.runner import (
+from beast.run_setup import (
     TrainingError,
     actor_settings,
     report,

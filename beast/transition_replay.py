@@ -48,7 +48,6 @@ actions), 28.3 KB without: 0.25x (`ring_footprint`).
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,18 +58,22 @@ import torch
 from torch import Tensor
 
 from beast.buffers import env_step_spec
-from beast.fields import Field, is_obs_key, shared_zeros
+from beast.fields import Field, shared_zeros
 from beast.native import SumTree
 from beast.profile import PhaseClock
 from beast.replay import (
     ReplaySample,
+    check_exponents,
+    check_saved_replay,
+    draw_weights,
     env_fields,
+    field_nbytes,
     frames_key,
     image_keys,
-    importance_weights,
     new_priority,
     scaled_priorities,
     settle_tree,
+    stacked_image_keys,
     stratified_parts,
 )
 from beast.replay_sink import ReplayRow, ReplaySink
@@ -108,28 +111,18 @@ def _storage_spec(spec: Mapping[str, Field], frame_dedup: bool) -> dict[str, Fie
     frame [H, W], plus the per-slot window fields."""
     out = dict(spec)
     if frame_dedup:
-        keys = image_keys(spec, leading=0)
-        if not keys:
-            shapes = {key: f.shape for key, f in spec.items() if is_obs_key(key)}
-            raise ValueError(
-                f"frame_dedup needs frame-stacked image observations [k, H, W], got {shapes}"
-            )
-        for key in keys:
+        for key in stacked_image_keys(spec, leading=0):
             obs = out.pop(key)
             out[frames_key(key)] = Field(obs.shape[1:], obs.dtype)
     out.update(WINDOW_FIELDS)
     return out
 
 
-def _nbytes(field: Field) -> int:
-    return math.prod(field.shape) * torch.empty((), dtype=field.dtype).element_size()
-
-
 def ring_footprint(spec: Mapping[str, Field], frame_dedup: bool) -> int:
     """Bytes one stored step (one transition) takes: every stored field and its sum-tree
     leaf (float64 sum and max, int64 generation, int32 writer pid; the tree's inner nodes
     and power-of-two rounding add up to 48 B more per slot)."""
-    return sum(_nbytes(f) for f in _storage_spec(spec, frame_dedup).values()) + 28
+    return sum(field_nbytes(f) for f in _storage_spec(spec, frame_dedup).values()) + 28
 
 
 def rebuild_stacks(
@@ -190,10 +183,7 @@ class RingReplay:
         min_priority: float = 1e-6,
         default_priority: float = 1.0,
     ) -> None:
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}")
-        if not 0.0 <= beta <= 1.0:
-            raise ValueError(f"beta must be in [0, 1], got {beta}")
+        check_exponents(alpha, beta)
         if n_step < 1 or n_step > 255:
             raise ValueError(f"n_step must be in [1, 255], got {n_step}")
         self.spec = dict(spec)
@@ -283,9 +273,7 @@ class RingReplay:
         batch["n_step_rewards"] = torch.where(offsets <= n_steps, rewards, 0.0)
         batch["n_steps"] = n_steps
         batch["terminal"] = tensors["terminal"][envs, starts]
-        fresh = self.tree.generations(drawn.indices) == drawn.generations
-        probabilities = drawn.priorities / drawn.total
-        weights = importance_weights(probabilities.view(parts, -1), beta).view(-1) * fresh
+        weights, probabilities = draw_weights(self.tree, drawn, beta, parts)
         return ReplaySample(drawn.indices, drawn.generations, batch, weights, probabilities)
 
     def update_priorities(self, indices: Tensor, td_priorities: Tensor, generations: Tensor) -> int:
@@ -317,15 +305,8 @@ class RingReplay:
     def restore(self, tensors: Mapping[str, Tensor], state: Mapping[str, object]) -> None:
         """Load `contents`' two parts into this (empty, same-layout) replay, before any
         writer starts. ValueError (one line) when the layout or capacity differ."""
-        if state["capacity"] != self.capacity:
-            raise ValueError(
-                f"the saved replay holds {state['capacity']} transitions, this one {self.capacity}"
-            )
         mine = {**self.tensors, "written": self.written}
-        if set(tensors) != set(mine):
-            raise ValueError(
-                f"the saved replay's fields {sorted(tensors)} differ from {sorted(mine)}"
-            )
+        check_saved_replay(tensors, state, self.capacity, mine, "transitions")
         size = min(self.ring, int(tensors["written"].max()))
         for key, tensor in mine.items():
             saved = tensors[key]
@@ -480,11 +461,7 @@ class TransitionSink(ReplaySink):
                     return False
                 appender.append({key: value[w] for key, value in steps.items()})
                 self.inserted[row] += num_envs
-        self.env_steps[row] += int(payload["env_steps"])
-        for episode_return, length in zip(
-            payload["episode_returns"], payload["episode_steps"], strict=True
-        ):
-            self.record_episode(row, episode_return, length)
+        self.record_payload(payload, row)
         return True
 
 

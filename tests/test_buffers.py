@@ -110,7 +110,7 @@ def test_synchronous_lanes_wait_for_the_update_their_rollouts_feed():
     import os
     import threading
 
-    from beast.buffers import RolloutSource
+    from beast.rollout_source import RolloutSource
 
     T = 3
     spec = rollout_spec(

@@ -14,15 +14,14 @@ import pytest
 import torch
 from torch import nn
 
+from beast.algos.distributional import categorical_projection
 from beast.algos.dqn import (
-    NStepReturns,
     categorical_loss,
-    categorical_projection,
     linear_epsilon,
-    n_step_returns,
     q_learning_targets,
     q_loss,
 )
+from beast.algos.nstep import NStepReturns, n_step_returns
 from beast.fields import Field, box_obs
 from beast.models import polyak_update
 from beast.transition_replay import RingAppender, RingReplay, step_spec

@@ -1,5 +1,5 @@
 """Evaluation during training (beast/evaluator.py) and the episode loop it shares with
---mode test (beast/evaluate.py `play_episodes`), without the entry points: the schedule,
+--mode test (beast/play.py `play_episodes`), without the entry points: the schedule,
 the evaluation itself, the evaluator process and its supervision.
 (The entry points' runs with --eval_interval: tests/test_evaluation_runs.py.)"""
 
@@ -25,7 +25,6 @@ from beast.checkpoint import BEST_CHECKPOINT_NAME, load_checkpoint
 from beast.config import config_for
 from beast.engine import build_algorithm, build_checked_model
 from beast.error_board import ErrorBoard
-from beast.evaluate import play_episodes
 from beast.evaluator import (
     EVAL_SEED_OFFSET,
     EvalChannel,
@@ -37,6 +36,7 @@ from beast.evaluator import (
 from beast.inference import LocalPolicy
 from beast.learner import UpdateStats
 from beast.models import copy_weights
+from beast.play import play_episodes
 
 # A test of the evaluator process that hangs fails after this long.
 WAIT_SECONDS = 60

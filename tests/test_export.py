@@ -2,7 +2,7 @@
 
 For every algorithm a short run (CartPole-v1; Pendulum-v1 for continuous actions; the Dict
 versions for one algorithm of each kind) is played by `--mode test` itself
-(`beast.evaluate`, the Q-networks' --test_epsilon set to 0) for 100 steps, recording what
+(`beast.play`, the Q-networks' --test_epsilon set to 0) for 100 steps, recording what
 its policy was given and the action it took. The run's policy from `beast.load_policy(run)`,
 and from the TorchScript and ONNX (onnxruntime) files `beast.export` wrote, then gets the
 same observations, rewards and done flags, carrying its own state (the last action and an
@@ -48,8 +48,8 @@ from tests.test_matrix import ALGO_FLAGS
 STEPS = 100
 ONNX_PACKAGES = ("onnx", "onnxruntime", "onnxscript")
 SPREAD_TRIES = 10
-# --mode test's module (beast.evaluate is also the API function's name).
-MODE_TEST = importlib.import_module("beast.evaluate")
+# --mode test's module.
+MODE_TEST = importlib.import_module("beast.play")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +137,7 @@ class Recording:
 
 
 def record_mode_test(run_dir: str, case: Case, monkeypatch) -> Recording:
-    """Play the run with `beast.evaluate` (--mode test) and record STEPS steps of its
+    """Play the run with `beast.play` (--mode test) and record STEPS steps of its
     policy, through a LocalPolicy that keeps a copy of every call."""
     recording = Recording([], [], [], [], [])
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from beast.evaluator import EvalResult
+from beast.eval_result import EvalResult
 from beast.learner import UpdateStats
 from beast.logs import EVAL_COLUMNS, RunLog, format_duration, pip_freeze
 

@@ -33,7 +33,6 @@ from beast.algos.impala import ActorCriticUpdate, impala_loss  # noqa: E402
 from beast.algos.policies import CategoricalPolicy, EpsilonGreedyPolicy  # noqa: E402
 from beast.buffers import (  # noqa: E402
     RolloutBuffers,
-    RolloutSource,
     check_rollout,
     commit,
     rollout_spec,
@@ -47,6 +46,7 @@ from beast.poly.config import PolyConfig, parse_poly_args  # noqa: E402
 from beast.poly.env_server import EnvServer  # noqa: E402
 from beast.replay import PrioritizedReplay, sequence_spec  # noqa: E402
 from beast.replay_sink import SequenceSink  # noqa: E402
+from beast.rollout_source import RolloutSource  # noqa: E402
 from tests.test_learning import best_mean_of_100  # noqa: E402
 from tests.test_monobeast import (  # noqa: E402
     ROOT,

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from beast.algos.base import Batch, LearnerContext
-from beast.algos.dqn import NStepReturns
+from beast.algos.nstep import NStepReturns
 from beast.algos.policies import SquashedPolicy
 from beast.algos.qpg.functions import (
     critic_loss,

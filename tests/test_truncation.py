@@ -35,7 +35,8 @@ from torch import nn
 
 from beast.actor import Actor, ActorSettings
 from beast.algos.base import as_outputs
-from beast.algos.dqn import n_step_returns, q_learning_targets
+from beast.algos.dqn import q_learning_targets
+from beast.algos.nstep import n_step_returns
 from beast.algos.r2d2 import n_step_double_q_targets
 from beast.config import parse_args
 from beast.engine import build_algorithm, build_experience

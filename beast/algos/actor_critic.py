@@ -1,7 +1,7 @@
 """What every actor-critic plug-in shares: its network, its action distribution, its acting.
 
 IMPALA, LASER, PPO and A2C all learn a policy pi(a|x) and a value V(x) from one network
-with a policy head and a baseline head (beast/models.py). Which head, and how actions
+with a policy head and a baseline head (beast/models/actor_critic.py). Which head, and how actions
 are drawn and stored, follows from the env's action space alone
 (`beast.algos.distributions.action_distribution`): a softmax for Discrete actions, a
 diagonal Gaussian for Box actions. So they all run in both kinds of action space.

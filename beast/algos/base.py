@@ -28,9 +28,9 @@ How a new algorithm plugs in, and what its model must return: docs/algorithms.md
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -41,7 +41,6 @@ from beast.fields import Field
 if TYPE_CHECKING:
     from beast.config import Config
     from beast.envs import EnvSpec
-    from beast.learner import Stepper, TrainingProgress
     from beast.train_step import ParameterGroup, StepLoss, TargetNetwork, TrainStep
 
 __all__ = [
@@ -49,7 +48,9 @@ __all__ = [
     "Batch",
     "Experience",
     "LearnerContext",
+    "OptimizerStep",
     "Policy",
+    "Progress",
     "Rollouts",
     "SequenceReplay",
     "TransitionReplay",
@@ -235,6 +236,38 @@ def batch_rewards(data: Mapping[str, Tensor]) -> Tensor:
     return data["reward"]
 
 
+class OptimizerStep(Protocol):
+    """The learner's optimizer step as an algorithm sees it (beast/learner.py `Stepper`).
+
+    Named here by what algorithms use of it, so that this interface does not import the
+    learner, which imports the interface."""
+
+    total_steps: int  # the run's --total_steps, which the learning-rate schedule spans
+
+    def __call__(
+        self,
+        loss: Tensor,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+        parameters: Iterable[Tensor],
+    ) -> bool:
+        """Backward `loss`, clip, guard and step; False when skipped as non-finite."""
+        ...
+
+
+class Progress(Protocol):
+    """The run's counters as an algorithm reads them (beast/learner.py `TrainingProgress`)."""
+
+    @property
+    def step(self) -> int:
+        """Agent steps accounted for."""
+        ...
+
+    @property
+    def num_updates(self) -> int:
+        """Updates that stepped an optimizer."""
+        ...
+
+
 @dataclass
 class LearnerContext:
     """What the engine gives an algorithm's learner.
@@ -258,8 +291,8 @@ class LearnerContext:
 
     device: torch.device
     bf16: bool
-    step: Stepper
-    progress: TrainingProgress
+    step: OptimizerStep
+    progress: Progress
     scale_rewards: Callable[[Mapping[str, Tensor]], Tensor] = batch_rewards
     compile: str = "off"
     log: Callable[[str], None] = print
@@ -331,11 +364,11 @@ class Algorithm(abc.ABC):
         Args: the dataclass of its flags.
         bf16_auto: whether --precision auto may pick bf16 for it (image models only).
         bf16_builtin_only: auto picks bf16 for its built-in models only (Q-learning: they
-            keep the Q-values in float32, beast/models.py `QNet`), never for a user's.
+            keep the Q-values in float32, beast/models/q.py `QNet`), never for a user's.
         continuous_actions: whether it acts in continuous (Box) action spaces; the engine
             refuses such an env for an algorithm that does not, in one line.
         discrete_actions: whether it acts in Discrete action spaces (likewise).
-        core_defaults: core flags (beast/config.py `Config`) whose defaults differ for it
+        core_defaults: core flags (beast/config/flags.py `Config`) whose defaults differ for it
             (PPO's optimizer and rollout length, say): what a run gets with no config file
             (--config none, or no configs/<algo>/ file for its env's family) and no flag;
             a family's configs/<algo>/ file and the command line still replace them.

@@ -52,20 +52,22 @@ from beast.algos.base import (
     UpdateInfo,
     as_outputs,
 )
+from beast.algos.distributional import categorical_projection
 from beast.algos.dtypes import compute_dtype
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
+from beast.algos.nstep import NStepReturns, bootstrap_targets, n_step_returns
 from beast.algos.policies import EpsilonGreedyPolicy
-from beast.algos.r2d2 import (
+from beast.algos.target_update import TargetNetworkUpdate
+from beast.algos.value_rescaling import (
     DEFAULT_RESCALE_EPS,
-    TargetNetworkUpdate,
     inverse_value_rescaling,
     value_rescaling,
 )
-from beast.config import ConfigError, flag
+from beast.config import ConfigError, flag, require_fraction, require_nonnegative, require_positive
 from beast.fields import index_inputs, model_inputs
-from beast.models import build_q_model, copy_weights
+from beast.models import build_q_model
 from beast.optim import build_optimizer
-from beast.train_step import ParameterGroup, StepLoss, TargetNetwork
+from beast.train_step import StepLoss
 
 __all__ = [
     "C51",
@@ -73,64 +75,18 @@ __all__ = [
     "C51Args",
     "DQNArgs",
     "ExplorationSchedule",
-    "NStepReturns",
     "QLossOutput",
     "Rainbow",
     "RainbowArgs",
     "TransitionQUpdate",
-    "bootstrap_targets",
     "categorical_loss",
-    "categorical_projection",
     "linear_epsilon",
-    "n_step_returns",
     "q_learning_targets",
     "q_loss",
 ]
 
 LOSSES = ("huber", "mse")
 EXPLORATION = ("linear", "per_env")
-
-
-class NStepReturns(NamedTuple):
-    """``G`` and ``gamma^k`` per transition, float [B] each, of one dtype."""
-
-    returns: Tensor
-    discounts: Tensor
-
-
-def n_step_returns(rewards: Tensor, n_steps: Tensor, discounting: float) -> NStepReturns:
-    """``G = sum_{i<k} gamma^i r_{s+1+i}`` and ``gamma^k`` (module docstring).
-
-    Args:
-        rewards: float [n, B], the window's rewards (those past k are ignored).
-        n_steps: int [B], k in [1, n].
-        discounting: gamma in [0, 1].
-
-    Returns:
-        `NStepReturns`, [B] each, in rewards' dtype and at least float32; summed in
-        float64 whatever that is, so a float32 G is the float64 sum rounded once.
-    """
-    if not 0.0 <= discounting <= 1.0:
-        raise ValueError(f"discounting must be in [0, 1], got {discounting}")
-    n = rewards.shape[0]
-    steps = torch.arange(n, device=rewards.device).unsqueeze(1)  # [n, 1]
-    taken = steps < n_steps.unsqueeze(0)
-    powers = torch.pow(torch.full_like(rewards, discounting, dtype=torch.float64), steps)
-    returns = torch.where(taken, powers * rewards.double(), 0.0).sum(dim=0)
-    discounts = torch.pow(
-        torch.tensor(discounting, dtype=torch.float64, device=n_steps.device), n_steps.double()
-    )
-    dtype = compute_dtype(rewards)
-    return NStepReturns(returns.to(dtype), discounts.to(dtype))
-
-
-def bootstrap_targets(returns: NStepReturns, terminal: Tensor, values: Tensor) -> Tensor:
-    """``y = G + gamma^k v`` per transition, ``G`` alone when the window ended in a terminal
-    state: float [B]. `values` [B] is what the target bootstraps from at x_{s+k}: Q of the
-    greedy action (DQN), the clipped double-Q of the next action (TD3), with SAC's entropy
-    bonus (beast/algos/qpg)."""
-    continuing = returns.discounts * values
-    return returns.returns + torch.where(terminal, torch.zeros_like(continuing), continuing)
 
 
 def _greedy_actions(next_online: Tensor | None, next_target: Tensor) -> Tensor:
@@ -214,46 +170,6 @@ def q_loss(
         "mean_abs_td": priorities.mean(),
     }
     return QLossOutput(total, stats, priorities)
-
-
-@torch.no_grad()
-def categorical_projection(
-    returns: NStepReturns, terminal: Tensor, next_probs: Tensor, support: Tensor
-) -> Tensor:
-    """Project the target distribution onto the support (Bellemare et al. 2017, alg. 1).
-
-    Atom j of the next distribution moves to ``Tz_j = clamp(G + gamma^k z_j, z_1, z_N)``
-    (``G`` when terminal), at ``b_j = (Tz_j - z_1) / dz`` in atom units; its probability
-    is split between atoms ``l = floor(b_j)`` and ``u = ceil(b_j)`` as ``(u - b_j)`` and
-    ``(b_j - l)``, all to l when b_j falls on an atom.
-
-    Args:
-        returns: `n_step_returns` ([B] each).
-        terminal: bool [B].
-        next_probs: float [B, N], p_j(x_{s+k}, a*) under the target network.
-        support: float [N], evenly spaced z_1 < ... < z_N.
-
-    Returns:
-        float [B, N], rows summing to 1 (as next_probs' do), in the promoted dtype of
-        the four float inputs, at least float32.
-    """
-    dtype = compute_dtype(returns.returns, returns.discounts, next_probs, support)
-    support = support.to(dtype)
-    num_atoms = support.shape[0]
-    v_min, v_max = float(support[0]), float(support[-1])
-    delta = (v_max - v_min) / (num_atoms - 1)
-    discounts = torch.where(terminal, 0.0, returns.discounts.to(dtype)).unsqueeze(1)
-    shifted = returns.returns.to(dtype).unsqueeze(1) + discounts * support.unsqueeze(0)
-    shifted = shifted.clamp(v_min, v_max)
-    position = (shifted - v_min) / delta  # [B, N], in [0, N - 1]
-    lower = position.floor().clamp(0, num_atoms - 1)
-    upper = position.ceil().clamp(0, num_atoms - 1)
-    probs = next_probs.to(dtype)
-    on_atom = (upper == lower).float()
-    target = torch.zeros_like(probs)
-    target.scatter_add_(1, lower.long(), probs * (upper - position + on_atom))
-    target.scatter_add_(1, upper.long(), probs * (position - lower))
-    return target
 
 
 def categorical_loss(
@@ -397,29 +313,23 @@ class DQNArgs:
 
     @staticmethod
     def check(config: Any) -> None:
-        for name in ("n_step", "target_update_period", "replay_size", "batch_size"):
-            if getattr(config, name) <= 0:
-                raise ConfigError(f"--{name} must be positive, got {getattr(config, name)}")
+        require_positive(config, "n_step", "target_update_period", "replay_size", "batch_size")
         if config.n_step > 255:
             raise ConfigError(f"--n_step must be at most 255, got {config.n_step}")
         if config.learning_starts < 0 or config.eps_decay_steps < 0:
             raise ConfigError("--learning_starts and --eps_decay_steps must be >= 0")
-        if not 0.0 <= config.discounting <= 1.0:
-            raise ConfigError(f"--discounting must be in [0, 1], got {config.discounting}")
+        require_fraction(config, "discounting")
         if not 0.0 < config.tau <= 1.0:
             raise ConfigError(f"--tau must be in (0, 1], got {config.tau}")
-        for name in ("priority_exponent", "eps_alpha", "samples_per_insert"):
-            if getattr(config, name) < 0:
-                raise ConfigError(f"--{name} must be >= 0, got {getattr(config, name)}")
-        for name in (
+        require_nonnegative(config, "priority_exponent", "eps_alpha", "samples_per_insert")
+        require_fraction(
+            config,
             "importance_sampling_exponent",
             "eps_base",
             "eps_start",
             "eps_end",
             "test_epsilon",
-        ):
-            if not 0.0 <= getattr(config, name) <= 1.0:
-                raise ConfigError(f"--{name} must be in [0, 1], got {getattr(config, name)}")
+        )
         if config.learning_starts > config.replay_size:
             raise ConfigError(
                 f"--learning_starts {config.learning_starts} exceeds --replay_size"
@@ -501,20 +411,11 @@ class TransitionQUpdate(TargetNetworkUpdate):
         double_q: bool,
         epsilon: Callable[[int], float] | None = None,
     ) -> None:
-        self.model, self.context, self.optimizer, self.loss_fn = model, context, optimizer, loss_fn
-        self.target_model = target_model.requires_grad_(False)
-        copy_weights(self.target_model, model)
-        self.target_update_period, self.tau = target_update_period, tau
+        self.tau = tau
         self.prioritized, self.double_q = prioritized, double_q
         self.epsilon = epsilon
         self.schedule = _schedule_of(model)
-        self.num_updates = 0  # applied updates, for the target updates
-        self.train_step = context.train_step(
-            self.loss,
-            modules={"model": model, "target": self.target_model},
-            groups=[ParameterGroup("model", optimizer)],
-            targets=[TargetNetwork(self.target_model, model)],
-        )
+        self._start(model, target_model, context, optimizer, loss_fn, target_update_period)
 
     def loss(self, data: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
         """The loss on a batch's tensors (steps 1-2 of the class docstring)."""
@@ -544,13 +445,7 @@ class TransitionQUpdate(TargetNetworkUpdate):
             if batch.weights is not None
             else torch.ones(inputs["n_steps"].shape, device=inputs["n_steps"].device)
         )
-        averages = (self.num_updates + 1) % self.target_update_period == 0
-        result = self.train_step(inputs, train=("model",), tau=self.tau if averages else None)
-        stats.update(result.stats)
-        if not result.applied:
-            return UpdateInfo(stats=stats)
-        self.num_updates += 1
-        return UpdateInfo(stats=stats, priorities=result.priorities)
+        return self._step(inputs, tau=self.tau, stats=stats)
 
 
 def _scaled_returns(
@@ -630,7 +525,7 @@ class DQN(Algorithm):
     Args = DQNArgs
     # Q-values regress onto targets whose TD errors, late in training, are as small as
     # bf16's resolution near them (8 mantissa bits: 0.016 at Q = 3): bf16 runs the
-    # built-in models' torsos only, their Q-values stay float32 (beast/models.py QNet).
+    # built-in models' torsos only, their Q-values stay float32 (beast/models/q.py QNet).
     bf16_builtin_only = True
     core_defaults: Mapping[str, Any] = {
         "optimizer": "adam",

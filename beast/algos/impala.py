@@ -79,7 +79,7 @@ from beast.algos.base import (
 )
 from beast.algos.distributions import ActionDistribution, Categorical
 from beast.algos.dtypes import compute_dtype
-from beast.config import ConfigError, flag
+from beast.config import flag, require_fraction, require_nonnegative
 from beast.fields import core_state, model_inputs
 from beast.optim import build_optimizer
 from beast.train_step import ParameterGroup, StepLoss
@@ -359,11 +359,8 @@ class ImpalaArgs:
 
     @staticmethod
     def check(config: Any) -> None:
-        for name in ("entropy_cost", "baseline_cost"):
-            if getattr(config, name) < 0:
-                raise ConfigError(f"--{name} must be >= 0, got {getattr(config, name)}")
-        if not 0.0 <= config.discounting <= 1.0:
-            raise ConfigError(f"--discounting must be in [0, 1], got {config.discounting}")
+        require_nonnegative(config, "entropy_cost", "baseline_cost")
+        require_fraction(config, "discounting")
 
 
 class ActorCriticUpdate(Update):

@@ -31,7 +31,7 @@ Stale data. beast's actors do not stop for the learner, so a batch can come from
 several updates old. Two answers, `--synchronous` (the default) or not:
 
 - synchronous: actors wait, after each rollout, for the update it feeds (the engine's
-  synchronous rollouts: beast/buffers.py `RolloutSource`); every batch is one rollout of
+  synchronous rollouts: beast/rollout_source.py `RolloutSource`); every batch is one rollout of
   every env acted by the weights it updates (but for the first step of each rollout),
   as in Stable-Baselines3 and CleanRL. `--batch_size` must be the number of envs.
 - asynchronous: actors never wait; the surrogate's ratio is to the behaviour policy that
@@ -65,7 +65,7 @@ from beast.algos.base import (
 from beast.algos.distributions import ActionDistribution
 from beast.algos.gae import generalized_advantages
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards, step_discounts_and_valid
-from beast.config import ConfigError, flag
+from beast.config import ConfigError, flag, require_fraction, require_nonnegative
 from beast.fields import core_state, index_inputs, map_inputs, model_inputs
 from beast.optim import build_optimizer
 from beast.train_step import ParameterGroup, StepLoss
@@ -187,12 +187,8 @@ class PolicyGradientArgs:
 
     @staticmethod
     def check(config: Any) -> None:
-        for name in ("entropy_cost", "baseline_cost"):
-            if getattr(config, name) < 0:
-                raise ConfigError(f"--{name} must be >= 0, got {getattr(config, name)}")
-        for name in ("discounting", "gae_lambda"):
-            if not 0.0 <= getattr(config, name) <= 1.0:
-                raise ConfigError(f"--{name} must be in [0, 1], got {getattr(config, name)}")
+        require_nonnegative(config, "entropy_cost", "baseline_cost")
+        require_fraction(config, "discounting", "gae_lambda")
         if not config.synchronous:
             return
         if config.actor_layout_is_auto:

@@ -40,11 +40,10 @@ return and van Hasselt et al.'s double-Q action), in paper notation:
     a*  = argmax_a Q(x_{t+n}, a; theta)
 
 where ``r_{t+k}`` is ``reward[t + k + 1]`` here, theta the online and theta-
-the target network, and h the value rescaling below. An episode end inside
-the window stops the sum after its reward and drops the bootstrap term; a
-truncated row inside the window stops the sum there and bootstraps from that
-row (its Q-values are the final observation's, not 0 and not the next
-episode's).
+the target network, and h the value rescaling (beast/algos/value_rescaling.py). An
+episode end inside the window stops the sum after its reward and drops the bootstrap
+term; a truncated row inside the window stops the sum there and bootstraps from that
+row (its Q-values are the final observation's, not 0 and not the next episode's).
 
 Priorities (R2D2 section 2.3): ``p = eta * max_t |delta_t| + (1 - eta) *
 mean_t |delta_t|`` over the sequence's trained steps, ``delta_t = y_t -
@@ -79,11 +78,17 @@ from beast.algos.base import (
 from beast.algos.dtypes import compute_dtype
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
 from beast.algos.policies import EpsilonGreedyPolicy
-from beast.config import ConfigError, flag
+from beast.algos.target_update import TargetNetworkUpdate
+from beast.algos.value_rescaling import (
+    DEFAULT_RESCALE_EPS,
+    inverse_value_rescaling,
+    value_rescaling,
+)
+from beast.config import ConfigError, flag, require_fraction, require_nonnegative, require_positive
 from beast.fields import core_state, index_inputs, model_inputs
-from beast.models import build_q_model, copy_weights
+from beast.models import build_q_model
 from beast.optim import build_optimizer
-from beast.train_step import ParameterGroup, StepLoss, TargetNetwork, TrainStep
+from beast.train_step import StepLoss
 
 __all__ = [
     "NStepTargets",
@@ -91,63 +96,14 @@ __all__ = [
     "R2D2",
     "R2D2Args",
     "SequenceQUpdate",
-    "TargetNetworkUpdate",
     "R2D2LossOutput",
     "double_q_values",
-    "inverse_value_rescaling",
     "n_step_double_q_targets",
     "r2d2_loss",
     "sequence_priorities",
     "unroll_with_burn_in",
-    "value_rescaling",
 ]
-
-# R2D2's defaults, here only as the defaults of the arguments below.
-DEFAULT_RESCALE_EPS = 1e-3  # Pohlen et al. 2018; R2D2 section 2
 DEFAULT_ETA = 0.9  # priority mix, R2D2 section 2.3
-
-
-def value_rescaling(x: Tensor, eps: float = DEFAULT_RESCALE_EPS) -> Tensor:
-    """``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x`` (Pohlen et al. 2018, eq. 4).
-
-    Squashes returns of any scale into a range a network can regress on,
-    without clipping rewards; R2D2 applies it to every target. Computed as
-    ``sign(x) |x| / (sqrt(|x| + 1) + 1) + eps x``, the same value with no
-    cancellation between sqrt(|x| + 1) and 1 for tiny |x|, so the round trip
-    through `inverse_value_rescaling` is accurate from 1e-6 to 1e6.
-
-    Args:
-        x: float tensor of any shape.
-        eps: the linear term's weight (> 0 makes h invertible with a
-            Lipschitz inverse; 0 gives the plain signed square root).
-    """
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-    abs_x = x.abs()
-    return torch.sign(x) * abs_x / (torch.sqrt(abs_x + 1.0) + 1.0) + eps * x
-
-
-def inverse_value_rescaling(x: Tensor, eps: float = DEFAULT_RESCALE_EPS) -> Tensor:
-    """The exact inverse of `value_rescaling` (Pohlen et al. 2018, proposition A.2).
-
-    The paper's closed form is
-
-        h^-1(x) = sign(x) ( ((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1 ).
-
-    Written as ``sign(x) (u - 1)(u + 1)`` with ``u = (s - 1) / (2 eps)`` and
-    ``s = sqrt(1 + 4 eps (|x| + 1 + eps)) = sqrt((1 + 2 eps)^2 + 4 eps |x|)``,
-    some algebra gives ``u - 1 = 2|x| / (1 + 2 eps + s)``: a sum of positive
-    terms, where the literal form subtracts nearly equal numbers twice (for
-    eps = 1e-3 and |x| = 1e-6 it loses all but ~3 digits in float32 and ~7 in
-    float64). The rewrite also holds at eps = 0 (``h^-1(x) = sign(x)((|x| +
-    1)^2 - 1)``) with no division by eps.
-    """
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-    abs_x = x.abs()
-    s = torch.sqrt((1.0 + 2.0 * eps) ** 2 + 4.0 * eps * abs_x)
-    u_minus_1 = 2.0 * abs_x / (1.0 + 2.0 * eps + s)
-    return torch.sign(x) * u_minus_1 * (u_minus_1 + 2.0)
 
 
 def double_q_values(online_q: Tensor, target_q: Tensor) -> Tensor:
@@ -508,17 +464,10 @@ class QLearningArgs:
 
     @staticmethod
     def check(config: Any) -> None:
-        for name in ("n_step", "target_update_period", "min_replay_size", "replay_size"):
-            if getattr(config, name) <= 0:
-                raise ConfigError(f"--{name} must be positive, got {getattr(config, name)}")
-        if not 0.0 <= config.discounting <= 1.0:
-            raise ConfigError(f"--discounting must be in [0, 1], got {config.discounting}")
-        for name in ("priority_exponent", "eps_alpha", "samples_per_insert"):
-            if getattr(config, name) < 0:
-                raise ConfigError(f"--{name} must be >= 0, got {getattr(config, name)}")
-        for name in ("importance_sampling_exponent", "eps_base", "test_epsilon"):
-            if not 0.0 <= getattr(config, name) <= 1.0:
-                raise ConfigError(f"--{name} must be in [0, 1], got {getattr(config, name)}")
+        require_positive(config, "n_step", "target_update_period", "min_replay_size", "replay_size")
+        require_fraction(config, "discounting")
+        require_nonnegative(config, "priority_exponent", "eps_alpha", "samples_per_insert")
+        require_fraction(config, "importance_sampling_exponent", "eps_base", "test_epsilon")
         if config.min_replay_size > config.replay_size:
             raise ConfigError(
                 f"--min_replay_size {config.min_replay_size} exceeds --replay_size"
@@ -537,29 +486,6 @@ class R2D2Args(QLearningArgs):
         "Steps at a sequence's start that only refresh the stored LSTM state (no loss, no"
         " gradient).",
     )
-
-
-class TargetNetworkUpdate(Update):
-    """What a Q-learner's checkpoint keeps: its optimizer, its target network and the count
-    of applied updates that times the target's updates (R2D2, the DQN family)."""
-
-    optimizer: torch.optim.Optimizer
-    target_model: nn.Module
-    num_updates: int
-    train_step: TrainStep
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "target_model": self.target_model.state_dict(),
-            "num_updates": self.num_updates,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.target_model.load_state_dict(state["target_model"])
-        self.num_updates = int(state["num_updates"])
-        self.train_step.load_optimizer_states()
 
 
 class SequenceQUpdate(TargetNetworkUpdate):
@@ -587,19 +513,9 @@ class SequenceQUpdate(TargetNetworkUpdate):
         target_update_period: int,
         reward_clipping: str,
     ) -> None:
-        self.model, self.context, self.optimizer, self.loss_fn = model, context, optimizer, loss_fn
-        self.target_model = target_model.requires_grad_(False)
-        copy_weights(self.target_model, model)
         self.burn_in = burn_in
-        self.target_update_period = target_update_period
         self.reward_clipping = reward_clipping
-        self.num_updates = 0  # applied updates, for the target copies
-        self.train_step = context.train_step(
-            self.loss,
-            modules={"model": model, "target": self.target_model},
-            groups=[ParameterGroup("model", optimizer)],
-            targets=[TargetNetwork(self.target_model, model)],
-        )
+        self._start(model, target_model, context, optimizer, loss_fn, target_update_period)
 
     def loss(self, data: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
         """Steps 1-2 of the class docstring on a batch's tensors."""
@@ -623,12 +539,7 @@ class SequenceQUpdate(TargetNetworkUpdate):
         inputs = dict(batch.data)
         if batch.weights is not None:
             inputs["weights"] = batch.weights
-        copies = (self.num_updates + 1) % self.target_update_period == 0
-        result = self.train_step(inputs, train=("model",), tau=1.0 if copies else None)
-        if not result.applied:
-            return UpdateInfo(stats=result.stats)
-        self.num_updates += 1
-        return UpdateInfo(stats=result.stats, priorities=result.priorities)
+        return self._step(inputs, tau=1.0, stats={})
 
 
 class R2D2(Algorithm):
@@ -642,7 +553,7 @@ class R2D2(Algorithm):
     Args = R2D2Args
     # Q-values regress onto targets whose TD errors, late in training, are as small as
     # bf16's resolution near them (8 mantissa bits: 0.016 at Q = 3): bf16 runs the
-    # built-in models' torsos only, their Q-values stay float32 (beast/models.py QNet).
+    # built-in models' torsos only, their Q-values stay float32 (beast/models/q.py QNet).
     bf16_builtin_only = True
 
     @classmethod

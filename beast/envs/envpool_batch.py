@@ -65,7 +65,7 @@ import gymnasium
 import numpy as np
 
 from beast.envs import factory
-from beast.envs.batch import (
+from beast.envs.batch_base import (
     DEFAULT_NATIVE_THREADS,
     AtariSettings,
     EnvBatch,

@@ -24,7 +24,7 @@ lost with its server is simply never written:
                       the same writer a server would use, commits what is
                       complete, sends the actions.
 
-With synchronous rollouts (beast/buffers.py `RolloutSource`) a server's next rollout
+With synchronous rollouts (beast/rollout_source.py `RolloutSource`) a server's next rollout
 waits for the update its last one feeds: both feeders hold a server back once its
 rollout is committed, until the learner frees that rollout's slots (the update is out),
 and meanwhile serve the others; the receiver then asks for one rollout at a time, with

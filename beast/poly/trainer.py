@@ -53,7 +53,7 @@ from beast.poly.cluster import ray_session
 from beast.poly.config import PolyConfig
 from beast.poly.distributed import GradientReducer, broadcast_parameters, init_process_group
 from beast.poly.feeders import CentralInference, RolloutReceiver, ServerPool, WeightsBroadcast
-from beast.runner import (
+from beast.run_setup import (
     TrainingError,
     learner_failure,
     open_run_log,
@@ -232,7 +232,7 @@ class LearnerNode:
         pool = ServerPool(config, servers, log.print, run.sink.staging_recipe())
         pools.append(pool)
         stop = threading.Event()
-        # Synchronous rollouts (beast/buffers.py RolloutSource): a server's next rollout
+        # Synchronous rollouts (beast/rollout_source.py RolloutSource): a server's next rollout
         # must act with the weights of the update its last one fed, so it is asked for
         # once that update is out, with those weights.
         synchronous = getattr(run.source, "synchronous", False)

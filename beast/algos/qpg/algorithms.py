@@ -32,7 +32,8 @@ from beast.algos.base import (
     Update,
     UpdateInfo,
 )
-from beast.algos.dqn import ExplorationSchedule, NStepReturns, n_step_returns
+from beast.algos.dqn import ExplorationSchedule
+from beast.algos.nstep import NStepReturns, n_step_returns
 from beast.algos.policies import SquashedPolicy
 from beast.algos.qpg.functions import (
     critic_loss,
@@ -44,7 +45,7 @@ from beast.algos.qpg.functions import (
     to_unit_actions,
 )
 from beast.algos.qpg.networks import ActorCriticQNet
-from beast.config import ConfigError, flag
+from beast.config import ConfigError, flag, require_fraction, require_nonnegative, require_positive
 from beast.fields import index_inputs, model_inputs
 from beast.models import ModelError
 from beast.normalize import find_observation_normalizer
@@ -125,9 +126,7 @@ class DDPGArgs:
 
     @staticmethod
     def check(config: Any) -> None:
-        for name in ("n_step", "replay_size", "batch_size"):
-            if getattr(config, name) <= 0:
-                raise ConfigError(f"--{name} must be positive, got {getattr(config, name)}")
+        require_positive(config, "n_step", "replay_size", "batch_size")
         if config.n_step > 255:
             raise ConfigError(f"--n_step must be at most 255, got {config.n_step}")
         if not config.utd_ratio > 0:
@@ -135,19 +134,16 @@ class DDPGArgs:
                 f"--utd_ratio must be > 0 (gradient updates per env step), got"
                 f" {config.utd_ratio}; 1 is SB3's train_freq 1, gradient_steps 1"
             )
-        if config.learning_starts < 0:
-            raise ConfigError(f"--learning_starts must be >= 0, got {config.learning_starts}")
+        require_nonnegative(config, "learning_starts")
         if config.learning_starts > config.replay_size:
             raise ConfigError(
                 f"--learning_starts {config.learning_starts} exceeds --replay_size"
                 f" {config.replay_size}: learning would never start"
             )
-        if not 0.0 <= config.discounting <= 1.0:
-            raise ConfigError(f"--discounting must be in [0, 1], got {config.discounting}")
+        require_fraction(config, "discounting")
         if not 0.0 < config.tau <= 1.0:
             raise ConfigError(f"--tau must be in (0, 1], got {config.tau}")
-        if config.action_noise < 0:
-            raise ConfigError(f"--action_noise must be >= 0, got {config.action_noise}")
+        require_nonnegative(config, "action_noise")
         parse_net_arch(config.net_arch)
         if config.use_lstm:
             raise ConfigError(

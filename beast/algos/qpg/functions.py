@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from beast.algos.dqn import NStepReturns, bootstrap_targets
 from beast.algos.dtypes import compute_dtype
+from beast.algos.nstep import NStepReturns, bootstrap_targets
 
 __all__ = [
     "critic_loss",

@@ -1,74 +1,44 @@
-"""Flags for monobeast: one dataclass of core flags, each algorithm's own, one parser.
-
-Every hyperparameter is a field with its help text next to it. The core flags (what to
-run, acting, inference, rollouts and batches, learner, model, optimizer, logging,
-reliability) are `Config`'s fields; each algorithm adds its own (beast/algos: its
-`Args` dataclass). `config_for(algo)` is `Config` with the algorithm's fields added,
-so a run's config is one flat, frozen dataclass, and a flag of another algorithm is an
-error that names the algorithm it belongs to. The command-line parser is generated from
-the fields, so a flag cannot be documented in one place and defined in another: --help
-lists the core flags, then the chosen --algo's under its own heading. Derived values
-(the run's xpid, the number of rollout buffers) are filled in once by `finalize()`;
-nothing mutates a config after that.
-
-Values come from three places, later ones winning: the field defaults, a YAML file of
-field values (`--config FILE`, or when none is given the tuned
-`configs/<algo>/<family>.yaml` of `--family`, or else of the family `--env` belongs to:
-Atari ids get atari.yaml, classic control classic.yaml, MuJoCo mujoco.yaml, and an env
-whose id names no family the file its spaces suggest, `tuned_config`), then the
-command-line flags. The start-up line says which file and why (`describe_defaults`). A
-file's unknown keys and mistyped values are ConfigErrors naming the key and the file.
-`--print_config` prints the merged config as YAML and exits. The Python API's keyword
-arguments (`beast.train(env=...)`) go through `config_from_flags`: the same layers and
-checks, for values that arrive typed.
+"""The flags: `Config`, one frozen dataclass of the core flags with a documented field
+each, `flag` (how a field and its help are declared, for the core and for each
+algorithm's `Args`), `config_for(algo)` (Config with the algorithm's flags added) and
+`ConfigError`, what bad input raises (one line for the user). The package docstring
+(beast/config/__init__.py) says how values are layered.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import difflib
 import functools
 import importlib.util
 import os
 import re
-import sys
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-import yaml
 
 from beast.algos import ALGORITHMS, algorithm_class
 
 if TYPE_CHECKING:
-    from beast.envs import EnvSpec
+    pass
 
 __all__ = [
+    "require_fraction",
+    "require_nonnegative",
+    "require_positive",
     "AUTO",
-    "FAMILIES",
     "Config",
     "ConfigError",
-    "TunedConfig",
+    "FAMILIES",
+    "WANDB_MISSING",
+    "WANDB_TAG_LENGTH",
     "algorithms_of",
-    "build_parser",
-    "check_value",
     "config_for",
-    "config_from_dict",
-    "config_from_flags",
-    "config_to_yaml",
-    "describe_defaults",
     "flag",
     "int_or_auto",
-    "load_config_file",
-    "parse_args",
-    "tuned_config",
 ]
 
-# configs/ at the root of the beast checkout (an editable install, as the README says).
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
 # The value of --num_actors / --num_envs_per_actor that asks for a start-up measurement.
 AUTO = "auto"
 # Env families with tuned files, configs/<algo>/<family>.yaml (not every algorithm has all).
@@ -81,6 +51,28 @@ WANDB_TAG_LENGTH = 64
 
 class ConfigError(ValueError):
     """A flag value that cannot work; the message is one line for the user."""
+
+
+def require_positive(config: Any, *names: str) -> None:
+    """ConfigError for the first flag of `names` that is not > 0 (an algorithm's `check`)."""
+    for name in names:
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"--{name} must be positive, got {getattr(config, name)}")
+
+
+def require_nonnegative(config: Any, *names: str) -> None:
+    """ConfigError for the first flag of `names` that is < 0."""
+    for name in names:
+        if getattr(config, name) < 0:
+            raise ConfigError(f"--{name} must be >= 0, got {getattr(config, name)}")
+
+
+def require_fraction(config: Any, *names: str) -> None:
+    """ConfigError for the first flag of `names` outside [0, 1] (discounts, exponents,
+    probabilities)."""
+    for name in names:
+        if not 0.0 <= getattr(config, name) <= 1.0:
+            raise ConfigError(f"--{name} must be in [0, 1], got {getattr(config, name)}")
 
 
 def flag(default: Any, help: str, **kwargs: Any) -> Any:
@@ -592,13 +584,6 @@ def _flag_of_another_algorithm(key: str, algo: str) -> str | None:
     return f"a flag of --algo {names}, not of {algo}"
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports an error as one line (no usage dump) and exits 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def int_or_auto(text: str) -> int | str:
     """argparse type of the `int | str` fields: an integer, or "auto"."""
     if text == AUTO:
@@ -614,395 +599,3 @@ def _arg_type(annotation: str) -> Any:
     if base == "int | str":
         return int_or_auto
     return {"int": int, "float": float, "str": str, "bool": bool}[base]
-
-
-def _add_flag(parser: Any, f: dataclasses.Field) -> None:
-    kind = _arg_type(f.type)
-    # argparse formats help with %-interpolation: a literal "20%" must reach it as "20%%".
-    help_text = f.metadata["help"].replace("%", "%%")
-    if kind is bool:
-        parser.add_argument(
-            f"--{f.name}", action=argparse.BooleanOptionalAction, default=f.default, help=help_text
-        )
-        return
-    default_text = "" if f.default is None else f" (default: {f.default})"
-    parser.add_argument(
-        f"--{f.name}",
-        type=kind,
-        default=f.default,
-        choices=f.metadata.get("choices"),
-        help=help_text + default_text,
-        metavar=f.name.upper() if "choices" not in f.metadata else None,
-    )
-
-
-def build_parser(
-    prog: str | None = None, config_class: type[Config] = Config
-) -> argparse.ArgumentParser:
-    """One flag per field of `config_class` (a `config_for` class, or Config itself): the
-    core flags, then the algorithm's under its own heading."""
-    parser = _Parser(
-        prog=prog,
-        description=getattr(
-            config_class, "parser_description", "beast: deep RL on one machine (MonoBeast)."
-        )
-        + " Defaults shown are the"
-        " built-in ones; the --config file (by default the tuned one for --env's family)"
-        " replaces them, and flags replace both. --print_config shows the result.",
-        epilog=f"Algorithms: {', '.join(ALGORITHMS)}; `--algo NAME --help` lists NAME's flags.",
-    )
-    own = set(getattr(config_class, "algorithm_fields", ()))
-    algo_fields = [f for f in dataclasses.fields(config_class) if f.name in own]
-    for f in dataclasses.fields(config_class):
-        if f.name not in own:
-            _add_flag(parser, f)
-    if algo_fields:
-        algo = next(f for f in dataclasses.fields(config_class) if f.name == "algo").default
-        algorithm = algorithm_class(algo)  # the config_for class's own algorithm
-        group = parser.add_argument_group(f"--algo {algo}", algorithm.summary)
-        for f in algo_fields:
-            _add_flag(group, f)
-    # Not a Config field: it asks for output, it does not configure the run.
-    parser.add_argument(
-        "--print_config",
-        action="store_true",
-        help="Print the merged config (defaults < config file < flags) as YAML and exit.",
-    )
-    return parser
-
-
-@dataclass(frozen=True)
-class TunedConfig:
-    """The tuned file a run starts from when no --config is given (`tuned_config`)."""
-
-    path: str | None  # configs/<algo>/<family>.yaml; None: the algorithm's built-in defaults
-    reason: str  # why, for the start-up line: "vector observations, Discrete actions"
-
-
-# How the start-up line names the families that --env's id gives.
-_FAMILY_WORDS = {"atari": "an Atari game", "classic": "classic control", "mujoco": "a MuJoCo task"}
-
-
-def tuned_config(
-    env: str, algo: str, family: str = AUTO, spec: EnvSpec | None = None
-) -> TunedConfig:
-    """`algo`'s tuned configs/<algo>/<family>.yaml for a run of `env` with no --config.
-
-    The family is `family` when it is not auto (--family); else the one `env`'s id
-    belongs to (`beast.envs.env_family`: Atari, classic control, MuJoCo); else, for custom
-    `module:Class` envs and ids of no tuned family, the one the env's spaces suggest
-    (`beast.envs.spaces_family`: image observations atari, vector observations classic
-    with Discrete actions, mujoco with Box actions). A user's own CartPole so starts from
-    the settings CartPole-v1 does, not from the core defaults (IMPALA's Atari settings).
-    Reading the spaces makes the env once (`beast.envs.probe_spec` says why) unless `spec`
-    is given. `path` is None when `algo` has no file for the family (then its built-in
-    defaults apply, `Algorithm.core_defaults` over Config's).
-
-    Raises ConfigError for a --family that `algo` has no file for, EnvError for an env
-    that cannot be made.
-    """
-    from beast import envs  # imports gymnasium and ale_py; only needed here
-
-    if family != AUTO:
-        path = _family_file(algo, family)
-        if not os.path.isfile(path):
-            have = [name for name in FAMILIES if os.path.isfile(_family_file(algo, name))]
-            raise ConfigError(
-                f"--family {family}: there is no configs/{algo}/{family}.yaml; --algo {algo}"
-                f" has {', '.join(have) or 'no tuned files'} (or give --config FILE)"
-            )
-        return TunedConfig(path, f"--family {family}")
-    family = envs.env_family(env)
-    if family is not None:
-        reason = f"{env} is {_FAMILY_WORDS[family]}"
-    else:
-        family, reason = envs.spaces_family(spec or envs.probe_spec(env))
-    if family is None:
-        return TunedConfig(None, f"{reason}: no tuned family")
-    path = _family_file(algo, family)
-    if not os.path.isfile(path):
-        return TunedConfig(None, f"{reason}; no configs/{algo}/{family}.yaml")
-    return TunedConfig(path, reason)
-
-
-def _family_file(algo: str, family: str) -> str:
-    return os.path.join(CONFIGS_DIR, algo, f"{family}.yaml")
-
-
-def describe_defaults(config: Config, spec: EnvSpec) -> str:
-    """For the start-up line: the file the run's values started from, and why, e.g.
-    "defaults: configs/impala/classic.yaml (vector observations, Discrete actions)".
-
-    Worked out again from the run's config and its env's `spec` (so no env is made): the
-    tuned file `tuned_config` picks when the run's file is that one, else --config's.
-    """
-    tuned = tuned_config(config.env, config.algo, config.family, spec)
-    if config.config == tuned.path:
-        path, reason = tuned.path, tuned.reason
-    else:
-        path, reason = config.config, "--config none" if config.config is None else "--config"
-    if path is None:
-        return f"defaults: --algo {config.algo}'s built-in ({reason})"
-    in_checkout = os.path.relpath(path, os.path.dirname(CONFIGS_DIR))
-    return f"defaults: {path if in_checkout.startswith('..') else in_checkout} ({reason})"
-
-
-def _resolve_config_path(path: str) -> str:
-    """`path` as given, or inside the checkout when it is a relative path found only there.
-
-    So `--config configs/impala/atari.yaml` works from any working directory.
-    """
-    expanded = os.path.expanduser(path)
-    if os.path.isabs(expanded) or os.path.exists(expanded):
-        return expanded
-    in_checkout = os.path.join(os.path.dirname(CONFIGS_DIR), expanded)
-    return in_checkout if os.path.exists(in_checkout) else expanded
-
-
-# Keys a config file may not set: a file naming another file (or family of files) would
-# hide where values come from.
-_NOT_IN_FILES = frozenset({"config", "family"})
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-
-
-def check_value(
-    key: str,
-    value: Any,
-    source: str,
-    config_class: type[Config] = Config,
-    noun: str = "key",
-) -> Any:
-    """`value` for the Config field `key`, in the field's type, or a one-line ConfigError.
-
-    Used for config files, sweep files and the Python API's keyword arguments, whose
-    values arrive typed (by YAML, by Python) rather than parsed by argparse. `source` (a
-    file name, `beast.train()`) starts every message, which calls `key` a `noun` ("key"
-    in a file, "argument" in a call). Ints are accepted for float fields; strings that
-    parse as floats too, because YAML 1.1 reads `6e-4` (no dot) as a string.
-    """
-    fields = {f.name: f for f in dataclasses.fields(config_class)}
-    if key not in fields or key in _NOT_IN_FILES:
-        elsewhere = _flag_of_another_algorithm(str(key), fields["algo"].default)
-        if elsewhere is not None:
-            raise ConfigError(f"{source}: '{key}' is {elsewhere}")
-        names = [name for name in fields if name not in _NOT_IN_FILES]
-        close = difflib.get_close_matches(str(key), names, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ConfigError(f"{source}: unknown {noun} '{key}'{hint}")
-    f = fields[key]
-    if value is None and "None" in f.type:
-        return None
-    if isinstance(value, bool) and {"on", "off"} <= set(f.metadata.get("choices", ())):
-        # YAML 1.1 reads on, off, true and false as booleans.
-        value = "on" if value else "off"
-    if f.type == "int | str":
-        if value == AUTO or (isinstance(value, int) and not isinstance(value, bool)):
-            return value
-        raise ConfigError(
-            f"{source}: {noun} '{key}' must be an integer or auto, got {value!r}"
-            f" ({type(value).__name__})"
-        )
-    kind = _arg_type(f.type)
-    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
-    if kind is float and not ok and not isinstance(value, bool):
-        if isinstance(value, int):
-            value, ok = float(value), True
-        elif isinstance(value, str):
-            with contextlib.suppress(ValueError):
-                value, ok = float(value), True
-    if not ok:
-        raise ConfigError(
-            f"{source}: {noun} '{key}' must be {_TYPE_NAMES[kind]}, got {value!r}"
-            f" ({type(value).__name__})"
-        )
-    choices = f.metadata.get("choices")
-    if choices is not None and value not in choices:
-        raise ConfigError(
-            f"{source}: {noun} '{key}' must be one of {', '.join(choices)}, got {value!r}"
-        )
-    return value
-
-
-def load_config_file(path: str, config_class: type[Config] = Config) -> dict[str, Any]:
-    """Read a YAML mapping of Config field names to values, each checked by check_value.
-
-    Raises ConfigError (one line naming the file, and the key where there is one) for
-    a missing file, invalid YAML, a key that is not a field, or a mistyped value.
-    """
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except OSError as error:
-        raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML: {' '.join(str(error).split())}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{path}: expected a mapping of flag names to values, got {type(data).__name__}"
-        )
-    return {key: check_value(key, value, path, config_class) for key, value in data.items()}
-
-
-def config_to_yaml(config: Config) -> str:
-    """The config as a YAML file that `--config` reads back to the same values."""
-    return yaml.safe_dump(config.to_dict(), sort_keys=False)
-
-
-def _algo_named(algo: Any, config_file: str | None) -> Any:
-    """The run's --algo: `algo` when given, else an explicit config file's `algo` key, else
-    the default. A name that is not registered is returned as it is (the parser, or
-    check_value, then reports it as an invalid choice)."""
-    if algo is not None:
-        return algo
-    if config_file is not None and config_file.lower() != "none":
-        with contextlib.suppress(OSError, yaml.YAMLError):
-            with open(_resolve_config_path(config_file)) as f:
-                data = yaml.safe_load(f)
-            if isinstance(data, dict) and isinstance(data.get("algo"), str):
-                return data["algo"]
-    return Config.algo
-
-
-def _chosen_algo(argv: Sequence[str]) -> str:
-    """_algo_named for the command line's --algo and --config."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--algo")
-    pre.add_argument("--config")
-    known, _ = pre.parse_known_args(argv)
-    return _algo_named(known.algo, known.config)
-
-
-def _config_file(config_file: str | None, family: str, env: str, algo: str) -> str | None:
-    """The YAML file a run's values start from: --config's (None for "none"), else the tuned
-    file of --family, or of `env`'s family, for `algo`, if any (`tuned_config`)."""
-    if config_file is not None and family != AUTO:
-        raise ConfigError(
-            f"--config {config_file} and --family {family} both choose the file to start"
-            " from; give one of them"
-        )
-    if config_file is not None and config_file.lower() == "none":
-        return None
-    if config_file is not None:
-        return _resolve_config_path(config_file)
-    return tuned_config(env, algo, family).path
-
-
-def _validated(
-    config: Config, path: str | None, file_values: Mapping[str, Any], given: set[str]
-) -> Config:
-    """`config` after validate(); an error about a value that came from the file at `path`
-    rather than from the `given` flags names the file."""
-    try:
-        config.validate()
-    except ConfigError as error:
-        bad = str(error).split()[0].removeprefix("--")
-        if path is not None and bad in file_values and bad not in given:
-            raise ConfigError(f"{error} (set in {path})") from None
-        raise
-    return config
-
-
-def parse_args(
-    argv: Sequence[str] | None = None,
-    prog: str | None = None,
-    config_class: type[Config] = Config,
-) -> Config:
-    """Parse flags (over a config file, over defaults) into a finalized config of the chosen
-    algorithm: `config_for(algo, config_class)`.
-
-    Raises ConfigError on a bad config file or bad combinations; argparse exits with
-    status 2 on malformed flags, and `--print_config` prints the merged config and
-    exits with status 0, as `--help` does.
-    """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    algo = _chosen_algo(argv)
-    run_class = config_for(algo if algo in ALGORITHMS else Config.algo, config_class)
-    parser = build_parser(prog or os.path.basename(sys.argv[0]), run_class)
-    # A first pass finds --config, --family and --env (and reports malformed flags before
-    # any file is read or env made); the second lets the file's values replace the
-    # defaults while the flags given still win.
-    namespace, unknown = parser.parse_known_args(argv)
-    if unknown:
-        _refuse_unknown_flags(parser, unknown, run_class.algo)
-    path = _config_file(namespace.config, namespace.family, namespace.env, namespace.algo)
-    file_values: dict[str, Any] = {}
-    if path is not None:
-        file_values = load_config_file(path, run_class)
-        parser.set_defaults(**file_values)
-        namespace = parser.parse_args(argv)
-    values = vars(namespace)
-    print_config = values.pop("print_config")
-    values["config"] = path
-    given = {arg[2:].split("=")[0] for arg in argv if arg.startswith("--")}
-    config = _validated(run_class(**values), path, file_values, given)
-    if print_config:
-        # Before finalize(): derived values stay unset, so the output works as a
-        # --config file for new runs (no timestamp xpid pinned into it).
-        sys.stdout.write(config_to_yaml(config))
-        raise SystemExit(0)
-    return config.finalize()
-
-
-def _refuse_unknown_flags(parser: argparse.ArgumentParser, unknown: list[str], algo: str) -> None:
-    """Exit 2 with one line on the arguments `parser` did not know: for a flag of other
-    algorithms, whose it is ("--replay_ratio is a flag of --algo laser, not of impala");
-    else argparse's own "unrecognized arguments"."""
-    for arg in unknown:
-        if not arg.startswith("--"):
-            continue
-        name = arg[2:].partition("=")[0]
-        # A boolean flag's negative form, --no-NAME, belongs where NAME does.
-        for key in (name, name.removeprefix("no-")):
-            elsewhere = _flag_of_another_algorithm(key, algo)
-            if elsewhere is not None:
-                parser.error(f"--{key} is {elsewhere}")
-    parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-
-
-def config_from_flags(
-    flags: Mapping[str, Any], config_class: type[Config] = Config, source: str = "beast.train()"
-) -> Config:
-    """`parse_args` for typed values, the Python API's keyword arguments: the same layers
-    (defaults < the `config` file, or the tuned family file for `env` and `algo` < `flags`),
-    the same validation, a finalized config of the chosen algorithm. Each value is checked
-    as a config file's is (check_value): a wrong name or type is a one-line ConfigError
-    that starts with `source` and names the argument."""
-    flags = dict(flags)
-    config_file = flags.pop("config", None)
-    if config_file is not None and not isinstance(config_file, str):
-        raise ConfigError(
-            f"{source}: argument 'config' must be a YAML file name or 'none', got {config_file!r}"
-        )
-    family = flags.pop("family", AUTO)
-    if family not in (AUTO, *FAMILIES):
-        raise ConfigError(
-            f"{source}: argument 'family' must be one of {', '.join((AUTO, *FAMILIES))},"
-            f" got {family!r}"
-        )
-    algo = _algo_named(flags.get("algo"), config_file)
-    run_class = config_for(algo if algo in ALGORITHMS else Config.algo, config_class)
-    values = {
-        key: check_value(key, value, source, run_class, noun="argument")
-        for key, value in flags.items()
-    }
-    path = _config_file(config_file, family, values.get("env", run_class.env), run_class.algo)
-    file_values = load_config_file(path, run_class) if path is not None else {}
-    config = run_class(**{**file_values, **values, "config": path, "family": family})
-    return _validated(config, path, file_values, set(values)).finalize()
-
-
-def config_from_dict(values: Mapping[str, Any], base: type[Config] = Config) -> Config:
-    """A saved run's config (a checkpoint's, a run's config.yaml) as its algorithm's class.
-
-    Keys that are no fields (any more) are dropped and missing ones take their defaults,
-    so a run saved by an older beast still loads for --mode test. ConfigError for an
-    unknown algorithm.
-    """
-    algo = values.get("algo", Config.algo)
-    if algo not in ALGORITHMS:
-        raise ConfigError(f"the saved run's --algo {algo!r} is not one of {', '.join(ALGORITHMS)}")
-    run_class = config_for(algo, base)
-    names = {f.name for f in dataclasses.fields(run_class)}
-    return run_class(**{key: value for key, value in values.items() if key in names})

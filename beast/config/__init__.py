@@ -1,0 +1,73 @@
+"""Flags for monobeast: one dataclass of core flags, each algorithm's own, one parser.
+
+Every hyperparameter is a field with its help text next to it. The core flags (what to
+run, acting, inference, rollouts and batches, learner, model, optimizer, logging,
+reliability) are `Config`'s fields; each algorithm adds its own (beast/algos: its
+`Args` dataclass). `config_for(algo)` is `Config` with the algorithm's fields added,
+so a run's config is one flat, frozen dataclass, and a flag of another algorithm is an
+error that names the algorithm it belongs to. The command-line parser is generated from
+the fields, so a flag cannot be documented in one place and defined in another: --help
+lists the core flags, then the chosen --algo's under its own heading. Derived values
+(the run's xpid, the number of rollout buffers) are filled in once by `finalize()`;
+nothing mutates a config after that.
+
+Values come from three places, later ones winning: the field defaults, a YAML file of
+field values (`--config FILE`, or when none is given the tuned
+`configs/<algo>/<family>.yaml` of `--family`, or else of the family `--env` belongs to:
+Atari ids get atari.yaml, classic control classic.yaml, MuJoCo mujoco.yaml, and an env
+whose id names no family the file its spaces suggest, `tuned_config`), then the
+command-line flags. The start-up line says which file and why (`describe_defaults`). A
+file's unknown keys and mistyped values are ConfigErrors naming the key and the file.
+`--print_config` prints the merged config as YAML and exits. The Python API's keyword
+arguments (`beast.train(env=...)`) go through `config_from_flags`: the same layers and
+checks, for values that arrive typed.
+
+The package: flags.py (`Config`, `flag`, `config_for`, `ConfigError`), files.py
+(config files), families.py (the tuned file of --family or --env's family) and
+parsing.py (the command line and the layering); every name is importable from
+`beast.config`.
+"""
+
+from beast.config.families import TunedConfig, describe_defaults, tuned_config
+from beast.config.files import CONFIGS_DIR, check_value, config_to_yaml, load_config_file
+from beast.config.flags import (
+    AUTO,
+    FAMILIES,
+    WANDB_MISSING,
+    Config,
+    ConfigError,
+    algorithms_of,
+    config_for,
+    flag,
+    int_or_auto,
+    require_fraction,
+    require_nonnegative,
+    require_positive,
+)
+from beast.config.parsing import build_parser, config_from_dict, config_from_flags, parse_args
+
+__all__ = [
+    "AUTO",
+    "FAMILIES",
+    "Config",
+    "ConfigError",
+    "TunedConfig",
+    "algorithms_of",
+    "build_parser",
+    "check_value",
+    "config_for",
+    "config_from_dict",
+    "config_from_flags",
+    "config_to_yaml",
+    "describe_defaults",
+    "flag",
+    "int_or_auto",
+    "load_config_file",
+    "require_fraction",
+    "require_nonnegative",
+    "require_positive",
+    "parse_args",
+    "tuned_config",
+    "CONFIGS_DIR",
+    "WANDB_MISSING",
+]
