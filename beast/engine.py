@@ -88,7 +88,7 @@ RESUME_MUST_MATCH = (
     "optimizer",
 )
 # Flags that may differ on resume without comment.
-_RESUME_IGNORED = ("xpid", "savedir", "resume", "mode", "config")
+_RESUME_IGNORED = ("xpid", "savedir", "resume", "mode", "config", "stop_step")
 
 
 def select_device(config: Config) -> torch.device:
@@ -584,7 +584,8 @@ def build_run(
         source=source,
         stepper=stepper,
         progress=progress,
-        total_steps=total_steps,
+        # Where this process stops: --stop_step short of the schedules' total_steps.
+        total_steps=min(total_steps, config.stop_step or total_steps),
         num_learner_threads=config.num_learner_threads,
         publish=WeightCopier(actor_model, model),
         on_update=on_update,
