@@ -164,7 +164,7 @@ def load_sweep(path: str) -> SweepSpec:
     if not isinstance(data, dict):
         raise SweepError(f"{path}: expected a mapping, got {type(data).__name__}")
     known = {"name", "savedir", "max_parallel", "cpus_per_run", "flags", "grid", "random"}
-    known |= {"optuna", "pbt"}
+    known |= {"optuna", "pbt"}  # the searches that tune themselves
     for key in data:
         if key not in known:
             raise SweepError(
@@ -173,11 +173,12 @@ def load_sweep(path: str) -> SweepSpec:
             )
     flags = _mapping(data, "flags", path)
     random_spec = _mapping(data, "random", path)
-    # The runs' algorithm, when one is fixed (a grid over algorithms checks per flag).
+    # A grid and random draws combine; a search that tunes itself stands alone (beast/tune).
     searches = [key for key in ("grid", "random", "optuna", "pbt") if data.get(key)]
     if len(searches) > 1 and set(searches) != {"grid", "random"}:
         raise SweepError(f"{path}: '{searches[-1]}' cannot be combined with '{searches[0]}'")
     tuner = _mapping(data, searches[0], path) if searches in (["optuna"], ["pbt"]) else {}
+    # The runs' algorithm, when one is fixed (a grid over algorithms checks per flag).
     varied = set(_mapping(data, "grid", path)) | set(random_spec.get("params") or {})
     varied |= set(_mapping(tuner, "params", f"{path}: {searches[0]}") if tuner else {})
     algo = None if "algo" in varied else flags.get("algo", Config.algo)

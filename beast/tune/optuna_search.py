@@ -411,8 +411,7 @@ def study_results(study: optuna.Study, spec: SweepSpec, sweep_dir: str) -> list[
         value = trial.value if trial.value is not None else last
         run = Run(name=name, flags={**spec.flags, **trial.params}, varying=dict(trial.params))
         extra = {
-            "run": name,  # trialN: N is the run's first trial; a resumed run has a newer one
-            "trial": trial.number,
+            "trial": trial.number,  # the newest on the run (trialN: N is its first)
             "objective": round(value, 2) if math.isfinite(value) else "nan",
             "steps_evaluated": max(intermediate) if intermediate else 0,
             "best": trial.number == best_number,
