@@ -61,7 +61,14 @@ from beast.tune.runs import drive, evaluations, wait_for_threads
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["OptunaSpec", "import_optuna", "parse_optuna", "run_optuna"]
+__all__ = [
+    "OptunaSpec",
+    "import_optuna",
+    "open_study",
+    "parse_optuna",
+    "run_optuna",
+    "study_results",
+]
 
 # Seconds between a running trial's heartbeats, and the age at which a trial's last one
 # means its search is dead. The grace outlasts a run's clean stop after its search dies

@@ -46,6 +46,7 @@ import os
 import queue
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +67,18 @@ from beast.sweep import (
 )
 from beast.tune.runs import drive, read_rows, wait_for_threads
 
-__all__ = ["EXPLORABLE", "PBTSpec", "Segment", "parse_pbt", "run_pbt", "run_segment"]
+__all__ = [
+    "EXPLORABLE",
+    "Member",
+    "PBTSpec",
+    "Segment",
+    "exploit_and_explore",
+    "explore",
+    "initial_members",
+    "parse_pbt",
+    "run_pbt",
+    "run_segment",
+]
 
 # Flags a resumed run applies to the learner it restores, so that PBT may change them
 # between rounds: the loss's weights and targets are built from the flags at start-up, and
@@ -247,7 +259,7 @@ def run_segment(
     boundary: int,
     slot: tuple[list[int] | None, str | None] = (None, None),
     cpus_per_run: int = 1,
-    should_stop: Any = None,
+    should_stop: Callable[[], bool] | None = None,
     poll_seconds: float = 0.5,
 ) -> Segment:
     """Train `run` from its checkpoint to `boundary` agent steps (--stop_step), unless it
