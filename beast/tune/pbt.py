@@ -491,6 +491,13 @@ def run_pbt(
             boundary = min(round_start + pbt.interval, total_steps)
             runs = [member_run(spec, member) for member in members]
             segments = pool.run_round(runs, sweep_dir, round_start, boundary)
+            # A member whose run crashed gets one more try: it resumes from its checkpoint.
+            again = [i for i, segment in enumerate(segments) if segment.returncode]
+            if again:
+                print(f"[pbt] {', '.join(runs[i].name for i in again)} failed: once more")
+                retried = pool.run_round([runs[i] for i in again], sweep_dir, round_start, boundary)
+                for i, segment in zip(again, retried, strict=True):
+                    segments[i] = segment
             failed = [(m.name, s) for m, s in zip(members, segments, strict=True) if s.returncode]
             if failed:
                 name, segment = failed[0]
