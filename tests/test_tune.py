@@ -408,3 +408,25 @@ def test_evaluations_read_whole_rows_only(tmp_path):
     with open(tmp_path / "logs.csv", "w") as f:
         f.write("step,eval_step,eval_mean_return\n100,,\n120,103,4.5\n140,203,47")
     assert evaluations(str(tmp_path)) == [Evaluation(103, 4.5)]  # 203's row is half-written
+
+
+def test_a_member_that_crashes_gets_one_more_try(tmp_path, monkeypatch):
+    data = {"flags": {"env": "CartPole-v1", "total_steps": 200}, "pbt": {**PBT, "interval": 100}}
+    spec = load_sweep(sweep_file(tmp_path, {**data, "pbt": {**data["pbt"], "fraction": 0}}))
+    calls = []
+
+    def run_segment(run, sweep_dir, round_start, boundary, *args):
+        calls.append((run.name, boundary))
+        os.makedirs(os.path.join(sweep_dir, run.name), exist_ok=True)
+        crashed = calls.count(("member1", 100)) == 1 and (run.name, boundary) == ("member1", 100)
+        return pbt.Segment(-11 if crashed else 0, 1.0, boundary)
+
+    monkeypatch.setattr(pbt, "run_segment", run_segment)
+    pbt.run_pbt(spec, str(tmp_path / "s"), slots=[(None, None)], cpus_per_run=1)
+    assert sorted(calls) == [
+        ("member0", 100),
+        ("member0", 200),
+        ("member1", 100),
+        ("member1", 100),
+        ("member1", 200),
+    ]
