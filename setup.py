@@ -49,6 +49,7 @@ setup(
             "imageio>=2.30",
             "imageio-ffmpeg>=0.4.9",
             "ray>=2.60,<3",
+            "optuna>=4.2,<6",  # tests/test_tune.py
             *MUJOCO,
             *WANDB,  # tests/test_wandb.py's offline run
             *EXPORT,  # tests/test_export.py's ONNX files
@@ -56,6 +57,8 @@ setup(
         # polybeast.py: Ray 2.x (an ~80 MB wheel; its other dependencies are mostly
         # already here). tests/test_polybeast.py skips itself without it.
         "ray": ["ray>=2.60,<3"],
+        # The Optuna search of `python -m beast.sweep` (beast/tune/optuna_search.py).
+        "tune": ["optuna>=4.2,<6"],
         # --record_video: imageio-ffmpeg ships its own ffmpeg binary (no system ffmpeg),
         # but its wheel is ~70 MB, so it is opt-in.
         "video": ["imageio>=2.30", "imageio-ffmpeg>=0.4.9"],

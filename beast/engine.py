@@ -68,6 +68,7 @@ __all__ = [
     "build_checked_model",
     "build_run",
     "check_resumable",
+    "with_current_hyperparameters",
     "cpu_bf16_native",
     "prepare",
     "select_device",
@@ -88,7 +89,7 @@ RESUME_MUST_MATCH = (
     "optimizer",
 )
 # Flags that may differ on resume without comment.
-_RESUME_IGNORED = ("xpid", "savedir", "resume", "mode", "config")
+_RESUME_IGNORED = ("xpid", "savedir", "resume", "mode", "config", "stop_step")
 
 
 def select_device(config: Config) -> torch.device:
@@ -589,7 +590,8 @@ def build_run(
         source=source,
         stepper=stepper,
         progress=progress,
-        total_steps=total_steps,
+        # Where this process stops: --stop_step short of the schedules' total_steps.
+        total_steps=min(total_steps, config.stop_step or total_steps),
         num_learner_threads=config.num_learner_threads,
         publish=WeightCopier(actor_model, model),
         on_update=on_update,
@@ -636,6 +638,27 @@ def check_resumable(saved: dict[str, Any], config: Config, path: str) -> list[st
     ]
 
 
+def with_current_hyperparameters(saved: Any, current: Any) -> Any:
+    """`saved` (an algorithm's state) with every optimizer's param-group settings (base
+    learning rate, eps, betas, ...) taken from `current`, the state of the run being
+    resumed, built from its flags.
+
+    torch's `Optimizer.load_state_dict` restores the saved groups' settings too, so
+    without this a flag changed on resume (`--learning_rate`, which PBT perturbs:
+    beast/tune/pbt.py) would be listed as changed and silently not used. The moment
+    estimates and step counts stay the checkpoint's; so does `lr`, which the learner sets
+    from the base rate and the schedule before every step."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        if "param_groups" in saved and "state" in saved and "param_groups" in current:
+            groups = [
+                {**old, **{k: v for k, v in new.items() if k not in ("params", "lr")}}
+                for old, new in zip(saved["param_groups"], current["param_groups"], strict=False)
+            ]
+            return {**saved, "param_groups": groups}
+        return {k: with_current_hyperparameters(v, current.get(k)) for k, v in saved.items()}
+    return saved
+
+
 def load_resume_payload(config: Config) -> tuple[dict[str, Any], str, str | None, list[str]] | None:
     """The checkpoint to resume from, or None for a new run: (payload, its path, why the
     newest file was skipped or None, the flags that changed). ConfigError when --resume
@@ -669,7 +692,9 @@ def restore(
     try:
         run.model.load_state_dict(payload["model_state_dict"])
         copy_weights(run.actor_model, run.model)
-        run.update.load_state_dict(payload["algorithm_state"])
+        run.update.load_state_dict(
+            with_current_hyperparameters(payload["algorithm_state"], run.update.state_dict())
+        )
         if run.reward_scaler is not None and payload.get("reward_scaler") is not None:
             run.reward_scaler.load_state_dict(payload["reward_scaler"])
     except (RuntimeError, ValueError, KeyError) as error:

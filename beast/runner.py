@@ -59,6 +59,7 @@ __all__ = [
     "actor_settings",
     "build_inference",
     "open_run_log",
+    "end_of_run",
     "raise_keyboard_interrupt",
     "start_evaluation",
     "start_run",
@@ -122,8 +123,9 @@ def train(config: Config) -> None:
     start_actor_server()
     run, log = start_run(config)
     config = run.config
-    if run.progress.step >= config.total_steps:
-        log.print(f"already at total_steps {config.total_steps:,}; raise --total_steps to go on")
+    if run.progress.step >= run.learner.total_steps:
+        flag = "stop_step" if run.learner.total_steps < config.total_steps else "total_steps"
+        log.print(f"already at {end_of_run(run)}; raise --{flag} to go on")
         log.close()
         return
     learner = run.learner
@@ -243,5 +245,13 @@ def _monitor(
     if failure:
         return failure
     log.report_progress()
-    log.print(f"reached total_steps {config.total_steps:,}")
+    log.print(f"reached {end_of_run(run)}")
     return None
+
+
+def end_of_run(run: Run) -> str:
+    """Where this process stops training: total_steps, or --stop_step short of it."""
+    config = run.config
+    if run.learner.total_steps < config.total_steps:
+        return f"stop_step {run.learner.total_steps:,} (total_steps {config.total_steps:,})"
+    return f"total_steps {config.total_steps:,}"

@@ -39,6 +39,7 @@ from beast.profile import ACTOR_PHASES, PhaseClock
 from beast.run_setup import (
     TrainingError,
     actor_settings,
+    end_of_run,
     report,
     start_evaluation,
     start_run,
@@ -95,7 +96,7 @@ def train_serial(config: Config) -> None:
             0, 0, actor_settings(run, "local"), run.sink, run.actor_model, os.getpid(), clock
         )
         last_line = last_checkpoint = time.monotonic()
-        while progress.step < config.total_steps:
+        while progress.step < learner.total_steps:
             batch = source.poll()
             if batch is not None:
                 learner.on_update(learner.step(batch))  # the run log, and the evaluator
@@ -111,9 +112,9 @@ def train_serial(config: Config) -> None:
             if now - last_checkpoint >= config.checkpoint_interval:
                 run.save()
                 last_checkpoint = now
-        if progress.step >= config.total_steps:
+        if progress.step >= learner.total_steps:
             log.report_progress()
-            log.print(f"reached total_steps {config.total_steps:,}")
+            log.print(f"reached {end_of_run(run)}")
             if evaluator is not None:
                 evaluator.finish(progress.step)
     except KeyboardInterrupt:

@@ -39,12 +39,19 @@ slots than GPUs). Each run's console output goes to RUN_DIR/sweep.log.
 At the end it prints a table (the varying flags, final mean return over the last
 100 episodes, SPS, wall-clock, status), writes it to SAVEDIR/NAME/results.csv,
 and plots every run's curve to SAVEDIR/NAME/returns.png (beast.plot).
+
+Searches that tune themselves take the place of `grid` and `random`, with the same
+`params` syntax: an `optuna:` section (TPE, pruned on the runs' evaluations, a storage
+file that resumes; beast/tune/optuna_search.py) or a `pbt:` section (population-based
+training, locally or on Ray with --ray_address; beast/tune/pbt.py). Their results go
+to the same table, results.csv and returns.png.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import ctypes
 import itertools
 import math
 import os
@@ -84,6 +91,8 @@ _DISTRIBUTIONS = ("uniform", "log_uniform", "int_uniform", "choice")
 _RETURN_WINDOW = 100
 # Seconds runs get to checkpoint and exit after an interrupt before they are killed.
 _STOP_SECONDS = 30.0
+# prctl's option (linux/prctl.h): the signal a process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
 
 
 class SweepError(ConfigError):
@@ -104,6 +113,9 @@ class SweepSpec:
     random_seed: int = 0
     max_parallel: int | None = None
     cpus_per_run: int = 1
+    # A search that tunes itself instead of the grid and random draws (beast/tune).
+    optuna: Any = None  # beast.tune.optuna_search.OptunaSpec
+    pbt: Any = None  # beast.tune.pbt.PBTSpec
 
 
 @dataclass(frozen=True)
@@ -122,6 +134,8 @@ class RunResult:
     mean_return: float = math.nan
     sps: float = math.nan
     wall_clock: float = math.nan
+    # Columns of the tuners' own (Optuna's objective, PBT's lineage), after the flags.
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _check(key: str, value: Any, source: str, algo: str | None) -> Any:
@@ -150,6 +164,7 @@ def load_sweep(path: str) -> SweepSpec:
     if not isinstance(data, dict):
         raise SweepError(f"{path}: expected a mapping, got {type(data).__name__}")
     known = {"name", "savedir", "max_parallel", "cpus_per_run", "flags", "grid", "random"}
+    known |= {"optuna", "pbt"}  # the searches that tune themselves
     for key in data:
         if key not in known:
             raise SweepError(
@@ -158,8 +173,14 @@ def load_sweep(path: str) -> SweepSpec:
             )
     flags = _mapping(data, "flags", path)
     random_spec = _mapping(data, "random", path)
+    # A grid and random draws combine; a search that tunes itself stands alone (beast/tune).
+    searches = [key for key in ("grid", "random", "optuna", "pbt") if data.get(key)]
+    if len(searches) > 1 and set(searches) != {"grid", "random"}:
+        raise SweepError(f"{path}: '{searches[-1]}' cannot be combined with '{searches[0]}'")
+    tuner = _mapping(data, searches[0], path) if searches in (["optuna"], ["pbt"]) else {}
     # The runs' algorithm, when one is fixed (a grid over algorithms checks per flag).
     varied = set(_mapping(data, "grid", path)) | set(random_spec.get("params") or {})
+    varied |= set(_mapping(tuner, "params", f"{path}: {searches[0]}") if tuner else {})
     algo = None if "algo" in varied else flags.get("algo", Config.algo)
     flags = {key: _check(key, value, f"{path}: flags", algo) for key, value in flags.items()}
     grid: dict[str, list[Any]] = {}
@@ -180,7 +201,7 @@ def load_sweep(path: str) -> SweepSpec:
         if not isinstance(random_seed, int):
             raise SweepError(f"{path}: random: seed must be an integer")
         for key, dist in _mapping(random_spec, "params", f"{path}: random").items():
-            params[key] = _check_distribution(key, dist, f"{path}: random", algo)
+            params[key] = check_distribution(key, dist, f"{path}: random", algo)
         if not params:
             raise SweepError(f"{path}: random: params is empty")
     overlap = (set(grid) & set(params)) | ((set(grid) | set(params)) & set(flags))
@@ -191,6 +212,15 @@ def load_sweep(path: str) -> SweepSpec:
     for key, value in (("max_parallel", max_parallel), ("cpus_per_run", cpus_per_run)):
         if value is not None and (not isinstance(value, int) or value <= 0):
             raise SweepError(f"{path}: {key} must be a positive integer, got {value!r}")
+    optuna_spec = pbt_spec = None
+    if searches == ["optuna"]:
+        from beast.tune.optuna_search import parse_optuna
+
+        optuna_spec = parse_optuna(tuner, f"{path}: optuna", algo, flags)
+    elif searches == ["pbt"]:
+        from beast.tune.pbt import parse_pbt
+
+        pbt_spec = parse_pbt(tuner, f"{path}: pbt", algo, flags)
     name = data.get("name") or os.path.splitext(os.path.basename(path))[0]
     if not isinstance(name, str) or "/" in name:
         raise SweepError(f"{path}: name must be a string without '/', got {name!r}")
@@ -205,6 +235,8 @@ def load_sweep(path: str) -> SweepSpec:
         random_seed=random_seed,
         max_parallel=max_parallel,
         cpus_per_run=cpus_per_run,
+        optuna=optuna_spec,
+        pbt=pbt_spec,
     )
 
 
@@ -215,7 +247,7 @@ def _mapping(data: dict[str, Any], key: str, source: str) -> dict[str, Any]:
     return value
 
 
-def _check_distribution(key: str, dist: Any, source: str, algo: str | None) -> dict[str, list[Any]]:
+def check_distribution(key: str, dist: Any, source: str, algo: str | None) -> dict[str, list[Any]]:
     if not isinstance(dist, dict) or len(dist) != 1 or next(iter(dist)) not in _DISTRIBUTIONS:
         raise SweepError(
             f"{source}: '{key}' needs one of {{{', '.join(_DISTRIBUTIONS)}}}: [...], got {dist!r}"
@@ -235,7 +267,7 @@ def _check_distribution(key: str, dist: Any, source: str, algo: str | None) -> d
     return {kind: [float(a) for a in args]}
 
 
-def _draw(dist: dict[str, list[Any]], rng: random.Random) -> Any:
+def draw_value(dist: dict[str, list[Any]], rng: random.Random) -> Any:
     kind, args = next(iter(dist.items()))
     if kind == "choice":
         return rng.choice(args)
@@ -247,7 +279,7 @@ def _draw(dist: dict[str, list[Any]], rng: random.Random) -> Any:
     return rng.uniform(low, high)
 
 
-def _format(value: Any) -> str:
+def format_value(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
@@ -263,7 +295,7 @@ def expand(spec: SweepSpec) -> list[Run]:
     ]
     rng = random.Random(spec.random_seed)
     draws = [
-        {key: _draw(dist, rng) for key, dist in spec.random_params.items()}
+        {key: draw_value(dist, rng) for key, dist in spec.random_params.items()}
         for _ in range(spec.num_samples)
     ] or [{}]
     runs: list[Run] = []
@@ -271,7 +303,7 @@ def expand(spec: SweepSpec) -> list[Run]:
     for point in grid_points:
         for draw in draws:
             varying = {**point, **draw}
-            name = ",".join(f"{k}={_format(v)}" for k, v in varying.items()) or "run"
+            name = ",".join(f"{k}={format_value(v)}" for k, v in varying.items()) or "run"
             # Two draws that print alike (4 significant digits) still get their own run.
             seen[name] = seen.get(name, 0) + 1
             if seen[name] > 1:
@@ -346,7 +378,7 @@ def _last_row(run_dir: str, name: str) -> dict[str, float]:
     return {key: float(value) for key, value in rows[-1].items() if value not in ("", None)}
 
 
-def _metrics(run_dir: str) -> tuple[float, float, float]:
+def metrics(run_dir: str) -> tuple[float, float, float]:
     """(mean return of the last 100 episodes, SPS, seconds) from the run's CSVs."""
     mean_return = sps = seconds = math.nan
     try:
@@ -372,10 +404,12 @@ def run_sweep(
     savedir: str | None = None,
     dry_run: bool = False,
     poll_seconds: float = 0.5,
+    ray_address: str | None = None,
 ) -> list[RunResult]:
-    """Run (or, with dry_run, print) every unfinished run; returns one result per run."""
+    """Run (or, with dry_run, print) every unfinished run; returns one result per run.
+
+    ray_address: PBT's members run as tasks on this Ray cluster (`auto`, HOST:PORT)."""
     sweep_dir = os.path.join(os.path.expanduser(savedir or spec.savedir), spec.name)
-    runs = expand(spec)
     cpus = sorted(os.sched_getaffinity(0))
     gpus = visible_gpus()
     cpus_per_run = cpus_per_run or spec.cpus_per_run
@@ -383,6 +417,21 @@ def run_sweep(
     if max_parallel is None:
         max_parallel = len(gpus) if gpus else max(1, len(cpus) // cpus_per_run)
     slots = slot_resources(max_parallel, cpus_per_run, cpus, gpus)
+    if ray_address is not None and spec.pbt is None:
+        raise SweepError("--ray_address runs PBT's members on Ray; this sweep has no 'pbt'")
+    if spec.optuna is not None or spec.pbt is not None:
+        from beast.tune import run_tuner
+
+        return run_tuner(
+            spec,
+            sweep_dir,
+            slots=slots,
+            cpus_per_run=cpus_per_run,
+            dry_run=dry_run,
+            poll_seconds=poll_seconds,
+            ray_address=ray_address,
+        )
+    runs = expand(spec)
     pending = [run for run in runs if not is_finished(os.path.join(sweep_dir, run.name))]
     done_before = len(runs) - len(pending)
     print(
@@ -395,10 +444,7 @@ def run_sweep(
         for run in pending:
             print(shlex.join(command(run, sweep_dir, cpus_per_run)))
         return []
-    os.makedirs(sweep_dir, exist_ok=True)
-    # The sweep file as run, next to its runs.
-    with open(os.path.join(sweep_dir, "sweep.yaml"), "w") as f, open(spec.path) as source:
-        f.write(source.read())
+    keep_sweep_file(spec, sweep_dir)
 
     status: dict[str, str] = {}
     running: dict[int, tuple[Run, subprocess.Popen, Any, float]] = {}
@@ -409,7 +455,7 @@ def run_sweep(
             while queue and free:
                 slot = free.pop(0)
                 run = queue.pop(0)
-                running[slot] = _launch(run, sweep_dir, slots[slot], cpus_per_run)
+                running[slot] = launch(run, sweep_dir, slots[slot], cpus_per_run)
                 print(f"[sweep] started {run.name}", flush=True)
             time.sleep(poll_seconds)
             for slot, (run, proc, log_file, started) in list(running.items()):
@@ -435,9 +481,16 @@ def run_sweep(
     for run in runs:
         run_dir = os.path.join(sweep_dir, run.name)
         state = status.get(run.name) or ("done" if is_finished(run_dir) else "unfinished")
-        results.append(RunResult(run, state, *_metrics(run_dir)))
-    _report(spec, sweep_dir, results)
+        results.append(RunResult(run, state, *metrics(run_dir)))
+    report(spec, sweep_dir, results)
     return results
+
+
+def keep_sweep_file(spec: SweepSpec, sweep_dir: str) -> None:
+    """The sweep file as run, next to its runs."""
+    os.makedirs(sweep_dir, exist_ok=True)
+    with open(os.path.join(sweep_dir, "sweep.yaml"), "w") as f, open(spec.path) as source:
+        f.write(source.read())
 
 
 def _failure(returncode: int) -> str:
@@ -445,7 +498,7 @@ def _failure(returncode: int) -> str:
     return "unfinished" if returncode == 0 else f"failed (exit {returncode})"
 
 
-def _launch(
+def launch(
     run: Run, sweep_dir: str, slot: tuple[list[int] | None, str | None], cpus_per_run: int
 ) -> tuple[Run, subprocess.Popen, Any, float]:
     cores, gpu = slot
@@ -461,10 +514,20 @@ def _launch(
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         env=env,
-        # Affinity is inherited by the run's actors and forkserver.
-        preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
+        preexec_fn=lambda: _prepare_child(cores),
     )
     return run, proc, log_file, time.monotonic()
+
+
+def _prepare_child(cores: list[int] | None) -> None:
+    """In the run's process before it execs monobeast: pin it to `cores` (its actors and
+    forkserver inherit the affinity), and have the kernel send it SIGINT, a clean stop
+    with a checkpoint, when the thread that started it dies: a killed sweep leaves no run
+    writing on behind a restarted one."""
+    if cores:
+        os.sched_setaffinity(0, cores)
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0)
 
 
 def _stop(running: dict[int, tuple[Run, subprocess.Popen, Any, float]]) -> None:
@@ -482,13 +545,15 @@ def _stop(running: dict[int, tuple[Run, subprocess.Popen, Any, float]]) -> None:
         log_file.close()
 
 
-def _report(spec: SweepSpec, sweep_dir: str, results: list[RunResult]) -> None:
+def report(spec: SweepSpec, sweep_dir: str, results: list[RunResult]) -> None:
     """Print the table, write results.csv and returns.png into the sweep directory."""
     keys = list(dict.fromkeys(key for r in results for key in r.run.varying))
-    header = [*keys, "mean_return", "SPS", "wall_clock", "status"]
+    extra = list(dict.fromkeys(key for r in results for key in r.extra))
+    header = [*keys, *extra, "mean_return", "SPS", "wall_clock", "status"]
     rows = [
         [
-            *(_format(r.run.varying.get(key, "")) for key in keys),
+            *(format_value(r.run.varying.get(key, "")) for key in keys),
+            *(format_value(r.extra.get(key, "")) for key in extra),
             f"{r.mean_return:.2f}",
             f"{r.sps:,.0f}" if math.isfinite(r.sps) else "nan",
             _duration(r.wall_clock),
@@ -501,12 +566,13 @@ def _report(spec: SweepSpec, sweep_dir: str, results: list[RunResult]) -> None:
         print("  ".join(str(cell).ljust(w) for cell, w in zip(line, widths, strict=True)))
     with open(os.path.join(sweep_dir, "results.csv"), "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["run", *keys, "mean_return", "sps", "wall_clock_s", "status"])
+        writer.writerow(["run", *keys, *extra, "mean_return", "sps", "wall_clock_s", "status"])
         for r in results:
             writer.writerow(
                 [
                     r.run.name,
                     *(r.run.varying.get(key, "") for key in keys),
+                    *(r.extra.get(key, "") for key in extra),
                     r.mean_return,
                     r.sps,
                     r.wall_clock,
@@ -547,6 +613,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dry_run", action="store_true", help="Print the runs' commands; run nothing."
     )
+    parser.add_argument(
+        "--ray_address",
+        help="PBT only: run the members as tasks on this Ray cluster (auto, or HOST:PORT).",
+    )
     args = parser.parse_args(argv)
     for key in ("max_parallel", "cpus_per_run"):
         if getattr(args, key) is not None and getattr(args, key) <= 0:
@@ -559,13 +629,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             cpus_per_run=args.cpus_per_run,
             savedir=args.savedir,
             dry_run=args.dry_run,
+            ray_address=args.ray_address,
         )
     except ConfigError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    return 0 if all(r.status == "done" for r in results) else 1
+    return 0 if all(r.status in ("done", "pruned") for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ line, exit 2), --serial, and the rule that the shared machinery names no algorit
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import subprocess
@@ -256,3 +257,23 @@ def test_monobeast_help_lists_each_algorithms_flags():
         timeout=60,
     ).stdout
     assert "--algo r2d2:" in out and "--burn_in" in out and "--entropy_cost" not in out
+
+
+def test_optimizer_flags_changed_on_resume_take_effect(tmp_path):
+    """A resumed run steps with the learning rate it was given, not the checkpoint's (PBT
+    perturbs it between segments: beast/tune/pbt.py); torch's load_state_dict alone would
+    restore the saved rate."""
+    common = ["--env", "CartPole-v1", "--algo", "impala", "--serial", "--savedir", str(tmp_path)]
+    common += ["--xpid", "r", "--lr_schedule", "constant"]
+    logs = tmp_path / "r" / "logs.csv"
+    first = run_monobeast([*common, "--total_steps", "1000", "--learning_rate", "0.001"])
+    assert first.returncode == 0, first.stderr
+    with open(logs, newline="") as f:
+        resumed_at = int(list(csv.DictReader(f))[-1]["step"])  # past 1000 by up to an update
+    second = run_monobeast([*common, "--total_steps", "2000", "--learning_rate", "0.004"])
+    assert second.returncode == 0, second.stderr
+    with open(logs, newline="") as f:
+        rates = {
+            (int(r["step"]) > resumed_at, float(r["learning_rate"])) for r in csv.DictReader(f)
+        }
+    assert rates == {(False, 0.001), (True, 0.004)}

@@ -190,6 +190,12 @@ class Config:
 
     # Rollouts and batches.
     total_steps: int = flag(20_000_000, "Agent steps (env steps after frame skip) to train for.")
+    stop_step: int = flag(
+        0,
+        "Stop cleanly (a final checkpoint, exit 0) at this many agent steps, short of"
+        " --total_steps, which schedules still count to; resuming goes on from there. PBT"
+        " trains its members in such segments (beast/tune/pbt.py). 0: at --total_steps.",
+    )
     batch_size: int = flag(
         8, "Rollouts per learner batch (or sequences, for algorithms that replay them)."
     )
@@ -454,6 +460,8 @@ class Config:
             raise ConfigError(
                 f"--actor_device must be cpu, cuda or cuda:N, got {self.actor_device!r}"
             )
+        if self.stop_step < 0:
+            raise ConfigError(f"--stop_step must be >= 0 (0: off), got {self.stop_step}")
         if self.eval_interval < 0:
             raise ConfigError(
                 f"--eval_interval must be >= 0 (0 turns evaluation off), got {self.eval_interval}"
