@@ -4,7 +4,7 @@ over monobeast runs driven through their files (beast/tune/runs.py).
 
 From Python (a notebook too), as from the command line:
 
-    from beast.sweep import load_sweep, run_sweep
+    from beast.sweep_runs import load_sweep, run_sweep
     results = run_sweep(load_sweep("configs/sweeps/ppo_cartpole_optuna.yaml"))
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 import signal
 
-from beast.sweep import Run, RunResult, SweepSpec, command
+from beast.sweep_runs import Run, RunResult, SweepSpec, command
 
 __all__ = ["run_tuner"]
 

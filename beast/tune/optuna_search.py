@@ -45,7 +45,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from beast.sweep import (
+from beast.sweep_runs import (
     Run,
     RunResult,
     SweepError,

@@ -52,7 +52,7 @@ from typing import Any
 
 from beast.checkpoint import has_checkpoint, load_latest_checkpoint, save_checkpoint
 from beast.config import Config, config_from_flags
-from beast.sweep import (
+from beast.sweep_runs import (
     Run,
     RunResult,
     SweepError,

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from beast.sweep import Run, launch
+from beast.sweep_runs import Run, launch
 
 __all__ = [
     "Evaluation",
