@@ -33,6 +33,7 @@ from beast.logs import RunLog
 from beast.wandb_log import WandbSettings
 
 __all__ = [
+    "end_of_run",
     "TrainingError",
     "actor_settings",
     "learner_failure",
@@ -183,3 +184,11 @@ def report(run: Run, log: RunLog) -> None:
         log.print(status)
     else:
         log.report_progress()
+
+
+def end_of_run(run: Run) -> str:
+    """Where this process stops training: total_steps, or --stop_step short of it."""
+    config = run.config
+    if run.learner.total_steps < config.total_steps:
+        return f"stop_step {run.learner.total_steps:,} (total_steps {config.total_steps:,})"
+    return f"total_steps {config.total_steps:,}"

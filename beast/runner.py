@@ -44,6 +44,7 @@ from beast.profile import format_profile
 from beast.run_setup import (
     TrainingError,
     actor_settings,
+    end_of_run,
     learner_failure,
     open_run_log,
     raise_keyboard_interrupt,
@@ -247,11 +248,3 @@ def _monitor(
     log.report_progress()
     log.print(f"reached {end_of_run(run)}")
     return None
-
-
-def end_of_run(run: Run) -> str:
-    """Where this process stops training: total_steps, or --stop_step short of it."""
-    config = run.config
-    if run.learner.total_steps < config.total_steps:
-        return f"stop_step {run.learner.total_steps:,} (total_steps {config.total_steps:,})"
-    return f"total_steps {config.total_steps:,}"
