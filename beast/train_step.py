@@ -457,9 +457,10 @@ class TrainStep:
         log: where the lines about the path taken go (once each).
         expected_steps: about how many steps the run will take (auto weighs them).
         cuda_graphs: on CUDA, replay each compiled step as a CUDA graph.
-        background: compile in a thread of its own while the steps go on eagerly (a
-            run's learner: no stall, and a stop never waits for a compilation); else in
-            the calling thread, the step that decides being the first compiled one.
+        background: compile in a thread of its own (a run's learner: its steps wait,
+            the rest of the run goes on, and a stop never waits for a compilation);
+            else in the calling thread, the step that decides being the first compiled
+            one.
     """
 
     def __init__(
@@ -495,6 +496,18 @@ class TrainStep:
         self._records: dict[Train, _StepRecord] = {}  # kinds whose compiled steps are timed
         self._compiled_seconds: dict[Train, float] = {}
         self._compilations: dict[Train, threading.Thread] = {}  # under way (or done)
+        # Held by every step and by a compilation for as long as it runs: torch.fx patches
+        # nn.Module.__call__ for the whole process while it traces, so a module called
+        # from the learner's thread meanwhile would be traced, not run (a PPO run's eager
+        # step died of "module is not installed as a submodule"). The learner waits for a
+        # compilation in the background; the rest of the run (actors, logging, a stop)
+        # does not.
+        self._modules_in_use = threading.RLock()
+        # Set once a compilation started in the background holds `_modules_in_use` (the
+        # learner's next step waits for that, or it could take the lock back first, and
+        # again at every step: Python's locks are not fair).
+        self._compilation_holds_modules = threading.Event()
+        self._compilation_holds_modules.set()
         self._compiled_steps: dict[Train, Callable[..., tuple[Any, ...]]] = {}  # to adopt
         self._compiled_timings: dict[Train, list[float]] = {}
         self._used: dict[Train, _Used | None] = {}
@@ -546,7 +559,11 @@ class TrainStep:
     ) -> StepResult:
         """One optimizer step on `inputs` over the groups named in `train`, then, if it was
         applied and `tau` is given, every target network moved `tau` of the way."""
-        kind = tuple(train)
+        self._compilation_holds_modules.wait()
+        with self._modules_in_use:
+            return self._step(tuple(train), inputs, tau)
+
+    def _step(self, kind: Train, inputs: Mapping[str, Any], tau: float | None) -> StepResult:
         self.steps_taken += 1
         if self._compiling:
             if kind in self._compilations and not self._compilations[kind].is_alive():
@@ -594,8 +611,7 @@ class TrainStep:
     def _decide(self, kind: Train, inputs: Mapping[str, Any]) -> None:
         """Compile this kind of step, or keep it eager (--compile auto, where compiling
         would cost more than it saves over the steps left; said once in the log). In the
-        background (`background`), the steps go on eagerly meanwhile, and a stop never
-        waits for a compilation."""
+        background (`background`), a stop never waits for the compilation."""
         eager = statistics.median(self._timings[kind][1:])  # the first warms caches up
         record = _StepRecord.load(self._signature(kind, inputs))
         if self.mode == "auto":
@@ -618,6 +634,7 @@ class TrainStep:
         )
         self._compilations[kind] = compilation
         if self.background:
+            self._compilation_holds_modules.clear()
             compilation.start()
         else:
             compilation.run()
@@ -677,9 +694,9 @@ class TrainStep:
 
     def _compile(self, kind: Train, inputs: Mapping[str, Any]) -> None:
         """Compile this kind's step by a dry run on copies of the state and of `inputs`
-        (the run's state is untouched, so that the learner may go on stepping it); the
-        result waits in `_compiled_steps` for `_adopt`. A failure is said once, and the
-        steps stay eager."""
+        (the run's state is untouched); the result waits in `_compiled_steps` for
+        `_adopt`. The learner's steps wait meanwhile (`_modules_in_use`). A failure is
+        said once, and the steps stay eager."""
         _configure_compiler()
         function = functools.partial(self._graph, kind=kind, used=self._used.get(kind))
         compiled = torch.compile(
@@ -689,7 +706,9 @@ class TrainStep:
         try:
             # On CPU the graph's wrapper (its calls of every kernel) in C++ too, not Python:
             # 7-11% off the DQN, PPO and SAC steps measured here.
-            with _inductor_patch(cpp_wrapper=self._device().type == "cpu"):
+            cpp_wrapper = self._device().type == "cpu"
+            with self._modules_in_use, _inductor_patch(cpp_wrapper=cpp_wrapper):
+                self._compilation_holds_modules.set()
                 compiled(*self._arguments(inputs, copies=True))
         except Exception as error:  # dynamo/inductor errors, a missing C++ compiler
             if os.environ.get("BEAST_DEBUG_COMPILE"):
@@ -699,6 +718,8 @@ class TrainStep:
                 " --compile off skips compiling"
             )
             return
+        finally:
+            self._compilation_holds_modules.set()  # whatever happened: never a stuck learner
         seconds = time.perf_counter() - started
         self.compile_seconds += seconds
         self._compiled_seconds[kind] = seconds

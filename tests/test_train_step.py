@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -420,3 +422,38 @@ def test_compiled_graphs_go_to_beasts_cache_unless_the_user_chose_one(monkeypatc
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     train_step_module._configure_compiler()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+def test_no_step_runs_while_a_background_compilation_traces(monkeypatch):
+    """torch.fx patches nn.Module.__call__ for the whole process while it traces: the
+    learner's steps wait for a compilation in the background (one of a PPO run's eager
+    steps, run meanwhile, died in the tracer), and go on after it."""
+    window = []
+
+    def slow_backend(graph, example_inputs):
+        window.append(time.monotonic())
+        time.sleep(0.5)
+        window.append(time.monotonic())
+        return graph.forward
+
+    monkeypatch.setattr(train_step_module, "_BACKEND", slow_backend)
+    monkeypatch.setattr(train_step_module, "_EAGER_PROBES", 2)
+    _, update, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16", background=True)
+    learner_thread = threading.get_ident()
+    loss = update.train_step.loss
+    steps = []
+
+    def timed_loss(inputs, kind):
+        if threading.get_ident() == learner_thread:
+            steps.append(time.monotonic())
+        return loss(inputs, kind)
+
+    update.train_step.loss = timed_loss
+    deadline = time.monotonic() + 30
+    seed = 0
+    while update.train_step.path != "compiled" and time.monotonic() < deadline:
+        update(transition_batch(8, seed, continuous=False))
+        seed += 1
+    assert update.train_step.path == "compiled", update.log_lines
+    assert len(window) == 2 and steps
+    assert not [t for t in steps if window[0] <= t <= window[1]]
