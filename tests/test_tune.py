@@ -205,6 +205,7 @@ def test_a_trial_of_a_dead_search_is_queued_again_under_its_run(tmp_path, monkey
 # --- Optuna: real runs, interrupted and resumed -----------------------------------------
 
 
+@pytest.mark.slow  # about a minute on 2 cores
 def test_a_tiny_search_interrupted_resumes_its_trials(tmp_path):
     data = {
         "name": "tiny",
@@ -212,7 +213,9 @@ def test_a_tiny_search_interrupted_resumes_its_trials(tmp_path):
         "flags": {
             **TINY,
             "algo": "ppo",
-            "total_steps": 2000,
+            # Long enough that the interrupt, sent at the first checkpoint (after a
+            # second), finds the trials running: at 2,000 steps they could end first.
+            "total_steps": 20_000,
             "eval_interval": 1000,
             "eval_episodes": 2,
             "checkpoint_interval": 1.0,
