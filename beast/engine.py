@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -571,6 +572,7 @@ def build_run(
         log=log,
         optimizer_steps=algorithm.optimizer_steps(total_steps),
         compile_in_background=True,
+        stopping=threading.Event(),
     )
     observers = []
     if reward_scaler is not None:
@@ -598,6 +600,7 @@ def build_run(
         observers=observers,
         thread_tuner=tuner,
         updates_ready=update.settled,
+        stopping=context.stopping,
     )
     return Run(
         config=config,

@@ -46,6 +46,7 @@ from beast.algos.base import Batch, Update
 from beast.optim import INITIAL_LR, lr_multiplier
 from beast.profile import LEARNER_PHASES, PhaseClock
 from beast.threads import ThreadGroup
+from beast.train_step import StepAbandoned
 
 __all__ = [
     "Learner",
@@ -340,6 +341,8 @@ class Learner(ThreadGroup):
             keeps the count set at start-up.
         updates_ready: whether the update has settled on its path (compiled or not), from
             when the tuner may measure.
+        stopping: set by `stop` before the threads are joined: the update's
+            `LearnerContext.stopping`, so that a step waiting for a compilation gives up.
     """
 
     def __init__(
@@ -356,8 +359,10 @@ class Learner(ThreadGroup):
         observers: Sequence[Callable[[Mapping[str, torch.Tensor]], None]] = (),
         thread_tuner: ThreadTuner | None = None,
         updates_ready: Callable[[], bool] = lambda: True,
+        stopping: threading.Event | None = None,
     ) -> None:
         self.finished = threading.Event()  # total_steps reached, or a thread failed
+        self.stopping = stopping if stopping is not None else threading.Event()
         super().__init__(on_error=self.finished)
         self.update = update
         self.source = source
@@ -386,6 +391,7 @@ class Learner(ThreadGroup):
         super().start()
 
     def stop(self, timeout: float = 5.0) -> None:
+        self.stopping.set()
         super().stop(timeout)
         self.source.stop(timeout)
 
@@ -410,7 +416,10 @@ class Learner(ThreadGroup):
                 if progress.step >= self.total_steps:
                     self.finished.set()
                     return
-                stats = self.step(batch, clock)
+                try:
+                    stats = self.step(batch, clock)
+                except StepAbandoned:  # stopping while a compilation ran: not trained on
+                    return
                 if self.thread_tuner is not None:
                     self.thread_tuner.after_update(progress.step, self.updates_ready())
                 if progress.step >= self.total_steps:

@@ -62,6 +62,7 @@ from beast.optim import INITIAL_LR
 __all__ = [
     "COMPILE_MODES",
     "ParameterGroup",
+    "StepAbandoned",
     "StepLoss",
     "StepResult",
     "TargetNetwork",
@@ -79,6 +80,15 @@ _ADAM_DEFAULTS = {"weight_decay": 0.0, "amsgrad": False, "maximize": False}
 _RMSPROP_DEFAULTS = {"weight_decay": 0.0, "centered": False, "maximize": False}
 # torch.nn.utils.clip_grad_norm_'s guard against a zero norm.
 _CLIP_EPSILON = 1e-6
+
+
+# How often a step waiting for a compilation looks whether the run is stopping.
+_STOP_POLL_SECONDS = 0.1
+
+
+class StepAbandoned(Exception):
+    """The run began to stop while a step waited for a compilation: no step was taken
+    (the learner's loop ends on it, as on a closed queue)."""
 
 
 def compile_cache_dir() -> str:
@@ -461,6 +471,8 @@ class TrainStep:
             the rest of the run goes on, and a stop never waits for a compilation);
             else in the calling thread, the step that decides being the first compiled
             one.
+        stopping: set when the run stops: a step waiting for a compilation then raises
+            StepAbandoned instead of waiting on.
     """
 
     def __init__(
@@ -476,6 +488,7 @@ class TrainStep:
         expected_steps: int | None = None,
         cuda_graphs: bool = True,
         background: bool = False,
+        stopping: threading.Event | None = None,
     ) -> None:
         if compile not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
@@ -487,6 +500,7 @@ class TrainStep:
         self.expected_steps = expected_steps
         self.cuda_graphs = cuda_graphs
         self.background = background
+        self.stopping = stopping
         self.program = _Program(modules, loss)
         self.path = "eager"  # what the last step ran: eager, compiled, CUDA graph
         self.compile_seconds = 0.0  # spent compiling (or loading cached graphs)
@@ -559,9 +573,23 @@ class TrainStep:
     ) -> StepResult:
         """One optimizer step on `inputs` over the groups named in `train`, then, if it was
         applied and `tau` is given, every target network moved `tau` of the way."""
-        self._compilation_holds_modules.wait()
-        with self._modules_in_use:
+        # A step waits while a compilation runs (`_modules_in_use`), unless the run stops.
+        if not self._wait_for(self._compilation_holds_modules.wait) or not self._wait_for(
+            lambda seconds: self._modules_in_use.acquire(timeout=seconds)
+        ):
+            raise StepAbandoned("the run stopped while the step waited for a compilation")
+        try:
             return self._step(tuple(train), inputs, tau)
+        finally:
+            self._modules_in_use.release()
+
+    def _wait_for(self, attempt: Callable[[float], bool]) -> bool:
+        """`attempt(seconds)` until it succeeds (at once, unless a compilation runs);
+        False if `stopping` is set meanwhile."""
+        while not attempt(_STOP_POLL_SECONDS):
+            if self.stopping is not None and self.stopping.is_set():
+                return False
+        return True
 
     def _step(self, kind: Train, inputs: Mapping[str, Any], tau: float | None) -> StepResult:
         self.steps_taken += 1

@@ -27,7 +27,7 @@ from beast.config import parse_args
 from beast.engine import build_algorithm
 from beast.envs.spec import EnvSpec
 from beast.learner import NonFiniteError, Stepper, TrainingProgress
-from beast.train_step import ParameterGroup, StepLoss, TrainStep
+from beast.train_step import ParameterGroup, StepAbandoned, StepLoss, TrainStep
 
 CARTPOLE = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), num_actions=2)
 PENDULUM = EnvSpec(
@@ -457,3 +457,29 @@ def test_no_step_runs_while_a_background_compilation_traces(monkeypatch):
     assert update.train_step.path == "compiled", update.log_lines
     assert len(window) == 2 and steps
     assert not [t for t in steps if window[0] <= t <= window[1]]
+
+
+def test_a_step_waiting_for_a_compilation_gives_up_when_the_run_stops(monkeypatch):
+    """A stop never waits for a compilation: the learner's step that waits for one raises
+    StepAbandoned once the run's `stopping` is set, having taken no step."""
+
+    def slow_backend(graph, example_inputs):
+        time.sleep(3.0)
+        return graph.forward
+
+    monkeypatch.setattr(train_step_module, "_BACKEND", slow_backend)
+    monkeypatch.setattr(train_step_module, "_EAGER_PROBES", 2)
+    _, update, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16", background=True)
+    stopping = threading.Event()
+    update.train_step.stopping = stopping
+    with pytest.raises(StepAbandoned):
+        for seed in range(10):  # the third step starts the compilation, the fourth waits
+            taken = update.train_step.steps_taken
+            if seed == 3:
+                threading.Timer(0.3, stopping.set).start()
+                started = time.monotonic()
+            update(transition_batch(8, seed, continuous=False))
+    assert time.monotonic() - started < 2.0
+    assert update.train_step.steps_taken == taken
+    for compilation in update.train_step._compilations.values():
+        compilation.join()

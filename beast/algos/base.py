@@ -28,6 +28,7 @@ How a new algorithm plugs in, and what its model must return: docs/algorithms.md
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
@@ -285,8 +286,10 @@ class LearnerContext:
     log: where the learner's one-off lines go (the path its update took).
     optimizer_steps: about how many optimizer steps the run takes
         (`Algorithm.optimizer_steps`), which --compile auto weighs; None: unknown.
-    compile_in_background: compile while the update goes on eagerly (a run's learner),
-        rather than in the step that decides (tests, benchmarks).
+    compile_in_background: compile in a thread of its own (a run's learner), rather
+        than in the step that decides (tests, benchmarks).
+    stopping: set when the run stops (the learner's `stop`): a step waiting for a
+        compilation gives up (`StepAbandoned`).
     """
 
     device: torch.device
@@ -298,6 +301,7 @@ class LearnerContext:
     log: Callable[[str], None] = print
     optimizer_steps: int | None = None
     compile_in_background: bool = False
+    stopping: threading.Event | None = None
 
     def autocast(self) -> torch.autocast:
         """bf16 autocast (`bf16`) without its cache of cast weights: a compiled step
@@ -329,6 +333,7 @@ class LearnerContext:
             log=self.log,
             expected_steps=self.optimizer_steps,
             background=self.compile_in_background,
+            stopping=self.stopping,
         )
 
 
