@@ -54,13 +54,14 @@ def build(
     *flags: str,
     clipping: float = 0.0,
     background: bool = False,
+    device: str = "cpu",
 ):
     """An algorithm's update on a tiny network, seeded: two builds start identical."""
     env = "Pendulum-v1" if spec.continuous else "CartPole-v1"
     config = parse_args(["--algo", algo, "--env", env, *flags])
     torch.manual_seed(0)
     algorithm = build_algorithm(config, spec)
-    model = algorithm.build_model()
+    model = algorithm.build_model().to(device)
     progress = TrainingProgress()
     stepper = Stepper(
         grad_norm_clipping=clipping,
@@ -71,7 +72,7 @@ def build(
     )
     lines: list[str] = []
     context = LearnerContext(
-        device=torch.device("cpu"),
+        device=torch.device(device),
         bf16=False,
         step=stepper,
         progress=progress,
@@ -356,29 +357,8 @@ def test_auto_compiles_only_where_the_run_is_long_enough(monkeypatch, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_cuda_graph_replays_match_eager():
     flags = ("--net_arch", "16,16", "--batch_size", "8")
-    torch.manual_seed(0)
     eager = build("sac", PENDULUM, "off", *flags)
-    config = parse_args(["--algo", "sac", "--env", "Pendulum-v1", *flags])
-    torch.manual_seed(0)
-    algorithm = build_algorithm(config, PENDULUM)
-    model = algorithm.build_model().cuda()
-    progress = TrainingProgress()
-    stepper = Stepper(
-        grad_norm_clipping=0.0,
-        max_nonfinite_updates=3,
-        lr_schedule="constant",
-        total_steps=10_000,
-        progress=progress,
-    )
-    context = LearnerContext(
-        device=torch.device("cuda"),
-        bf16=False,
-        step=stepper,
-        progress=progress,
-        compile="on",
-        log=lambda line: None,
-    )
-    update = algorithm.learner(model, context)
+    model, update, _ = build("sac", PENDULUM, "on", *flags, device="cuda")
     for seed in range(8):
         batch = transition_batch(8, seed, continuous=True)
         torch.manual_seed(seed)
