@@ -1,4 +1,4 @@
-"""Milliseconds per learner update, eager against compiled (beast/train_step.py).
+"""Milliseconds per learner update, eager against compiled (beast/train_step/).
 
     python -m benchmarks.learner_step                      # every case, 1 thread, CPU
     python -m benchmarks.learner_step --only dqn,sac --threads 2
@@ -40,7 +40,6 @@ import torch
 from torch import nn
 
 from beast import envs
-from beast import train_step as train_step_module
 from beast.algos.base import Batch, LearnerContext, Rollouts, SequenceReplay, TransitionReplay
 from beast.buffers import rollout_spec
 from beast.config import parse_args
@@ -49,6 +48,7 @@ from beast.fields import Field, core_state_shapes
 from beast.learner import Stepper, TrainingProgress
 from beast.measure import synthetic_batch
 from beast.replay import sequence_spec
+from beast.train_step import auto as compile_auto
 from beast.transition_replay import step_spec
 
 __all__ = ["CASES", "UserQNetwork", "main"]
@@ -309,8 +309,8 @@ def _acting_load(env_id: str, stop: multiprocessing.synchronize.Event) -> None:
 
 def _time_every_compiled_step() -> None:
     """The benchmark times the compiled step whatever it gains: no going back to eager
-    when it is slower, as a run would (beast/train_step.py)."""
-    train_step_module._KEEP_COMPILED_BELOW = math.inf
+    when it is slower, as a run would (beast/train_step/)."""
+    compile_auto.KEEP_COMPILED_BELOW = math.inf
 
 
 def measure(

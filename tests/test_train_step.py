@@ -1,6 +1,6 @@
 """beast.train_step: the compiled update matches the eager one, and never stops a run.
 
-The contract (beast/train_step.py): the compiled step (the forward passes, losses,
+The contract (beast/train_step/): the compiled step (the forward passes, losses,
 gradients, clipping, guard, optimizer arithmetic and target updates in one graph) takes
 the same step as the eager one (backward, the Stepper, torch.optim's own Adam or
 RMSprop, the Polyak averager) to float tolerance, for every kind of update: rollouts
@@ -21,13 +21,12 @@ import numpy as np
 import pytest
 import torch
 
-from beast import train_step as train_step_module
 from beast.algos.base import Batch, LearnerContext
 from beast.config import parse_args
 from beast.engine import build_algorithm
 from beast.envs.spec import EnvSpec
 from beast.learner import NonFiniteError, Stepper, TrainingProgress
-from beast.train_step import ParameterGroup, StepAbandoned, StepLoss, TrainStep
+from beast.train_step import ParameterGroup, StepAbandoned, StepLoss, TrainStep, auto, compiler
 
 CARTPOLE = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), num_actions=2)
 PENDULUM = EnvSpec(
@@ -42,9 +41,9 @@ PENDULUM = EnvSpec(
 
 @pytest.fixture
 def fast_backend(monkeypatch):
-    monkeypatch.setattr(train_step_module, "_BACKEND", "aot_eager")
+    monkeypatch.setattr(compiler, "BACKEND", "aot_eager")
     # Compile after two eager steps of a kind (the first times nothing), not four.
-    monkeypatch.setattr(train_step_module, "_EAGER_PROBES", 2)
+    monkeypatch.setattr(auto, "EAGER_PROBES", 2)
 
 
 def build(
@@ -320,7 +319,7 @@ def test_a_failed_compilation_is_said_once_and_the_run_goes_on_eagerly(monkeypat
 
         return compiled
 
-    monkeypatch.setattr(train_step_module.torch, "compile", broken_compile)
+    monkeypatch.setattr(torch, "compile", broken_compile)
     logged = []
     model_a, update_a, _ = build("dqn", CARTPOLE, "off", "--hidden_size", "16")
     model_b, update_b, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16")
@@ -340,7 +339,7 @@ def test_auto_compiles_only_where_the_run_is_long_enough(monkeypatch, tmp_path):
     """--compile auto weighs the steps left against the cost of compiling: a short run
     stays eager (and says why, once), a long one compiles."""
     monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))
-    monkeypatch.setattr(train_step_module, "_BACKEND", "aot_eager")
+    monkeypatch.setattr(compiler, "BACKEND", "aot_eager")
     for expected, path in ((20, "eager"), (10**9, "compiled")):
         _, update, _ = build("dqn", CARTPOLE, "auto", "--hidden_size", "16")
         logged = []
@@ -375,8 +374,8 @@ def test_a_compiled_step_no_faster_than_eager_gives_way_to_it(fast_backend, monk
     and keeps the compiled step only if it is faster (here nothing is fast enough), said
     once. (--compile on keeps it: the parity tests above, whose tiny steps run no faster
     compiled, assert that.)"""
-    monkeypatch.setattr(train_step_module, "_KEEP_COMPILED_BELOW", 0.0)
-    monkeypatch.setattr(train_step_module, "_worth_compiling", lambda *args: (True, ""))
+    monkeypatch.setattr(auto, "KEEP_COMPILED_BELOW", 0.0)
+    monkeypatch.setattr(auto, "worth_compiling", lambda *args: (True, ""))
     monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))  # its record, not the user's
     _, update, _ = build("dqn", CARTPOLE, "auto", "--hidden_size", "16")
     paths = []
@@ -397,10 +396,10 @@ def test_compiled_graphs_go_to_beasts_cache_unless_the_user_chose_one(monkeypatc
     monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path / "beast"))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     cache_dir()  # torch picks its default, as any earlier compilation in the process does
-    train_step_module._configure_compiler()
+    compiler.configure_compiler()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "beast")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
-    train_step_module._configure_compiler()
+    compiler.configure_compiler()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
 
 
@@ -416,8 +415,8 @@ def test_no_step_runs_while_a_background_compilation_traces(monkeypatch):
         window.append(time.monotonic())
         return graph.forward
 
-    monkeypatch.setattr(train_step_module, "_BACKEND", slow_backend)
-    monkeypatch.setattr(train_step_module, "_EAGER_PROBES", 2)
+    monkeypatch.setattr(compiler, "BACKEND", slow_backend)
+    monkeypatch.setattr(auto, "EAGER_PROBES", 2)
     _, update, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16", background=True)
     learner_thread = threading.get_ident()
     loss = update.train_step.loss
@@ -447,8 +446,8 @@ def test_a_step_waiting_for_a_compilation_gives_up_when_the_run_stops(monkeypatc
         time.sleep(3.0)
         return graph.forward
 
-    monkeypatch.setattr(train_step_module, "_BACKEND", slow_backend)
-    monkeypatch.setattr(train_step_module, "_EAGER_PROBES", 2)
+    monkeypatch.setattr(compiler, "BACKEND", slow_backend)
+    monkeypatch.setattr(auto, "EAGER_PROBES", 2)
     _, update, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16", background=True)
     stopping = threading.Event()
     update.train_step.stopping = stopping

@@ -1,0 +1,68 @@
+"""One optimizer step for every algorithm: eager, or compiled as one graph.
+
+An algorithm states its update once, as a `TrainStep` over:
+
+    loss      (inputs, train) -> `StepLoss`: its forward passes and losses on a batch's
+              tensors, for the parameter groups `train` names (TD3 trains its actor
+              every other step); plain PyTorch over its modules, called as usual.
+    modules   every nn.Module the loss reads (online networks, target networks, SAC's
+              temperature), by name.
+    groups    what each optimizer trains (`ParameterGroup`), built by beast.optim.
+    targets   target networks that follow online ones by Polyak averaging or copies
+              (`TargetNetwork`).
+
+and calls it once per optimizer step with the batch's tensors. The engine runs the
+rest, the same way for every algorithm and every user model (`--model`):
+
+- Eager: the loss, `backward`, and the learner's `Stepper` (gradient clipping, the
+  non-finite guard, the learning-rate schedule, the optimizers' steps), then the targets.
+- Compiled (`--compile`): the whole step as one torch.compile graph: the forward passes
+  and losses, the gradients (torch.func over every trained parameter at once), the norm
+  and its clipping, the finiteness verdict, the optimizers' arithmetic, the target
+  updates and the priorities, with no host synchronisation inside. On CPU inductor
+  turns it into a few fused C++ loops around the matrix products; on CUDA the compiled
+  step is captured in a CUDA graph, so that one replay launches the whole update.
+
+What makes one graph possible: every parameter the step trains lives in one flat buffer
+(the parameters become views into it, so the modules, the eager optimizers and
+checkpoints see the same memory), each target network in another with the same layout,
+and the optimizers' state (Adam's moments, RMSprop's averages, step counts) in flat
+buffers that the optimizers' own state entries view. A skipped (non-finite) step is
+a `where` in the graph, not a branch on the host. Either path can take over from the
+other at any step, and both write the same tensors.
+
+The first step of each kind (`train` and target schedule) runs eagerly: it tells which
+parameters the loss reaches (an unused parameter is not stepped, as torch's optimizers
+skip a parameter without gradient) and what an eager step costs. The next one compiles.
+A compilation that fails, or a graph that cannot be made, leaves the run on the eager
+path, said once in the log; it never stops a run.
+
+The modules, each of one purpose:
+
+    interface.py    what an algorithm hands the step, and what a step hands back
+    step.py         `TrainStep`: the eager path, and which path each kind of step takes
+    flat.py         the flat parameter, target and optimizer-state buffers
+    arithmetic.py   Adam's and RMSprop's steps on flat tensors, for the graph
+    graph.py        the compiled step's function
+    cuda_graph.py   a compiled step replayed as one CUDA graph
+    auto.py         --compile auto: whether compiling pays, and the records kept of it
+    background.py   compilations in a thread of their own, and the lock steps share
+    compiler.py     torch.compile's settings, set in every thread that compiles
+"""
+
+from beast.train_step.background import StepAbandoned, compilations_under_way
+from beast.train_step.compiler import compile_cache_dir
+from beast.train_step.interface import ParameterGroup, StepLoss, StepResult, TargetNetwork
+from beast.train_step.step import COMPILE_MODES, TrainStep
+
+__all__ = [
+    "COMPILE_MODES",
+    "ParameterGroup",
+    "StepAbandoned",
+    "StepLoss",
+    "StepResult",
+    "TargetNetwork",
+    "TrainStep",
+    "compilations_under_way",
+    "compile_cache_dir",
+]

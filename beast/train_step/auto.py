@@ -1,0 +1,140 @@
+"""--compile auto's decision (beast/train_step/__init__.py): compile a kind of step only
+where the run's remaining steps would save more than compiling costs, and keep the
+compiled step only if it is measured faster. What compiling cost and gained is kept
+beside the compiled graphs (`StepRecord`), so the next run decides with real figures."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+from torch.utils._pytree import tree_leaves
+
+from beast.train_step.compiler import compile_cache_dir
+from beast.train_step.interface import Train
+
+__all__ = [
+    "COMPILED_RATIO",
+    "EAGER_PROBES",
+    "KEEP_COMPILED_BELOW",
+    "StepRecord",
+    "hardware",
+    "signature",
+    "worth_compiling",
+]
+
+# What --compile auto assumes before a step has been compiled on this machine: a first
+# compilation's cost (on 2 cores, SAC's step took 35-76 s and DQN's about 30 s; cached
+# graphs load in 4-10 s), and a compiled step's time over an eager one's: on CPU 0.3-0.5
+# for the MLPs of classic control and MuJoCo (benchmarks/RESULTS.md), 0.8-1.1 for
+# convolutional networks, whose time is their convolutions'; on CUDA 0.1-0.3.
+FIRST_COMPILE_SECONDS = 60.0
+COMPILED_RATIO = {"cpu": 0.6, "cpu convolutions": 0.9, "cuda": 0.3}
+# A compiled step kept only if at least this much faster than the eager one, measured.
+KEEP_COMPILED_BELOW = 0.97
+# Eager steps of each kind timed before deciding (the first, warming caches, not counted).
+EAGER_PROBES = 4
+
+
+class StepRecord(NamedTuple):
+    """What compiling one step cost and gained on this machine (seconds), kept in the
+    compile cache by `signature`, so that --compile auto decides with the next run's real
+    cost: cached graphs load in seconds where a first compilation takes a minute. None
+    where not yet known."""
+
+    signature: str
+    compile_seconds: float | None = None
+    eager: float | None = None
+    compiled: float | None = None
+
+    @staticmethod
+    def _path() -> str:
+        return os.path.join(compile_cache_dir(), "beast_steps.json")
+
+    @classmethod
+    def load(cls, signature: str) -> StepRecord:
+        try:
+            with open(cls._path()) as file:
+                known = json.load(file).get(signature, {})
+            return cls(signature, **{k: known.get(k) for k in cls._fields[1:]})
+        except (OSError, ValueError, TypeError, AttributeError):
+            return cls(signature)
+
+    def save(self) -> None:
+        """Into the shared file, written to a temporary name and renamed (runs of a sweep
+        may write at once: the last write wins, a reader never sees half a file)."""
+        path = self._path()
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                with open(path) as file:
+                    known = json.load(file)
+            except (OSError, ValueError):
+                known = {}
+            known[self.signature] = {k: v for k, v in self._asdict().items() if k != "signature"}
+            temporary = f"{path}.{os.getpid()}.tmp"
+            with open(temporary, "w") as file:
+                json.dump(known, file)
+            os.replace(temporary, path)
+        except OSError:
+            pass  # a read-only home: auto decides on the defaults next time
+
+
+def signature(
+    loss: Callable[..., Any],
+    kind: Train,
+    inputs: Mapping[str, Any],
+    params: Sequence[Tensor],
+    device: torch.device,
+) -> str:
+    """What identifies a step's graph across runs: the loss, the parameters' and inputs'
+    shapes and dtypes, the kind, the device and torch's version."""
+    name = getattr(loss, "__qualname__", type(loss).__qualname__)
+    leaves = [
+        (tuple(t.shape), str(t.dtype)) if isinstance(t, Tensor) else repr(t)
+        for t in tree_leaves(dict(inputs))
+    ]
+    shapes = [tuple(p.shape) for p in params]
+    text = repr((name, kind, shapes, leaves, torch.__version__, str(device)))
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def hardware(device: torch.device, modules: Iterable[nn.Module]) -> str:
+    """What `COMPILED_RATIO` knows: cuda, cpu, or cpu convolutions."""
+    if device.type == "cpu" and any(isinstance(m, nn.Conv2d) for m in modules):
+        return "cpu convolutions"
+    return "cuda" if device.type == "cuda" else "cpu"
+
+
+def worth_compiling(
+    eager: float, record: StepRecord, steps_left: int | None, prior: float
+) -> tuple[bool, str]:
+    """Whether compiling a step pays over the steps left (--compile auto), and why not;
+    `prior` is the compiled-to-eager time ratio assumed before one was measured."""
+    if steps_left is None:
+        return True, ""
+    ratio = prior
+    if record.eager and record.compiled:
+        ratio = record.compiled / record.eager
+    cost = record.compile_seconds
+    first = cost is None
+    if first:
+        cost = FIRST_COMPILE_SECONDS
+    saving = steps_left * eager * (1.0 - ratio)
+    if saving > cost:
+        return True, ""
+    hint = (
+        " (once compiled, cached graphs load in seconds: --compile on compiles it now and"
+        " lets later runs of this config compile by default)"
+        if first
+        else ""
+    )
+    return False, (
+        f"compiling costs about {cost:.0f} s{' the first time' if first else ''}, and"
+        f" {steps_left:,} steps would save about {saving:.0f} s{hint}"
+    )

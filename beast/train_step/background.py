@@ -1,0 +1,87 @@
+"""Compilations in a thread of their own (beast/train_step/__init__.py): the learner's
+steps wait for one, the rest of a run (actors, logging, a stop) does not, and a step
+waiting when the run stops gives up (`StepAbandoned`)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["ModulesInUse", "StepAbandoned", "compilation_thread", "compilations_under_way"]
+
+# How often a step waiting for a compilation looks whether the run is stopping.
+_STOP_POLL_SECONDS = 0.1
+# The names of compilation threads begin with it (`compilations_under_way`).
+_THREAD_PREFIX = "compile-"
+
+
+class StepAbandoned(Exception):
+    """The run began to stop while a step waited for a compilation: no step was taken
+    (the learner's loop ends on it, as on a closed queue)."""
+
+
+class ModulesInUse:
+    """Who may call the algorithm's modules: one step at a time, or a compilation for as
+    long as it runs. torch.fx patches nn.Module.__call__ for the whole process while it
+    traces, so a module called from the learner's thread meanwhile would be traced, not
+    run (a PPO run's eager step died of "module is not installed as a submodule")."""
+
+    def __init__(self) -> None:
+        # Held by every step and by a compilation for as long as it runs.
+        self._lock = threading.RLock()
+        # Set once a compilation started in the background holds `_lock` (the learner's
+        # next step waits for that, or it could take the lock back first, and again at
+        # every step: Python's locks are not fair).
+        self._compilation_holds = threading.Event()
+        self._compilation_holds.set()
+
+    @contextlib.contextmanager
+    def for_step(self, stopping: threading.Event | None) -> Iterator[None]:
+        """Held for one step, once any compilation under way is done; StepAbandoned if
+        `stopping` is set while the step waits."""
+        if not _wait_for(self._compilation_holds.wait, stopping) or not _wait_for(
+            lambda seconds: self._lock.acquire(timeout=seconds), stopping
+        ):
+            raise StepAbandoned("the run stopped while the step waited for a compilation")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def compilation_starting(self) -> None:
+        """Before a compilation thread starts: the next step waits until it holds them."""
+        self._compilation_holds.clear()
+
+    @contextlib.contextmanager
+    def for_compilation(self) -> Iterator[None]:
+        """Held for a compilation (in its own thread or the learner's)."""
+        try:
+            with self._lock:
+                self._compilation_holds.set()
+                yield
+        finally:
+            self._compilation_holds.set()  # whatever happened: never a stuck learner
+
+
+def _wait_for(attempt: Callable[[float], bool], stopping: threading.Event | None) -> bool:
+    """`attempt(seconds)` until it succeeds (at once, unless a compilation runs); False
+    if `stopping` is set meanwhile."""
+    while not attempt(_STOP_POLL_SECONDS):
+        if stopping is not None and stopping.is_set():
+            return False
+    return True
+
+
+def compilation_thread(name: str, target: Callable[..., None], *args: Any) -> threading.Thread:
+    """A compilation's thread (not started), named for `compilations_under_way`. Not a
+    daemon: the interpreter's exit waits for it rather than freezing it inside torch's
+    C++ (which aborts the process); monobeast.py and polybeast.py exit without waiting
+    (`beast.cli.exit_process`)."""
+    return threading.Thread(target=target, args=args, name=f"{_THREAD_PREFIX}{name}")
+
+
+def compilations_under_way() -> bool:
+    """Whether a learner's compilation (a thread of its own) is still running."""
+    return any(t.name.startswith(_THREAD_PREFIX) and t.is_alive() for t in threading.enumerate())

@@ -1,0 +1,78 @@
+"""torch.compile's settings for the learner's step (beast/train_step/__init__.py): the
+backend, the guards kept, where compiled graphs persist between runs, and the
+per-thread configuration every thread that compiles or runs a compiled step sets."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+import torch
+
+__all__ = [
+    "BACKEND",
+    "compile_cache_dir",
+    "configure_compiler",
+    "first_line",
+    "inductor_patch",
+    "lean_guards",
+]
+
+# torch.compile's backend: inductor generates the fused C++ (CPU) or Triton (CUDA) code.
+BACKEND = "inductor"
+
+
+def compile_cache_dir() -> str:
+    """Where inductor keeps compiled graphs between runs: a second run of a config loads
+    its graphs from here instead of compiling them. $BEAST_COMPILE_CACHE, else
+    ~/.cache/beast/inductor (torch's default is under /tmp, which a reboot empties)."""
+    default = os.path.join(os.path.expanduser("~"), ".cache", "beast", "inductor")
+    return os.environ.get("BEAST_COMPILE_CACHE", default)
+
+
+def lean_guards() -> dict[str, Any]:
+    """torch.compile's arguments that keep only the guards on the tensors passed in (their
+    shapes, dtypes, devices), where this torch has them: the graph's Python constants
+    (modules, hyperparameters, the kind of step) are its compiled function's own
+    (`isolate_recompiles`: its own entries, never another step's or kind's), and
+    evaluating guards on all of them cost about as much as a small network's step."""
+    keep = getattr(torch.compiler, "keep_tensor_guards_unsafe", None)
+    if keep is None or "isolate_recompiles" not in inspect.signature(torch.compile).parameters:
+        return {}
+    return {"isolate_recompiles": True, "options": {"guard_filter_fn": keep}}
+
+
+def inductor_patch(**settings: Any) -> Any:
+    """inductor's settings for the compilations inside the block."""
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(settings)
+
+
+def configure_compiler() -> None:
+    """Before a compilation, and in the thread that runs compiled steps (which may
+    recompile): generated CPU kernels follow the torch thread count at run time
+    (`cpp.dynamic_threads`: the learner's count is measured and may change), compiled
+    graphs persist in `compile_cache_dir()`, and dynamo traces through LSTM modules
+    (`allow_rnn`: a compiled step runs their cell arithmetic itself, beast/models/lstm.py
+    `_lstm_steps`, and only reads their parameters). torch keeps these settings per
+    thread (its config overrides are context variables), so every such thread sets them."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    # torch writes its /tmp default into TORCHINDUCTOR_CACHE_DIR the first time anything
+    # asks for the cache, so a user's own setting is one that differs from that default.
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache_dir()
+    inductor_config.cpp.dynamic_threads = True
+    # Compile in-process: no pool of compile workers to outlive a stopped run (and on a
+    # machine whose cores the run uses, no faster).
+    inductor_config.compile_threads = 1
+    torch._dynamo.config.allow_rnn = True
+
+
+def first_line(error: BaseException) -> str:
+    """An error's first line, cut short, for the one log line a failure gets."""
+    return (str(error).strip().splitlines() or [""])[0][:240]

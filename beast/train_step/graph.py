@@ -1,0 +1,175 @@
+"""The compiled step's function (beast/train_step/__init__.py): one optimizer step of
+one kind, from the flat buffers to the flat buffers, written for torch.compile to make
+one graph of: the forward passes and losses, the gradients (torch.func over every
+trained parameter at once), the norm and its clipping, the finiteness verdict, the
+optimizers' arithmetic, the target updates and the priorities, with no host
+synchronisation inside. A skipped step is a `where`, not a branch on the host."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils._pytree import tree_map
+
+from beast.train_step.flat import Layout, OptimizerState, Used
+from beast.train_step.interface import StepLoss, Train
+
+__all__ = ["Program", "StepGraph", "copied"]
+
+# torch.nn.utils.clip_grad_norm_'s guard against a zero norm.
+_CLIP_EPSILON = 1e-6
+
+
+class Program(nn.Module):
+    """The algorithm's modules under one root, so that one `functional_call` puts the
+    graph's views of the flat buffers in place of every trained and target parameter."""
+
+    def __init__(self, modules: Mapping[str, nn.Module], loss: Callable[..., StepLoss]):
+        super().__init__()
+        self.parts = nn.ModuleDict(dict(modules))
+        self._loss = loss
+
+    def forward(self, inputs: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
+        return self._loss(inputs, train)
+
+
+class StepGraph:
+    """The compiled step over `program`'s loss, its parameters laid out by `layout`, its
+    optimizers' states and arithmetic in `state`, gradients clipped to norm `clipping`
+    where positive. torch.compile traces `step` with these as the bound object's
+    attributes: Python constants of the graph, not inputs."""
+
+    def __init__(
+        self, program: Program, layout: Layout, state: OptimizerState, clipping: float
+    ) -> None:
+        self.program = program
+        self.layout = layout
+        self.state = state
+        self.clipping = clipping
+
+    def step(
+        self,
+        flat: Tensor,
+        target_flat: Tensor,
+        steps: Tensor,
+        buffers: dict[str, Tensor],
+        lr: Tensor,
+        tau: Tensor,
+        inputs: dict[str, Tensor],
+        *,
+        kind: Train,
+        used: Used | None,
+    ) -> tuple[Any, ...]:
+        """One step of `kind`: writes `flat`, `target_flat`, `steps` and `buffers` in
+        place; returns the loss, the gradient norm, its finiteness, the new weights'
+        finiteness, whether the loss let the step proceed, the stats and the priorities.
+        `lr` holds each group's rate, in the layout's group order. The targets move `tau`
+        of the way (a tensor: 0 leaves them, without a second graph for the steps that do
+        not average). Parameters this kind does not reach (`used`) are not stepped."""
+        program, layout, state, clipping = self.program, self.layout, self.state, self.clipping
+        trained = {id(p): i for i, p in enumerate(layout.params)}
+        followed = {id(p): i for i, p in enumerate(layout.target_params)}
+        named = list(program.named_parameters(remove_duplicate=False))
+        target_views = layout.target_views(target_flat)
+
+        def loss(values: tuple[Tensor, ...]) -> tuple[Tensor, dict[str, Any]]:
+            swapped = {}
+            for name, p in named:
+                if id(p) in trained:
+                    swapped[name] = values[trained[id(p)]]
+                elif id(p) in followed:
+                    swapped[name] = target_views[followed[id(p)]]
+            out = torch.func.functional_call(program, swapped, (inputs, kind), strict=False)
+            # torch.func's auxiliary outputs are tensors only: the absent ones left out.
+            aux = {"stats": out.stats}
+            if out.priorities is not None:
+                aux["priorities"] = out.priorities
+            if out.proceed is not None:
+                aux["proceed"] = out.proceed
+            return out.total, aux
+
+        # Gradients per parameter, then one concatenation: differentiating through views
+        # of the flat buffer would build a zero-padded flat gradient for every parameter.
+        per_param, (total, aux) = torch.func.grad_and_value(loss, has_aux=True)(
+            tuple(layout.views(flat))
+        )
+        grads = torch.cat([g.reshape(-1) for g in per_param])
+        regions = [layout.group_slices[name] for name in kind]
+        grad_norm = torch.stack([grads[r].square().sum() for r in regions]).sum().sqrt()
+        finite = torch.isfinite(total.detach()) & torch.isfinite(grad_norm)
+        proceed = aux.get("proceed", torch.ones((), dtype=torch.bool, device=flat.device))
+        ok = finite & proceed
+        scale = (clipping / (grad_norm + _CLIP_EPSILON)).clamp(max=1.0) if clipping > 0 else 1.0
+        rates = {name: i for i, name in enumerate(layout.group_slices)}
+        # Each buffer is written once, whole, from its groups' new pieces in order: writes
+        # into slices of a buffer would each become a pass over all of it.
+        new_flat, new_buffers = [], {key: [] for key in buffers}
+        new_steps = []
+        for name, region in layout.group_slices.items():
+            indices = layout.group_params[name]
+            counts = steps[indices.start : indices.stop]
+            pieces = {key: value[region] for key, value in buffers.items()}
+            if name not in kind:
+                new_flat.append(flat[region])
+                new_steps.append(counts)
+                for key, piece in pieces.items():
+                    new_buffers[key].append(piece)
+                continue
+            gate = ok if used is None else ok & used.elements[region]
+            param, moved = state.rules[name].step(
+                flat[region], grads[region] * scale, pieces, counts[0] + 1.0, lr[rates[name]]
+            )
+            new_flat.append(torch.where(gate, param, flat[region]))
+            for key, piece in pieces.items():
+                new_buffers[key].append(
+                    torch.where(gate, moved[key], piece) if key in moved else piece
+                )
+            stepped = ok if used is None else ok & used.params[indices.start : indices.stop]
+            new_steps.append(torch.where(stepped, counts + 1.0, counts))
+        updated = torch.cat(new_flat)
+        if layout.target_ranges:
+            target_flat.copy_(
+                _moved_targets(target_flat, updated, layout.target_ranges, tau, ok & (tau > 0))
+            )
+        flat.copy_(updated)
+        steps.copy_(torch.cat(new_steps))
+        for key, value in buffers.items():
+            value.copy_(torch.cat(new_buffers[key]))
+        # The new weights' check, as the eager path's `Stepper.check_weights` makes it (a
+        # norm: inductor's boolean all() over a long buffer was measured to answer False
+        # for finite weights now and then).
+        weights_finite = torch.isfinite(torch.linalg.vector_norm(updated))
+        return (
+            total.detach(),
+            grad_norm,
+            finite,
+            weights_finite,
+            proceed,
+            aux["stats"],
+            aux.get("priorities"),
+        )
+
+
+def _moved_targets(
+    target_flat: Tensor, online: Tensor, ranges: Sequence[slice], tau: Tensor, ok: Tensor
+) -> Tensor:
+    """The target buffer with its followed `ranges` moved `tau` of the way to `online`
+    (lerp at 1 is the copy) where `ok`, the rest unchanged: one tensor, written once."""
+    pieces, position = [], 0
+    for region in ranges:
+        if region.start > position:
+            pieces.append(target_flat[position : region.start])
+        old = target_flat[region]
+        pieces.append(torch.where(ok, torch.lerp(old, online[region], tau), old))
+        position = region.stop
+    if position < target_flat.shape[0]:
+        pieces.append(target_flat[position:])
+    return torch.cat(pieces)
+
+
+def copied(tree: Any) -> Any:
+    """`tree` with every tensor in it cloned (a dry run's or a warm-up's arguments)."""
+    return tree_map(lambda value: value.clone() if isinstance(value, Tensor) else value, tree)

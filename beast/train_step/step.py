@@ -1,0 +1,401 @@
+"""`TrainStep`: an algorithm's optimizer step, eager or compiled, and which of the two
+each kind of step takes (beast/train_step/__init__.py)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from beast.models import PolyakAverager
+from beast.optim import INITIAL_LR
+from beast.train_step import auto, compiler
+from beast.train_step.background import ModulesInUse, compilation_thread
+from beast.train_step.cuda_graph import CudaGraphStep
+from beast.train_step.flat import Layout, OptimizerState, Used, used_parameters
+from beast.train_step.graph import Program, StepGraph, copied
+from beast.train_step.interface import (
+    ParameterGroup,
+    StepLoss,
+    StepResult,
+    TargetNetwork,
+    Train,
+)
+
+__all__ = ["COMPILE_MODES", "TrainStep"]
+
+COMPILE_MODES = ("auto", "on", "off")
+
+
+class _BufferAverager:
+    """Target networks' buffers moved towards their online ones' (floating point: by
+    tau; counters: copied). Parameters are averaged elsewhere (the graph, or the eager
+    `PolyakAverager`)."""
+
+    def __init__(self, targets: Sequence[TargetNetwork]) -> None:
+        self.pairs = [
+            (mine, theirs)
+            for pair in targets
+            for mine, theirs in zip(pair.target.buffers(), pair.online.buffers(), strict=True)
+        ]
+
+    @torch.no_grad()
+    def __call__(self, tau: float) -> None:
+        for mine, theirs in self.pairs:
+            if tau == 1.0 or not mine.is_floating_point():
+                mine.copy_(theirs)
+            else:
+                mine.lerp_(theirs.to(mine.dtype), tau)
+
+
+class TrainStep:
+    """An algorithm's optimizer step (beast/train_step/__init__.py).
+
+    Args:
+        loss: (inputs, train) -> StepLoss; `train` names the groups this step trains (the
+            loss computes what they need). It must not draw random numbers (a CUDA graph
+            would replay the same ones): noise comes in `inputs`.
+        modules: every module the loss reads.
+        groups: the optimizers and what they train; a step trains some of them.
+        targets: target networks, moved towards their online ones when a call asks.
+        stepper: the learner's `Stepper` (schedule, guard and counters; the eager step).
+        compile: "on", "off", or "auto": compile where it pays (beast/train_step/auto.py).
+        log: where the lines about the path taken go (once each).
+        expected_steps: about how many steps the run will take (auto weighs them).
+        cuda_graphs: on CUDA, replay each compiled step as a CUDA graph.
+        background: compile in a thread of its own (a run's learner: its steps wait,
+            the rest of the run goes on, and a stop never waits for a compilation);
+            else in the calling thread, the step that decides being the first compiled
+            one.
+        stopping: set when the run stops: a step waiting for a compilation then raises
+            StepAbandoned instead of waiting on.
+    """
+
+    def __init__(
+        self,
+        loss: Callable[[Mapping[str, Tensor], tuple[str, ...]], StepLoss],
+        *,
+        modules: Mapping[str, nn.Module],
+        groups: Sequence[ParameterGroup],
+        targets: Sequence[TargetNetwork] = (),
+        stepper: Any,
+        compile: str = "off",
+        log: Callable[[str], None] = print,
+        expected_steps: int | None = None,
+        cuda_graphs: bool = True,
+        background: bool = False,
+        stopping: threading.Event | None = None,
+    ) -> None:
+        if compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
+        self.loss = loss
+        self.groups = {group.name: group for group in groups}
+        self.stepper = stepper
+        self.log = log
+        self.mode = compile
+        self.expected_steps = expected_steps
+        self.cuda_graphs = cuda_graphs
+        self.background = background
+        self.stopping = stopping
+        self.program = Program(modules, loss)
+        self.path = "eager"  # what the last step ran: eager, compiled, CUDA graph
+        self.compile_seconds = 0.0  # spent compiling (or loading cached graphs)
+        self.steps_taken = 0
+        self._timings: dict[Train, list[float]] = {}  # each kind's timed eager steps
+        self._decided: dict[Train, Callable[..., tuple[Any, ...]] | None] = {}
+        self._records: dict[Train, auto.StepRecord] = {}  # kinds whose compiled steps are timed
+        self._compiled_seconds: dict[Train, float] = {}
+        self._compilations: dict[Train, threading.Thread] = {}  # under way (or done)
+        # Steps and compilations take turns; the learner waits for a compilation in the
+        # background, the rest of the run does not.
+        self._modules_in_use = ModulesInUse()
+        self._compiled_steps: dict[Train, Callable[..., tuple[Any, ...]]] = {}  # to adopt
+        self._compiled_timings: dict[Train, list[float]] = {}
+        self._used: dict[Train, Used | None] = {}
+        self._layout: Layout | None = None
+        self._state: OptimizerState | None = None
+        self._lr: Tensor | None = None
+        self._lr_multiplier: float | None = None
+        self._tau: Tensor | None = None
+        self._compiling = compile != "off"
+        if self._compiling:
+            try:
+                self._layout = Layout(groups, targets)
+                self._state = OptimizerState(self._layout, groups)
+            except ValueError as error:
+                self._decline(str(error))
+            else:
+                device = self._layout.flat.device
+                self._lr = torch.zeros(len(groups), device=device)
+                self._tau = torch.zeros((), device=device)
+                self._tau_value = 0.0
+        # Built after the layout: they list the tensors the parameters now are.
+        self._eager_targets = [PolyakAverager(t.target, t.online) for t in targets]
+        self._buffer_targets = _BufferAverager(targets)
+
+    @property
+    def settled(self) -> bool:
+        """Whether steps take their steady path: not compiling, or a kind of step decided
+        (compiled, or kept eager) and no compilation under way."""
+        return not self._compiling or (bool(self._decided) and not self._compilations)
+
+    def describe(self) -> str:
+        """The path the last step took, for the log."""
+        if self.path == "eager":
+            return "eager"
+        return f"{self.path} (compiled in {self.compile_seconds:.1f} s)"
+
+    def _decline(self, reason: str) -> None:
+        self._compiling = False
+        self.log(f"the learner's update runs eagerly: {reason}")
+
+    def load_optimizer_states(self) -> None:
+        """After the optimizers' `load_state_dict` (a resumed run): their states back into
+        the flat buffers that every path steps."""
+        if self._state is not None:
+            self._state.adopt()
+
+    def __call__(
+        self, inputs: Mapping[str, Any], *, train: Sequence[str], tau: float | None = None
+    ) -> StepResult:
+        """One optimizer step on `inputs` over the groups named in `train`, then, if it was
+        applied and `tau` is given, every target network moved `tau` of the way. It waits
+        while a compilation runs, unless the run stops (StepAbandoned)."""
+        with self._modules_in_use.for_step(self.stopping):
+            return self._step(tuple(train), inputs, tau)
+
+    def _step(self, kind: Train, inputs: Mapping[str, Any], tau: float | None) -> StepResult:
+        self.steps_taken += 1
+        if self._compiling:
+            if kind in self._compilations and not self._compilations[kind].is_alive():
+                self._adopt(kind, inputs)
+            if kind in self._decided:
+                compiled = self._decided[kind]
+                if compiled is not None:
+                    return self._run_compiled(kind, compiled, inputs, tau)
+            elif (
+                kind not in self._compilations
+                and len(self._timings.get(kind, ())) >= auto.EAGER_PROBES
+            ):
+                self._decide(kind, inputs)
+                if self._decided.get(kind) is not None:
+                    return self._run_compiled(kind, self._decided[kind], inputs, tau)
+        return self._run_eager(kind, inputs, tau)
+
+    # -- eager
+
+    def _run_eager(self, kind: Train, inputs: Mapping[str, Any], tau: float | None) -> StepResult:
+        started = time.perf_counter()
+        self.path = "eager"
+        groups = [self.groups[name] for name in kind]
+        out = self.loss(inputs, kind)
+        if out.proceed is not None and not bool(out.proceed):
+            return StepResult(False, True, out.stats, out.priorities)
+        params = [p for group in groups for p in group.parameters]
+        applied = self.stepper(out.total, [group.optimizer for group in groups], params)
+        if applied and tau is not None:
+            for averager in self._eager_targets:
+                averager(tau)
+        if applied and self._compiling and kind not in self._decided:
+            # What the compiled step of this kind must reproduce (beast/train_step/
+            # __init__.py), and what an eager step costs.
+            if kind not in self._used:
+                layout = self._layout
+                assert layout is not None
+                self._used[kind] = used_parameters(
+                    layout, [i for name in kind for i in layout.group_params[name]]
+                )
+            self._timings.setdefault(kind, []).append(time.perf_counter() - started)
+        return StepResult(applied, False, out.stats, out.priorities)
+
+    # -- the decision, and compiling
+
+    def _decide(self, kind: Train, inputs: Mapping[str, Any]) -> None:
+        """Compile this kind of step, or keep it eager (--compile auto, where compiling
+        would cost more than it saves over the steps left; said once in the log). In the
+        background (`background`), a stop never waits for the compilation."""
+        eager = statistics.median(self._timings[kind][1:])  # the first warms caches up
+        params = self._layout.params if self._layout else []
+        record = auto.StepRecord.load(
+            auto.signature(self.loss, kind, inputs, params, self._device())
+        )
+        if self.mode == "auto":
+            prior = auto.COMPILED_RATIO[auto.hardware(self._device(), self.program.modules())]
+            worth, reason = auto.worth_compiling(eager, record, self._steps_left(), prior)
+            if not worth:
+                self._decided[kind] = None
+                self.log(
+                    f"the learner's update runs eagerly ({eager * 1e3:.2f} ms a step): {reason}"
+                )
+                return
+        self._records[kind] = record._replace(eager=eager)
+        compilation = compilation_thread("-".join(kind), self._compile, kind, copied(dict(inputs)))
+        self._compilations[kind] = compilation
+        if self.background:
+            self._modules_in_use.compilation_starting()
+            compilation.start()
+        else:
+            compilation.run()
+            self._adopt(kind, inputs)
+
+    def _adopt(self, kind: Train, inputs: Mapping[str, Any]) -> None:
+        """A finished compilation: its step from now on (in a CUDA graph on CUDA, captured
+        here, in the learner's thread), said once; or eager, said once, if it failed."""
+        del self._compilations[kind]
+        compiled = self._compiled_steps.pop(kind, None)
+        if compiled is None:
+            self._decided[kind] = None
+            self._records.pop(kind, None)
+            return
+        if self.cuda_graphs and self._device().type == "cuda":
+            try:
+                compiled = CudaGraphStep(compiled, self._arguments(inputs, copies=False))
+            except Exception as error:  # a step that does not capture: compiled, ungraphed
+                self.log(f"no CUDA graph for the learner's update ({compiler.first_line(error)})")
+        compiler.configure_compiler()  # this thread runs the step, and recompiles it if need be
+        self._decided[kind] = compiled
+        seconds = self._compiled_seconds[kind]
+        record = self._records[kind]
+        cached = " from cached graphs" if record.compile_seconds is not None else ""
+        self.log(
+            f"the learner's update is compiled{cached} ({seconds:.1f} s;"
+            f" eager it took {record.eager * 1e3:.2f} ms a step)"
+        )
+        self._records[kind] = record._replace(compile_seconds=seconds)
+
+    def _steps_left(self) -> int | None:
+        if self.expected_steps is None:
+            return None
+        return max(0, self.expected_steps - self.steps_taken)
+
+    def _device(self) -> torch.device:
+        return self._layout.flat.device if self._layout is not None else torch.device("cpu")
+
+    def _compile(self, kind: Train, inputs: Mapping[str, Any]) -> None:
+        """Compile this kind's step by a dry run on copies of the state and of `inputs`
+        (the run's state is untouched); the result waits in `_compiled_steps` for
+        `_adopt`. The learner's steps wait meanwhile (`_modules_in_use`). A failure is
+        said once, and the steps stay eager."""
+        compiler.configure_compiler()
+        assert self._layout is not None and self._state is not None
+        graph = StepGraph(self.program, self._layout, self._state, self.stepper.grad_norm_clipping)
+        function = functools.partial(graph.step, kind=kind, used=self._used.get(kind))
+        compiled = torch.compile(
+            function,
+            backend=compiler.BACKEND,
+            fullgraph=True,
+            dynamic=False,
+            **compiler.lean_guards(),
+        )
+        started = time.perf_counter()
+        try:
+            # On CPU the graph's wrapper (its calls of every kernel) in C++ too, not Python:
+            # 7-11% off the DQN, PPO and SAC steps measured here.
+            cpp_wrapper = self._device().type == "cpu"
+            with (
+                self._modules_in_use.for_compilation(),
+                compiler.inductor_patch(cpp_wrapper=cpp_wrapper),
+            ):
+                compiled(*self._arguments(inputs, copies=True))
+        except Exception as error:  # dynamo/inductor errors, a missing C++ compiler
+            if os.environ.get("BEAST_DEBUG_COMPILE"):
+                raise
+            self._decline(
+                f"torch.compile failed ({type(error).__name__}: {compiler.first_line(error)});"
+                " --compile off skips compiling"
+            )
+            return
+        seconds = time.perf_counter() - started
+        self.compile_seconds += seconds
+        self._compiled_seconds[kind] = seconds
+        self._compiled_steps[kind] = compiled
+
+    def _arguments(self, inputs: Mapping[str, Tensor], *, copies: bool) -> tuple[Any, ...]:
+        layout, state, lr = self._layout, self._state, self._lr
+        assert layout is not None and state is not None and lr is not None
+        assert self._tau is not None
+        arguments = (layout.flat, layout.target_flat, state.steps, state.buffers, lr, self._tau)
+        if copies:
+            arguments = copied(arguments)
+        return (*arguments, dict(inputs))
+
+    def _run_compiled(
+        self,
+        kind: Train,
+        compiled: Callable[..., tuple[Any, ...]],
+        inputs: Mapping[str, Any],
+        tau: float | None,
+    ) -> StepResult:
+        started = time.perf_counter()
+        self._set_learning_rates()
+        self._set_tau(tau)
+        total, grad_norm, finite, weights_finite, proceed, stats, priorities = compiled(
+            *self._arguments(inputs, copies=False)
+        )
+        self.path = "CUDA graph" if isinstance(compiled, CudaGraphStep) else "compiled"
+        record = self._records.get(kind)
+        if record is not None:
+            self._time_compiled(kind, record, bool(finite) and time.perf_counter() - started)
+        if not bool(proceed):
+            return StepResult(False, True, stats, priorities)
+        groups = [self.groups[name] for name in kind]
+        applied = self.stepper.record(
+            finite=bool(finite),
+            weights_finite=bool(weights_finite),
+            loss=total,
+            grad_norm=grad_norm,
+            optimizers=[group.optimizer for group in groups],
+        )
+        if applied and tau is not None:
+            self._buffer_targets(tau)
+        return StepResult(applied, False, stats, priorities)
+
+    def _time_compiled(self, kind: Train, record: auto.StepRecord, seconds: float) -> None:
+        """Time the first compiled steps of a kind against the eager ones: under
+        --compile auto, keep the compiled step only if it is faster (said once if not;
+        --compile on keeps it regardless), and keep what compiling cost and gained for
+        --compile auto's next decisions on this step (`auto.StepRecord`)."""
+        timings = self._compiled_timings.setdefault(kind, [])
+        if seconds:
+            timings.append(seconds)
+        if len(timings) <= auto.EAGER_PROBES:
+            return
+        del self._records[kind]
+        compiled = statistics.median(timings[1:])
+        record._replace(compiled=compiled).save()
+        slower = record.eager is not None and compiled > auto.KEEP_COMPILED_BELOW * record.eager
+        if self.mode == "auto" and slower:
+            self._decided[kind] = None
+            self.log(
+                f"the compiled update took {compiled * 1e3:.2f} ms a step against"
+                f" {record.eager * 1e3:.2f} eagerly: the learner goes on eagerly"
+            )
+
+    def _set_tau(self, tau: float | None) -> None:
+        """This step's target averaging into the graph's input (0: none)."""
+        value = 0.0 if tau is None else tau
+        if value != self._tau_value:
+            self._tau.fill_(value)
+            self._tau_value = value
+
+    def _set_learning_rates(self) -> None:
+        """Each group's rate now (the stepper's schedule), into the graph's input and the
+        optimizers (which the eager path and the log read)."""
+        multiplier = self.stepper.lr_multiplier()
+        if multiplier == self._lr_multiplier:
+            return
+        rates = []
+        for group in self.groups.values():
+            for settings in group.optimizer.param_groups:
+                settings["lr"] = settings[INITIAL_LR] * multiplier
+            rates.append(group.optimizer.param_groups[0]["lr"])
+        assert self._lr is not None
+        self._lr.copy_(torch.tensor(rates))
+        self._lr_multiplier = multiplier
