@@ -37,7 +37,9 @@ class OptimizerRule(abc.ABC):
         self, param: Tensor, grad: Tensor, state: Mapping[str, Tensor], count: Tensor, lr: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The new parameters and state entries (by `state_names`) after step `count`
-        (a float scalar, counting this one) at learning rate `lr` (a scalar tensor)."""
+        (a float scalar, counting this one) at learning rate `lr` (a scalar tensor);
+        `param`, `grad` and the entries are float [N], one group's slice of the flat
+        buffers."""
 
 
 @dataclass(frozen=True)
