@@ -53,13 +53,14 @@ from beast.checkpoint import (
 from beast.config import Config, ConfigError
 from beast.envs.batch import check_backend
 from beast.fields import Field, core_state_shapes
-from beast.learner import Learner, Stepper, ThreadTuner, TrainingProgress, UpdateStats
+from beast.learner import Learner, Stepper, TrainingProgress, UpdateStats
 from beast.models import ModelError, WeightCopier, check_model, copy_weights, is_user_model
 from beast.normalize import DISCOUNTED_RETURN_KEY, RewardScaler, find_observation_normalizer
 from beast.replay import PrioritizedReplay, replay_footprint, sequence_spec
 from beast.replay_sink import ReplaySink, ReplaySource, SequenceSink
 from beast.rollout_replay import RolloutReplay
 from beast.rollout_source import RolloutSource
+from beast.thread_tuner import ThreadTuner, setup_key
 from beast.transition_replay import RingReplay, TransitionSink, ring_footprint, step_spec
 
 __all__ = [
@@ -156,7 +157,7 @@ def learner_threads(
 ) -> int | None:
     """torch intra-op threads the learner starts with; None keeps torch's default (CPU
     count). Unless --num_threads fixes it, the run then measures one thread against all
-    of them, beside its actors, and keeps the better (beast/learner.py `ThreadTuner`): the
+    of them, beside its actors, and keeps the better (beast/thread_tuner.py `ThreadTuner`): the
     figures below are why it starts where it does.
 
     A CPU bf16 learner gets 1 thread when the actors already fill the cores: its
@@ -586,7 +587,7 @@ def build_run(
     if config.num_threads is None and device.type == "cpu":
         cores = len(os.sched_getaffinity(0))
         if cores > 1:
-            tuner = ThreadTuner([1, cores], log)
+            tuner = ThreadTuner([1, cores], log, record_key=setup_key(config, [1, cores]))
     learner = Learner(
         update=update,
         source=source,

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +44,7 @@ from torch import nn
 from beast.algos.base import Batch, Update
 from beast.optim import INITIAL_LR, lr_multiplier
 from beast.profile import LEARNER_PHASES, PhaseClock
+from beast.thread_tuner import ThreadTuner
 from beast.threads import ThreadGroup
 from beast.train_step import StepAbandoned
 
@@ -52,7 +52,6 @@ __all__ = [
     "Learner",
     "NonFiniteError",
     "Stepper",
-    "ThreadTuner",
     "TrainingProgress",
     "UpdateStats",
 ]
@@ -236,90 +235,6 @@ class Stepper:
         self.steps_applied += 1
         self._mark("optimizer")
         return True
-
-
-class ThreadTuner:
-    """Picks the learner's torch thread count by measuring the run itself (`--num_threads`
-    unset, on a CPU with more than one core).
-
-    What a second intra-op thread is worth depends on everything else the run does on
-    the machine: it halves a large update's time on an idle core, and slows a small one
-    whose actor wakes up between its parallel regions (each preemption stalls the other
-    thread at the region's barrier). So after a warm-up (compilation done, replay
-    filled), the tuner runs the learner at each candidate count in turn for
-    `window_seconds`, `rounds` times (alternating, so that a drifting machine favours
-    neither), compares the agent steps per second the run made in those windows (what a
-    user waits for, actors and learner together), keeps the best (a larger count only
-    if it is at least `margin` better), and says so once.
-    """
-
-    def __init__(
-        self,
-        candidates: Sequence[int],
-        log: Callable[[str], None],
-        *,
-        warmup_seconds: float = 10.0,
-        window_seconds: float = 3.0,
-        rounds: int = 2,
-        margin: float = 0.05,
-        clock: Callable[[], float] = time.monotonic,
-        set_threads: Callable[[int], None] = torch.set_num_threads,
-    ) -> None:
-        self.candidates = sorted(set(candidates))
-        self.log = log
-        self.window_seconds = window_seconds
-        self.margin = margin
-        self.clock = clock
-        self.set_threads = set_threads
-        self._plan = [c for _ in range(rounds) for c in self.candidates]
-        self._rates: dict[int, list[float]] = {c: [] for c in self.candidates}
-        self._warmup_seconds = warmup_seconds
-        self._started: float | None = None
-        self._window: tuple[int, float, int] | None = None  # count, start time, start step
-        self.chosen: int | None = None if len(self.candidates) > 1 else self.candidates[0]
-
-    def after_update(self, step: int, updates_ready: bool) -> None:
-        """Called after each update with the run's agent step; `updates_ready`: the
-        update takes its steady path (its compilation decided)."""
-        if self.chosen is not None:
-            return
-        now = self.clock()
-        if self._started is None:
-            if updates_ready:
-                self._started = now
-            return
-        if self._window is None:
-            if now - self._started < self._warmup_seconds:
-                return
-            self._open(step, now)
-            return
-        count, opened, first_step = self._window
-        if now - opened < self.window_seconds:
-            return
-        self._rates[count].append((step - first_step) / (now - opened))
-        if self._plan:
-            self._open(step, now)
-        else:
-            self._choose()
-
-    def _open(self, step: int, now: float) -> None:
-        count = self._plan.pop(0)
-        self.set_threads(count)
-        self._window = (count, now, step)
-
-    def _choose(self) -> None:
-        rates = {c: sum(r) / len(r) for c, r in self._rates.items()}
-        best = self.candidates[0]
-        for count in self.candidates[1:]:
-            if rates[count] > rates[best] * (1.0 + self.margin):
-                best = count
-        self.chosen = best
-        self.set_threads(best)
-        measured = ", ".join(f"{rates[c]:,.0f} with {c}" for c in self.candidates)
-        self.log(
-            f"learner threads: {best} (agent steps/s {measured}, measured in this run;"
-            " --num_threads fixes it)"
-        )
 
 
 class Learner(ThreadGroup):

@@ -21,12 +21,14 @@ import torch
 from beast.algos.base import Batch, LearnerContext
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.algos.r2d2 import SequenceQUpdate, r2d2_loss
+from beast.config import parse_args
 from beast.fields import box_obs, core_state_shapes
-from beast.learner import Learner, NonFiniteError, Stepper, ThreadTuner, TrainingProgress
+from beast.learner import Learner, NonFiniteError, Stepper, TrainingProgress
 from beast.models import build_q_model, copy_weights
 from beast.optim import build_optimizer
 from beast.replay import PrioritizedReplay, SequenceBuilder, sequence_spec
 from beast.replay_sink import ReplaySource, SequenceSink
+from beast.thread_tuner import ThreadTuner, setup_key
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -332,3 +334,42 @@ def test_the_thread_tuner_keeps_the_count_that_ran_the_run_faster():
         step += 103 if threads[-1:] == [2] else 100
         close.after_update(step, updates_ready=True)
     assert close.chosen == 1
+
+
+def test_the_thread_tuners_choice_is_remembered_for_the_same_setup(tmp_path, monkeypatch):
+    """A measured choice is saved under its setup's key; a run of the same setup (another
+    seed) takes it at its first update without measuring windows, and says where it came
+    from; another setup (more actors) measures again."""
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))
+    config = parse_args(["--algo", "dqn", "--env", "CartPole-v1", "--seed", "1"])
+    key = setup_key(config, [1, 2])
+    now, threads, lines = [0.0], [], []
+    first = ThreadTuner(
+        [1, 2],
+        lines.append,
+        record_key=key,
+        warmup_seconds=0.0,
+        window_seconds=1.0,
+        clock=lambda: now[0],
+        set_threads=threads.append,
+    )
+    step = 0
+    while first.chosen is None:
+        now[0] += 0.1
+        step += 150 if threads[-1:] == [2] else 100
+        first.after_update(step, updates_ready=True)
+    assert first.chosen == 2 and lines[-1].endswith("measured in this run; --num_threads fixes it)")
+
+    other_seed = parse_args(["--algo", "dqn", "--env", "CartPole-v1", "--seed", "4"])
+    assert setup_key(other_seed, [1, 2]) == key
+    threads.clear()
+    second = ThreadTuner([1, 2], lines.append, record_key=key, set_threads=threads.append)
+    second.after_update(0, updates_ready=False)
+    assert second.chosen == 2 and threads == [2]
+    assert "earlier run of this setup" in lines[-1] and "1,500 with 2" in lines[-1]
+
+    more_actors = parse_args(["--algo", "dqn", "--env", "CartPole-v1", "--num_actors", "2"])
+    assert setup_key(more_actors, [1, 2]) != key
+    fresh = ThreadTuner([1, 2], lines.append, record_key=setup_key(more_actors, [1, 2]))
+    fresh.after_update(0, updates_ready=True)
+    assert fresh.chosen is None

@@ -50,8 +50,8 @@ The modules, each of one purpose:
     compiler.py     torch.compile's settings, set in every thread that compiles
 """
 
+from beast.records import compile_cache_dir
 from beast.train_step.background import StepAbandoned, compilations_under_way
-from beast.train_step.compiler import compile_cache_dir
 from beast.train_step.interface import ParameterGroup, StepLoss, StepResult, TargetNetwork
 from beast.train_step.step import COMPILE_MODES, TrainStep
 

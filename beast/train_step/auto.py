@@ -6,8 +6,6 @@ beside the compiled graphs (`StepRecord`), so the next run decides with real fig
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -15,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_leaves
 
-from beast.train_step.compiler import compile_cache_dir
+from beast.records import read_record, write_record
 from beast.train_step.interface import Train
 
 __all__ = [
@@ -52,37 +50,18 @@ class StepRecord(NamedTuple):
     eager: float | None = None
     compiled: float | None = None
 
-    @staticmethod
-    def _path() -> str:
-        return os.path.join(compile_cache_dir(), "beast_steps.json")
+    _FILE = "beast_steps.json"
 
     @classmethod
     def load(cls, signature: str) -> StepRecord:
-        try:
-            with open(cls._path()) as file:
-                known = json.load(file).get(signature, {})
-            return cls(signature, **{k: known.get(k) for k in cls._fields[1:]})
-        except (OSError, ValueError, TypeError, AttributeError):
-            return cls(signature)
+        known = read_record(cls._FILE, signature)
+        return cls(signature, **{k: known.get(k) for k in cls._fields[1:]})
 
     def save(self) -> None:
-        """Into the shared file, written to a temporary name and renamed (runs of a sweep
-        may write at once: the last write wins, a reader never sees half a file)."""
-        path = self._path()
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            try:
-                with open(path) as file:
-                    known = json.load(file)
-            except (OSError, ValueError):
-                known = {}
-            known[self.signature] = {k: v for k, v in self._asdict().items() if k != "signature"}
-            temporary = f"{path}.{os.getpid()}.tmp"
-            with open(temporary, "w") as file:
-                json.dump(known, file)
-            os.replace(temporary, path)
-        except OSError:
-            pass  # a read-only home: auto decides on the defaults next time
+        """Into the shared record file (beast/records.py); a read-only home keeps nothing:
+        auto decides on the defaults next time."""
+        figures = {k: v for k, v in self._asdict().items() if k != "signature"}
+        write_record(self._FILE, self.signature, figures)
 
 
 def signature(

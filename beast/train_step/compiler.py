@@ -10,9 +10,10 @@ from typing import Any
 
 import torch
 
+from beast.records import compile_cache_dir
+
 __all__ = [
     "BACKEND",
-    "compile_cache_dir",
     "configure_compiler",
     "first_line",
     "inductor_patch",
@@ -21,14 +22,6 @@ __all__ = [
 
 # torch.compile's backend: inductor generates the fused C++ (CPU) or Triton (CUDA) code.
 BACKEND = "inductor"
-
-
-def compile_cache_dir() -> str:
-    """Where inductor keeps compiled graphs between runs: a second run of a config loads
-    its graphs from here instead of compiling them. $BEAST_COMPILE_CACHE, else
-    ~/.cache/beast/inductor (torch's default is under /tmp, which a reboot empties)."""
-    default = os.path.join(os.path.expanduser("~"), ".cache", "beast", "inductor")
-    return os.environ.get("BEAST_COMPILE_CACHE", default)
 
 
 def lean_guards() -> dict[str, Any]:
