@@ -269,15 +269,12 @@ class DQNArgs:
 
     @staticmethod
     def check(config: Any) -> None:
-        check_transition_args(config)
+        check_transition_args(
+            config, networks="a feed-forward Q-network (--algo r2d2 is the recurrent one)"
+        )
         check_q_learning_args(config)
         require_nonnegative(config, "eps_decay_steps")
         require_fraction(config, "eps_start", "eps_end")
-        if config.use_lstm:
-            raise ConfigError(
-                f"--algo {config.algo} trains a feed-forward Q-network on single transitions;"
-                " drop --use_lstm (--algo r2d2 is the recurrent one)"
-            )
 
 
 @dataclass(frozen=True)

@@ -74,9 +74,11 @@ def scaled_n_step_returns(
     return n_step_returns(clip_rewards(rewards, reward_clipping), data["n_steps"], discounting)
 
 
-def check_transition_args(config: Any) -> None:
+def check_transition_args(config: Any, networks: str) -> None:
     """The cross-field checks of the flags every transition learner has: --n_step,
-    --replay_size and --learning_starts (which must fit in it), --discounting, --tau."""
+    --replay_size and --learning_starts (which must fit in it), --discounting, --tau; and
+    no --use_lstm, since single transitions carry no recurrent state (`networks`: what the
+    algorithm trains, for that refusal)."""
     require_positive(config, "n_step", "replay_size", "batch_size")
     if config.n_step > _MAX_N_STEP:
         raise ConfigError(f"--n_step must be at most {_MAX_N_STEP}, got {config.n_step}")
@@ -89,3 +91,7 @@ def check_transition_args(config: Any) -> None:
     require_fraction(config, "discounting")
     if not 0.0 < config.tau <= 1.0:
         raise ConfigError(f"--tau must be in (0, 1], got {config.tau}")
+    if config.use_lstm:
+        raise ConfigError(
+            f"--algo {config.algo} trains {networks} on single transitions; drop --use_lstm"
+        )

@@ -132,7 +132,7 @@ class DDPGArgs:
 
     @staticmethod
     def check(config: Any) -> None:
-        check_transition_args(config)
+        check_transition_args(config, networks="feed-forward networks")
         if not config.utd_ratio > 0:
             raise ConfigError(
                 f"--utd_ratio must be > 0 (gradient updates per env step), got"
@@ -140,11 +140,6 @@ class DDPGArgs:
             )
         require_nonnegative(config, "action_noise")
         parse_net_arch(config.net_arch)
-        if config.use_lstm:
-            raise ConfigError(
-                f"--algo {config.algo} trains feed-forward networks on single transitions;"
-                " drop --use_lstm"
-            )
 
 
 @dataclass(frozen=True)
