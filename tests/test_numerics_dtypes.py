@@ -30,9 +30,10 @@ import pytest
 import torch
 from torch import Tensor
 
-from beast.algos import dqn, gae, impala, laser, ppo, r2d2, vtrace
+from beast.algos import dqn, gae, impala, laser, nstep, ppo, r2d2, vtrace
 from beast.algos.distributions import Categorical, DiagGaussian
 from beast.algos.qpg import functions as qpg
+from beast.algos.value_rescaling import inverse_value_rescaling, value_rescaling
 from tests.test_dqn import reference_projection
 from tests.test_ppo import gae_reference, implied_kl_by_quadrature, random_episode_ends
 from tests.test_qpg import reference_tanh_gaussian_log_prob
@@ -164,7 +165,7 @@ DQN_CASES = [
             "rewards": rng.normal(0.0, 1.0, (N_STEP, B)),
             "n_steps": rng.integers(1, N_STEP + 1, B),
         },
-        lambda t: dqn.n_step_returns(t["rewards"], t["n_steps"], GAMMA),
+        lambda t: nstep.n_step_returns(t["rewards"], t["n_steps"], GAMMA),
         n_step_returns_reference,
         ("rewards",),
     ),
@@ -288,14 +289,14 @@ R2D2_CASES = [
     Case(
         "value_rescaling",
         lambda rng: {"x": rng.normal(0.0, 10.0, (T, B))},
-        lambda t: (r2d2.value_rescaling(t["x"], EPS),),
+        lambda t: (value_rescaling(t["x"], EPS),),
         lambda x: (elementwise(lambda v: h_reference(v, EPS), x["x"]),),
         ("x",),
     ),
     Case(
         "inverse_value_rescaling",
         lambda rng: {"x": rng.normal(0.0, 10.0, (T, B))},
-        lambda t: (r2d2.inverse_value_rescaling(t["x"], EPS),),
+        lambda t: (inverse_value_rescaling(t["x"], EPS),),
         lambda x: (elementwise(lambda v: h_inverse_reference(v, EPS), x["x"]),),
         ("x",),
     ),

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from beast.algos import r2d2
+from beast.algos.value_rescaling import inverse_value_rescaling, value_rescaling
 from beast.models import build_q_model
 
 D = decimal.Decimal
@@ -51,8 +52,8 @@ VALUES = sorted({s * m for m in MAGNITUDES for s in (1.0, -1.0)})
 @pytest.mark.parametrize("eps", [1e-3, 1e-2, 0.0])
 def test_value_rescaling_matches_decimal_reference(eps):
     x = torch.tensor(VALUES, dtype=torch.float64)
-    h = r2d2.value_rescaling(x, eps)
-    h_inv = r2d2.inverse_value_rescaling(x, eps)
+    h = value_rescaling(x, eps)
+    h_inv = inverse_value_rescaling(x, eps)
     # float64, no cancellation in our forms: each is ~6 roundings of half an ulp
     # (2.2e-16 relative) with a condition number <= 2, so within 6 ulps; we see <= 2.4.
     rel = 6 * 2.2e-16
@@ -69,8 +70,8 @@ def test_round_trip_across_magnitudes(eps, dtype, rel):
     at most ~2 on this range; h^-1 of 1e6 is ~1e12, still far inside float32."""
     x = torch.tensor(VALUES, dtype=dtype)
     for out in (
-        r2d2.inverse_value_rescaling(r2d2.value_rescaling(x, eps), eps),
-        r2d2.value_rescaling(r2d2.inverse_value_rescaling(x, eps), eps),
+        inverse_value_rescaling(value_rescaling(x, eps), eps),
+        value_rescaling(inverse_value_rescaling(x, eps), eps),
     ):
         assert out.dtype == dtype
         torch.testing.assert_close(out, x, rtol=rel, atol=0)
@@ -79,14 +80,14 @@ def test_round_trip_across_magnitudes(eps, dtype, rel):
 def test_value_rescaling_known_values():
     # h(3) = sqrt(4) - 1 + 3 eps; h(-3) = -h(3); h^-1(1) with eps = 0 is (1 + 1)^2 - 1 = 3.
     x = torch.tensor([3.0, -3.0, 0.0], dtype=torch.float64)
-    assert r2d2.value_rescaling(x, 1e-3).tolist() == pytest.approx([1.003, -1.003, 0.0])
-    assert r2d2.inverse_value_rescaling(torch.tensor([1.0]), 0.0).item() == pytest.approx(3.0)
+    assert value_rescaling(x, 1e-3).tolist() == pytest.approx([1.003, -1.003, 0.0])
+    assert inverse_value_rescaling(torch.tensor([1.0]), 0.0).item() == pytest.approx(3.0)
     # Strictly increasing (so argmax commutes with it) and odd.
     grid = torch.linspace(-100, 100, 2001, dtype=torch.float64)
-    assert (r2d2.value_rescaling(grid).diff() > 0).all()
-    assert (r2d2.inverse_value_rescaling(grid).diff() > 0).all()
+    assert (value_rescaling(grid).diff() > 0).all()
+    assert (inverse_value_rescaling(grid).diff() > 0).all()
     with pytest.raises(ValueError):
-        r2d2.value_rescaling(x, -1.0)
+        value_rescaling(x, -1.0)
 
 
 # n-step double-Q targets.
@@ -270,7 +271,7 @@ def test_terminal_row_q_values_never_leak():
     out = r2d2.n_step_double_q_targets(
         q, q, rewards, terminated, torch.zeros_like(terminated), mask, n_step=5, discounting=0.9
     )
-    assert out.targets[0, 0].item() == pytest.approx(r2d2.value_rescaling(torch.tensor(1.0)).item())
+    assert out.targets[0, 0].item() == pytest.approx(value_rescaling(torch.tensor(1.0)).item())
 
 
 def test_target_argument_checks():

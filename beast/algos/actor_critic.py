@@ -10,15 +10,30 @@ diagonal Gaussian for Box actions. So they all run in both kinds of action space
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import ClassVar
 
-from torch import nn
+from torch import Tensor, nn
 
-from beast.algos.base import Algorithm, Policy
+from beast.algos.base import Algorithm, LearnerContext, Policy, as_outputs
 from beast.algos.distributions import ActionDistribution, action_distribution
 from beast.models import build_model
 
-__all__ = ["ActorCriticAlgorithm"]
+__all__ = ["ActorCriticAlgorithm", "float_forward"]
+
+
+def float_forward(
+    model: nn.Module,
+    context: LearnerContext,
+    inputs: Mapping[str, Tensor],
+    core_state: tuple[Tensor, ...],
+) -> dict[str, Tensor]:
+    """The learner's forward pass: `model`'s outputs over `inputs` ([T, B, ...]) from
+    `core_state`, run under the run's autocast (bf16 with --precision bf16) and returned
+    as float32, the precision the losses are computed in."""
+    with context.autocast():
+        outputs, _ = model(inputs, core_state)
+    return {key: value.float() for key, value in as_outputs(outputs).items()}
 
 
 class ActorCriticAlgorithm(Algorithm):

@@ -50,6 +50,7 @@ __all__ = [
     "Experience",
     "LearnerContext",
     "OptimizerStep",
+    "OptimizerUpdate",
     "Policy",
     "Progress",
     "Rollouts",
@@ -358,6 +359,28 @@ class Update(abc.ABC):
         if any, decided (the learner's thread tuner measures from then on)."""
         train_step = getattr(self, "train_step", None)
         return train_step is None or train_step.settled
+
+
+class OptimizerUpdate(Update):
+    """An update whose checkpoint holds its optimizers' states under the names `optimizers`
+    gives them (subclasses add their target networks and counters); restoring them hands
+    the states to its `train_step` too."""
+
+    optimizer: torch.optim.Optimizer
+    train_step: TrainStep
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """The optimizers, by the key their state has in the checkpoint: by default the
+        one `optimizer` over the whole model."""
+        return {"optimizer": self.optimizer}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: optimizer.state_dict() for name, optimizer in self.optimizers().items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name, optimizer in self.optimizers().items():
+            optimizer.load_state_dict(state[name])
+        self.train_step.load_optimizer_states()
 
 
 class Algorithm(abc.ABC):

@@ -42,11 +42,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from beast.algos.base import (
-    Algorithm,
     Batch,
     Experience,
     LearnerContext,
-    Policy,
     TransitionReplay,
     Update,
     UpdateInfo,
@@ -54,19 +52,25 @@ from beast.algos.base import (
 )
 from beast.algos.distributional import categorical_projection
 from beast.algos.dtypes import compute_dtype
-from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
-from beast.algos.nstep import NStepReturns, bootstrap_targets, n_step_returns
-from beast.algos.policies import EpsilonGreedyPolicy
-from beast.algos.target_update import TargetNetworkUpdate
-from beast.algos.value_rescaling import (
-    DEFAULT_RESCALE_EPS,
-    inverse_value_rescaling,
-    value_rescaling,
+from beast.algos.impala import REWARD_CLIPPING_MODES
+from beast.algos.nstep import NStepReturns, bootstrap_targets
+from beast.algos.q_learning import (
+    QLearningAlgorithm,
+    QLossOutput,
+    check_q_learning_args,
+    double_q_values,
+    q_values_taken,
+    transformed_targets,
 )
-from beast.config import ConfigError, flag, require_fraction, require_nonnegative, require_positive
+from beast.algos.target_update import TargetNetworkUpdate
+from beast.algos.transitions import (
+    ExplorationSchedule,
+    check_transition_args,
+    find_exploration_schedule,
+    scaled_n_step_returns,
+)
+from beast.config import ConfigError, flag, require_fraction, require_nonnegative
 from beast.fields import index_inputs, model_inputs
-from beast.models import build_q_model
-from beast.optim import build_optimizer
 from beast.train_step import StepLoss
 
 __all__ = [
@@ -74,8 +78,6 @@ __all__ = [
     "DQN",
     "C51Args",
     "DQNArgs",
-    "ExplorationSchedule",
-    "QLossOutput",
     "Rainbow",
     "RainbowArgs",
     "TransitionQUpdate",
@@ -87,12 +89,6 @@ __all__ = [
 
 LOSSES = ("huber", "mse")
 EXPLORATION = ("linear", "per_env")
-
-
-def _greedy_actions(next_online: Tensor | None, next_target: Tensor) -> Tensor:
-    """a* [B]: the online network's greedy action (double Q), else the target's."""
-    chooser = next_target if next_online is None else next_online
-    return chooser.detach().argmax(dim=-1)
 
 
 @torch.no_grad()
@@ -118,24 +114,12 @@ def q_learning_targets(
     Returns:
         y in the promoted dtype of the returns and next_target_q, at least float32.
     """
-    best = _greedy_actions(next_online_q, next_target_q)
-    bootstrap = next_target_q.gather(-1, best.unsqueeze(-1)).squeeze(-1)
+    chooser = next_target_q if next_online_q is None else next_online_q
+    bootstrap = double_q_values(chooser, next_target_q)
     bootstrap = bootstrap.to(compute_dtype(bootstrap))
-    if rescale_eps is not None:
-        bootstrap = inverse_value_rescaling(bootstrap, rescale_eps)
-    targets = bootstrap_targets(returns, terminal, bootstrap)
-    if rescale_eps is not None:
-        targets = value_rescaling(targets, rescale_eps)
-    return targets
-
-
-class QLossOutput(NamedTuple):
-    """What a loss hands the learner: the scalar to minimise, detached stats, and each
-    sample's new priority (before the replay's exponent), float [B]."""
-
-    total_loss: Tensor
-    stats: dict[str, Tensor]
-    priorities: Tensor
+    return transformed_targets(
+        bootstrap, lambda values: bootstrap_targets(returns, terminal, values), rescale_eps
+    )
 
 
 def q_loss(
@@ -209,34 +193,6 @@ def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> flo
         return end
     fraction = min(1.0, max(0, step) / decay_steps)
     return start + fraction * (end - start)
-
-
-class ExplorationSchedule(nn.Module):
-    """A Q-network with the exploration rate its actors act with: a buffer the learner sets
-    from the run's env steps before publishing the weights, returned as an output
-    ``epsilon [T, B]`` (`EpsilonGreedyPolicy(scheduled=True)` reads it). It travels with
-    the weights to every actor, the central server and polybeast's env servers, and is in
-    every checkpoint, so a resumed run explores as it would have."""
-
-    def __init__(self, model: nn.Module, epsilon: float) -> None:
-        super().__init__()
-        self.model = model
-        self.register_buffer("epsilon", torch.tensor(float(epsilon)))
-
-    def initial_state(self, batch_size: int, device: Any = None) -> tuple[Tensor, ...]:
-        if device is None:
-            return self.model.initial_state(batch_size)
-        return self.model.initial_state(batch_size, device)
-
-    def forward(self, inputs: Mapping[str, Tensor], core_state: Any = ()) -> Any:
-        outputs, core_state = self.model(inputs, core_state)
-        outputs = dict(as_outputs(outputs))
-        outputs["epsilon"] = self.epsilon.expand(inputs["reward"].shape[:2])
-        return outputs, core_state
-
-
-def _schedule_of(model: nn.Module) -> ExplorationSchedule | None:
-    return next((m for m in model.modules() if isinstance(m, ExplorationSchedule)), None)
 
 
 # The plug-ins: flags, model, acting, experience and update (beast/algos/base.py).
@@ -313,33 +269,12 @@ class DQNArgs:
 
     @staticmethod
     def check(config: Any) -> None:
-        require_positive(config, "n_step", "target_update_period", "replay_size", "batch_size")
-        if config.n_step > 255:
-            raise ConfigError(f"--n_step must be at most 255, got {config.n_step}")
-        if config.learning_starts < 0 or config.eps_decay_steps < 0:
-            raise ConfigError("--learning_starts and --eps_decay_steps must be >= 0")
-        require_fraction(config, "discounting")
-        if not 0.0 < config.tau <= 1.0:
-            raise ConfigError(f"--tau must be in (0, 1], got {config.tau}")
-        require_nonnegative(config, "priority_exponent", "eps_alpha", "samples_per_insert")
-        require_fraction(
-            config,
-            "importance_sampling_exponent",
-            "eps_base",
-            "eps_start",
-            "eps_end",
-            "test_epsilon",
+        check_transition_args(
+            config, networks="a feed-forward Q-network (--algo r2d2 is the recurrent one)"
         )
-        if config.learning_starts > config.replay_size:
-            raise ConfigError(
-                f"--learning_starts {config.learning_starts} exceeds --replay_size"
-                f" {config.replay_size}: learning would never start"
-            )
-        if config.use_lstm:
-            raise ConfigError(
-                f"--algo {config.algo} trains a feed-forward Q-network on single transitions;"
-                " drop --use_lstm (--algo r2d2 is the recurrent one)"
-            )
+        check_q_learning_args(config)
+        require_nonnegative(config, "eps_decay_steps")
+        require_fraction(config, "eps_start", "eps_end")
 
 
 @dataclass(frozen=True)
@@ -389,8 +324,10 @@ class TransitionQUpdate(TargetNetworkUpdate):
     """One update of the DQN family on a batch of transitions:
 
     1. the online network's forward pass over x_s (with gradient), and over x_{s+k}
-       without (only for double Q's a*), and the target network's over x_{s+k};
-    2. the loss (`loss_fn`: Q-values or return distributions, targets, importance weights);
+       without (only for double Q's a*), and the target network's over x_{s+k}
+       (`TransitionOutputs`); the n-step returns from the scaled, clipped rewards;
+    2. the loss (`loss_fn(outputs, returns, data)`: Q-values or return distributions,
+       targets, importance weights `data["weights"]`);
     3. the optimizer step (beast/train_step.py: eager or compiled; skipped when not
        finite), and every `target_update_period` applied updates the target network
        moved `tau` of the way to the online one;
@@ -399,23 +336,24 @@ class TransitionQUpdate(TargetNetworkUpdate):
 
     def __init__(
         self,
-        model: nn.Module,
-        target_model: nn.Module,
-        context: LearnerContext,
-        optimizer: torch.optim.Optimizer,
-        loss_fn: Callable[..., QLossOutput],
-        *,
-        target_update_period: int,
+        *args: Any,
+        discounting: float,
+        reward_clipping: str,
         tau: float,
         prioritized: bool,
         double_q: bool,
         epsilon: Callable[[int], float] | None = None,
+        **kwargs: Any,
     ) -> None:
-        self.tau = tau
+        """`TargetNetworkUpdate`'s arguments (`loss_fn` returns a `QLossOutput`), and the
+        family's: the returns' discount and reward clipping, the targets' tau, whether
+        the replay takes priorities, double Q, and the exploration schedule's epsilon at
+        an env step."""
+        self.discounting, self.reward_clipping, self.tau = discounting, reward_clipping, tau
         self.prioritized, self.double_q = prioritized, double_q
         self.epsilon = epsilon
-        self.schedule = _schedule_of(model)
-        self._start(model, target_model, context, optimizer, loss_fn, target_update_period)
+        super().__init__(*args, **kwargs)
+        self.schedule = find_exploration_schedule(self.model)
 
     def loss(self, data: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
         """The loss on a batch's tensors (steps 1-2 of the class docstring)."""
@@ -427,10 +365,10 @@ class TransitionQUpdate(TargetNetworkUpdate):
             # Without gradient: the backward pass then covers the B rows the loss trains.
             with torch.no_grad():
                 next_online = as_outputs(self.model(bootstrap, ())[0]) if self.double_q else None
-                target, _ = self.target_model(bootstrap, ())
-        loss = self.loss_fn(
-            as_outputs(online), next_online, as_outputs(target), data, data["weights"]
-        )
+                next_target, _ = self.target_model(bootstrap, ())
+        outputs = TransitionOutputs(as_outputs(online), next_online, as_outputs(next_target))
+        returns = scaled_n_step_returns(data, self.context, self.discounting, self.reward_clipping)
+        loss = self.loss_fn(outputs, returns, data)
         return StepLoss(loss.total_loss, loss.stats, loss.priorities if self.prioritized else None)
 
     def __call__(self, batch: Batch) -> UpdateInfo:
@@ -448,57 +386,49 @@ class TransitionQUpdate(TargetNetworkUpdate):
         return self._step(inputs, tau=self.tau, stats=stats)
 
 
-def _scaled_returns(
-    data: Mapping[str, Tensor], context: LearnerContext, reward_clipping: str, discounting: float
-) -> NStepReturns:
-    rewards = context.scale_rewards({**data, "reward": data["n_step_rewards"]})
-    return n_step_returns(clip_rewards(rewards, reward_clipping), data["n_steps"], discounting)
+class TransitionOutputs(NamedTuple):
+    """The networks' outputs on a batch of transitions, [1, B, ...] each: the online
+    network's at x_s, its own at x_{s+k} (double Q; else None) and the target network's at
+    x_{s+k}."""
+
+    online: Mapping[str, Tensor]
+    next_online: Mapping[str, Tensor] | None
+    next_target: Mapping[str, Tensor]
 
 
 def _q_values_loss(
-    online: Mapping[str, Tensor],
-    next_online: Mapping[str, Tensor] | None,
-    target: Mapping[str, Tensor],
+    outputs: TransitionOutputs,
+    returns: NStepReturns,
     data: Mapping[str, Tensor],
-    weights: Tensor,
     *,
-    context: LearnerContext,
-    reward_clipping: str,
-    discounting: float,
     rescale_eps: float | None,
     loss: str,
 ) -> QLossOutput:
-    """The Q-value loss: outputs [1, B, ...] at x_s (online) and at x_{s+k} (the online
-    network's for double Q, else None; the target network's)."""
-    returns = _scaled_returns(data, context, reward_clipping, discounting)
+    """The Q-value loss on the outputs' ``q_values``."""
+    next_online = outputs.next_online
     targets = q_learning_targets(
         returns,
         data["terminal"],
-        target["q_values"][0].float(),
+        outputs.next_target["q_values"][0].float(),
         None if next_online is None else next_online["q_values"][0].float(),
         rescale_eps=rescale_eps,
     )
-    q = online["q_values"][0].float()  # [B, A]
-    q_taken = q.gather(-1, data["action"][0].long().unsqueeze(-1)).squeeze(-1)
-    return q_loss(q_taken, targets, weights, loss=loss)
+    q_taken = q_values_taken(outputs.online["q_values"][0].float(), data["action"][0])
+    return q_loss(q_taken, targets, data["weights"], loss=loss)
 
 
 def _distribution_loss(
-    online: Mapping[str, Tensor],
-    next_online: Mapping[str, Tensor] | None,
-    target: Mapping[str, Tensor],
+    outputs: TransitionOutputs,
+    returns: NStepReturns,
     data: Mapping[str, Tensor],
-    weights: Tensor,
     *,
-    context: LearnerContext,
-    reward_clipping: str,
-    discounting: float,
     support: Tensor,
 ) -> QLossOutput:
-    """The distributional loss; the outputs as `_q_values_loss`'s."""
-    logits = online["q_logits"][0].float()  # [B, A, N]
+    """The distributional loss on the outputs' ``q_logits`` [1, B, A, N]."""
+    logits = outputs.online["q_logits"][0].float()  # [B, A, N]
     support = support.to(logits.device)
-    next_target_probs = target["q_logits"][0].float().softmax(dim=-1)  # [B, A, N]
+    next_target_probs = outputs.next_target["q_logits"][0].float().softmax(dim=-1)
+    next_online = outputs.next_online
     chooser = (
         next_target_probs
         if next_online is None
@@ -506,14 +436,13 @@ def _distribution_loss(
     )
     best = (chooser @ support).argmax(dim=-1)  # [B]
     next_probs = next_target_probs[torch.arange(len(best), device=best.device), best]
-    returns = _scaled_returns(data, context, reward_clipping, discounting)
     target_probs = categorical_projection(returns, data["terminal"], next_probs, support)
     actions = data["action"][0].long()
     logits_taken = logits[torch.arange(len(actions), device=actions.device), actions]
-    return categorical_loss(logits_taken, target_probs, weights, support)
+    return categorical_loss(logits_taken, target_probs, data["weights"], support)
 
 
-class DQN(Algorithm):
+class DQN(QLearningAlgorithm):
     """DQN with switches for Double Q, the dueling head, n-step returns and prioritized
     replay, on a transition replay."""
 
@@ -523,10 +452,6 @@ class DQN(Algorithm):
         " transition replay (Mnih et al. 2015; Hessel et al. 2018)."
     )
     Args = DQNArgs
-    # Q-values regress onto targets whose TD errors, late in training, are as small as
-    # bf16's resolution near them (8 mantissa bits: 0.016 at Q = 3): bf16 runs the
-    # built-in models' torsos only, their Q-values stay float32 (beast/models/q.py QNet).
-    bf16_builtin_only = True
     core_defaults: Mapping[str, Any] = {
         "optimizer": "adam",
         "learning_rate": 1e-4,
@@ -544,37 +469,16 @@ class DQN(Algorithm):
     def num_atoms(self) -> int:
         return 1
 
-    def model_outputs(self) -> dict[str, tuple[int, ...]]:
-        return {"q_values": (self.spec.num_actions,)}
+    def q_network(self) -> dict[str, Any]:
+        return {"dueling": self.config.dueling, "num_atoms": self.num_atoms}
 
-    def builtin_model(self) -> nn.Module:
-        return build_q_model(
-            self.config.model,
-            self.spec.model_obs_shape(),
-            self.spec.num_actions,
-            hidden_size=self.config.hidden_size,
-            dueling=self.config.dueling,
-            num_atoms=self.num_atoms,
-        )
+    def scheduled_exploration(self) -> bool:
+        return self.config.exploration == "linear"
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        if self.config.exploration == "linear":
+        if self.scheduled_exploration():
             return ExplorationSchedule(model, self.config.eps_start)
         return model
-
-    def support(self) -> tuple[float, ...] | None:
-        return None
-
-    def policy(self, explore: bool = True) -> Policy:
-        config = self.config
-        return EpsilonGreedyPolicy(
-            self.spec.num_actions,
-            eps_base=config.eps_base,
-            eps_alpha=config.eps_alpha,
-            epsilon=None if explore else config.test_epsilon,
-            scheduled=config.exploration == "linear",
-            support=self.support(),
-        )
 
     def experience(self) -> Experience:
         config = self.config
@@ -589,26 +493,20 @@ class DQN(Algorithm):
             frame_dedup=config.frame_dedup and self.spec.has_images(),
         )
 
-    def loss_fn(self, context: LearnerContext) -> Callable[..., QLossOutput]:
+    def loss_fn(self) -> Callable[..., QLossOutput]:
+        """The loss on a batch's `TransitionOutputs`, returns and data, its constants bound."""
         config = self.config
-        return functools.partial(
-            _q_values_loss,
-            context=context,
-            reward_clipping=config.reward_clipping,
-            discounting=config.discounting,
-            rescale_eps=DEFAULT_RESCALE_EPS if config.value_rescaling else None,
-            loss=config.loss,
-        )
+        return functools.partial(_q_values_loss, rescale_eps=self.rescale_eps(), loss=config.loss)
 
     def learner(self, model: nn.Module, context: LearnerContext) -> Update:
         config = self.config
-        return TransitionQUpdate(
+        return self.target_network_update(
+            TransitionQUpdate,
             model,
-            self.build_model().to(context.device),
             context,
-            build_optimizer(config, model),
-            self.loss_fn(context),
-            target_update_period=config.target_update_period,
+            self.loss_fn(),
+            discounting=config.discounting,
+            reward_clipping=config.reward_clipping,
             tau=config.tau,
             prioritized=config.prioritized_replay,
             double_q=config.double_q,
@@ -662,15 +560,8 @@ class C51(DQN):
         config = self.config
         return tuple(torch.linspace(config.v_min, config.v_max, config.num_atoms).tolist())
 
-    def loss_fn(self, context: LearnerContext) -> Callable[..., QLossOutput]:
-        config = self.config
-        return functools.partial(
-            _distribution_loss,
-            context=context,
-            reward_clipping=config.reward_clipping,
-            discounting=config.discounting,
-            support=torch.tensor(self.support()),
-        )
+    def loss_fn(self) -> Callable[..., QLossOutput]:
+        return functools.partial(_distribution_loss, support=torch.tensor(self.support()))
 
 
 class Rainbow(C51):

@@ -67,15 +67,15 @@ import torch
 from torch import Tensor, nn
 
 from beast.algos import vtrace
-from beast.algos.actor_critic import ActorCriticAlgorithm
+from beast.algos.actor_critic import ActorCriticAlgorithm, float_forward
 from beast.algos.base import (
     Batch,
     Experience,
     LearnerContext,
+    OptimizerUpdate,
     Rollouts,
     Update,
     UpdateInfo,
-    as_outputs,
 )
 from beast.algos.distributions import ActionDistribution, Categorical
 from beast.algos.dtypes import compute_dtype
@@ -363,7 +363,7 @@ class ImpalaArgs:
         require_fraction(config, "discounting")
 
 
-class ActorCriticUpdate(Update):
+class ActorCriticUpdate(OptimizerUpdate):
     """One optimizer step per batch of rollouts on `loss_fn(outputs, batch) -> LossOutput`
     (the IMPALA or LASER loss with its constants bound), through beast/train_step.py."""
 
@@ -381,21 +381,12 @@ class ActorCriticUpdate(Update):
 
     def loss(self, data: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
         context = self.context
-        with context.autocast():
-            outputs, _ = self.model(model_inputs(data), core_state(data))
-        outputs = {key: value.float() for key, value in as_outputs(outputs).items()}
+        outputs = float_forward(self.model, context, model_inputs(data), core_state(data))
         loss = self.loss_fn(outputs, {**data, "reward": context.scale_rewards(data)})
         return StepLoss(loss.total_loss, loss.stats)
 
     def __call__(self, batch: Batch) -> UpdateInfo:
         return UpdateInfo(stats=self.train_step(batch.data, train=("model",)).stats)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.train_step.load_optimizer_states()
 
 
 class Impala(ActorCriticAlgorithm):

@@ -152,7 +152,7 @@ class SquashedPolicy(Policy):
 
     Model outputs: action_mean [1, n, d] (before the tanh), with `stochastic` also
     action_log_std [1, n, d], and with `scheduled` an epsilon [1, n]
-    (`beast.algos.dqn.ExplorationSchedule`): the probability of a uniform random action in
+    (`beast.algos.transitions.ExplorationSchedule`): the probability of a uniform random action in
     the box instead (1 while --learning_starts fills the replay, then 0). Record: action
     float32 [d], in the env's units.
 
@@ -261,7 +261,7 @@ class EpsilonGreedyPolicy(Policy):
     (Ape-X's spread, constant), or one `epsilon` for every env (--mode test's small
     epsilon, so that a deterministic policy cannot stall an episode forever), or, with
     `scheduled`, the model's own output epsilon [1, n]: a schedule the learner advances
-    and publishes with the weights (`beast.algos.dqn.ExplorationSchedule`), so local
+    and publishes with the weights (`beast.algos.transitions.ExplorationSchedule`), so local
     actors, the central server and polybeast's env servers all follow it.
 
     Random numbers come from a numpy generator seeded from torch's global generator at

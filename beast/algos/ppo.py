@@ -52,15 +52,15 @@ import torch
 from torch import Tensor, nn
 
 from beast.algos import vtrace
-from beast.algos.actor_critic import ActorCriticAlgorithm
+from beast.algos.actor_critic import ActorCriticAlgorithm, float_forward
 from beast.algos.base import (
     Batch,
     Experience,
     LearnerContext,
+    OptimizerUpdate,
     Rollouts,
     Update,
     UpdateInfo,
-    as_outputs,
 )
 from beast.algos.distributions import ActionDistribution
 from beast.algos.gae import generalized_advantages
@@ -273,7 +273,7 @@ class A2CArgs(PolicyGradientArgs):
         PolicyGradientArgs.check(config)
 
 
-class PolicyGradientUpdate(Update):
+class PolicyGradientUpdate(OptimizerUpdate):
     """A batch's PPO or A2C update (module docstring).
 
     Args:
@@ -322,9 +322,7 @@ class PolicyGradientUpdate(Update):
         """The batch's fixed targets (class docstring), from one forward pass."""
         config, context, distribution = self.config, self.context, self.distribution
         self.model.eval()
-        with context.autocast():
-            outputs, _ = self.model(model_inputs(data), core_state(data))
-        outputs = {key: value.float() for key, value in as_outputs(outputs).items()}
+        outputs = float_forward(self.model, context, model_inputs(data), core_state(data))
         values = outputs["baseline"]
         actions = data["action"][:-1]
         behaviour = {key: data[key][:-1] for key in self.param_keys}
@@ -415,9 +413,7 @@ class PolicyGradientUpdate(Update):
         model_in, state, actions, mb = self.minibatch(inputs)
         clip_range = inputs.get("clip_range")
         valid = mb.valid
-        with self.context.autocast():
-            outputs, _ = self.model(model_in, state)
-        outputs = {key: value.float() for key, value in as_outputs(outputs).items()}
+        outputs = float_forward(self.model, self.context, model_in, state)
         if self.recurrent:  # the rollouts' steps 0..T-1 train; step T bootstraps
             outputs = {key: value[:-1] for key, value in outputs.items()}
         params = {key: outputs[key] for key in self.param_keys}
@@ -517,13 +513,6 @@ class PolicyGradientUpdate(Update):
         if clip_range is not None:
             stats["clip_range"] = clip_range
         return stats
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.train_step.load_optimizer_states()
 
 
 class PPO(ActorCriticAlgorithm):

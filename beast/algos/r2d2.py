@@ -57,7 +57,7 @@ loss are computed in at least float32.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -65,11 +65,9 @@ import torch
 from torch import Tensor, nn
 
 from beast.algos.base import (
-    Algorithm,
     Batch,
     Experience,
     LearnerContext,
-    Policy,
     SequenceReplay,
     Update,
     UpdateInfo,
@@ -77,17 +75,18 @@ from beast.algos.base import (
 )
 from beast.algos.dtypes import compute_dtype
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
-from beast.algos.policies import EpsilonGreedyPolicy
-from beast.algos.target_update import TargetNetworkUpdate
-from beast.algos.value_rescaling import (
-    DEFAULT_RESCALE_EPS,
-    inverse_value_rescaling,
-    value_rescaling,
+from beast.algos.q_learning import (
+    QLearningAlgorithm,
+    QLossOutput,
+    check_q_learning_args,
+    double_q_values,
+    q_values_taken,
+    transformed_targets,
 )
-from beast.config import ConfigError, flag, require_fraction, require_nonnegative, require_positive
+from beast.algos.target_update import TargetNetworkUpdate
+from beast.algos.value_rescaling import DEFAULT_RESCALE_EPS
+from beast.config import ConfigError, flag, require_positive
 from beast.fields import core_state, index_inputs, model_inputs
-from beast.models import build_q_model
-from beast.optim import build_optimizer
 from beast.train_step import StepLoss
 
 __all__ = [
@@ -96,33 +95,12 @@ __all__ = [
     "R2D2",
     "R2D2Args",
     "SequenceQUpdate",
-    "R2D2LossOutput",
-    "double_q_values",
     "n_step_double_q_targets",
     "r2d2_loss",
     "sequence_priorities",
     "unroll_with_burn_in",
 ]
 DEFAULT_ETA = 0.9  # priority mix, R2D2 section 2.3
-
-
-def double_q_values(online_q: Tensor, target_q: Tensor) -> Tensor:
-    """``Q(x_t, argmax_a Q(x_t, a; theta); theta-)`` for every row: [T, B].
-
-    The online network picks the action and the target network values it
-    (van Hasselt et al. 2016), which removes Q-learning's max bias.
-
-    Args:
-        online_q: float [T, B, A], the online network's Q-values (only its
-            argmax is used; no gradient flows through it).
-        target_q: float [T, B, A], the target network's Q-values.
-    """
-    if online_q.shape != target_q.shape:
-        raise ValueError(
-            f"online_q {tuple(online_q.shape)} and target_q {tuple(target_q.shape)} differ"
-        )
-    best = online_q.detach().argmax(dim=-1, keepdim=True)
-    return target_q.detach().gather(-1, best).squeeze(-1)
 
 
 class NStepTargets(NamedTuple):
@@ -201,8 +179,6 @@ def n_step_double_q_targets(
     rewards = rewards.to(dtype)
     terminated, truncated = terminated.bool(), truncated.bool()
     bootstrap = double_q_values(online_q, target_q).to(dtype)
-    if rescale_eps is not None:
-        bootstrap = inverse_value_rescaling(bootstrap, rescale_eps)
 
     num_rows = rewards.shape[0]
     rows = torch.arange(num_rows, device=rewards.device).view(-1, *([1] * (rewards.dim() - 1)))
@@ -232,12 +208,13 @@ def n_step_double_q_targets(
         ended = ended | (active & terminated_k)
         cut = cut | (active & truncated_k & ~terminated_k)
 
-    bootstrap_term = discount * bootstrap.gather(0, boot_row)
-    # where, not a multiply by (1 - ended): the terminal row's Q-values are of
-    # another episode, and must not leak in even if they are not finite.
-    targets = returns + torch.where(ended, torch.zeros_like(bootstrap_term), bootstrap_term)
-    if rescale_eps is not None:
-        targets = value_rescaling(targets, rescale_eps)
+    def targets_from(values: Tensor) -> Tensor:
+        bootstrap_term = discount * values.gather(0, boot_row)
+        # where, not a multiply by (1 - ended): the terminal row's Q-values are of
+        # another episode, and must not leak in even if they are not finite.
+        return returns + torch.where(ended, torch.zeros_like(bootstrap_term), bootstrap_term)
+
+    targets = transformed_targets(bootstrap, targets_from, rescale_eps)
     valid = mask.bool() & (steps > 0)
     if not truncate_at_end:
         valid = valid & ((steps == n_step) | ended | cut)
@@ -271,20 +248,6 @@ def sequence_priorities(td_errors: Tensor, valid: Tensor, eta: float = DEFAULT_E
     return eta * abs_td.max(dim=0).values + (1.0 - eta) * mean
 
 
-class R2D2LossOutput(NamedTuple):
-    """What `r2d2_loss` hands the learner.
-
-    total_loss: differentiable scalar to minimise.
-    stats: detached scalars for logging.
-    priorities: float [B], detached, the sequences' new priorities (before
-        the replay's priority exponent).
-    """
-
-    total_loss: Tensor
-    stats: dict[str, Tensor]
-    priorities: Tensor
-
-
 def r2d2_loss(
     online_q: Tensor,
     target_q: Tensor,
@@ -297,7 +260,7 @@ def r2d2_loss(
     eta: float = DEFAULT_ETA,
     rescale_eps: float | None = DEFAULT_RESCALE_EPS,
     truncate_at_end: bool = True,
-) -> R2D2LossOutput:
+) -> QLossOutput:
     """Importance-weighted n-step double-Q loss over sequences (R2D2; Ape-X).
 
     Rows before ``burn_in`` only warm the recurrent state up (R2D2 section 3)
@@ -327,7 +290,7 @@ def r2d2_loss(
         eta: priority mix, see `sequence_priorities`.
 
     Returns:
-        `R2D2LossOutput`; stats: total_loss, mean_q (Q(x_t, a_t) over valid steps),
+        `QLossOutput`; stats: total_loss, mean_q (Q(x_t, a_t) over valid steps),
         mean_target, mean_abs_td, max_abs_td, valid_steps, mean_priority.
     """
     num_rows = online_q.shape[0]
@@ -354,7 +317,7 @@ def r2d2_loss(
         truncate_at_end=truncate_at_end,
     )
     dtype = targets.dtype
-    q_taken = online_q.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1).to(dtype)
+    q_taken = q_values_taken(online_q, actions).to(dtype)
     valid_f = valid.to(dtype)
     td_errors = (targets - q_taken) * valid_f
     count = valid_f.sum(dim=0)
@@ -374,7 +337,7 @@ def r2d2_loss(
             "valid_steps": valid_f.sum(),
             "mean_priority": priorities.mean(),
         }
-    return R2D2LossOutput(total_loss=total_loss, stats=stats, priorities=priorities)
+    return QLossOutput(total_loss=total_loss, stats=stats, priorities=priorities)
 
 
 def unroll_with_burn_in(
@@ -464,10 +427,8 @@ class QLearningArgs:
 
     @staticmethod
     def check(config: Any) -> None:
-        require_positive(config, "n_step", "target_update_period", "min_replay_size", "replay_size")
-        require_fraction(config, "discounting")
-        require_nonnegative(config, "priority_exponent", "eps_alpha", "samples_per_insert")
-        require_fraction(config, "importance_sampling_exponent", "eps_base", "test_epsilon")
+        check_q_learning_args(config)
+        require_positive(config, "min_replay_size")
         if config.min_replay_size > config.replay_size:
             raise ConfigError(
                 f"--min_replay_size {config.min_replay_size} exceeds --replay_size"
@@ -501,21 +462,12 @@ class SequenceQUpdate(TargetNetworkUpdate):
        copied into the target.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        target_model: nn.Module,
-        context: LearnerContext,
-        optimizer: torch.optim.Optimizer,
-        loss_fn: Callable[..., R2D2LossOutput],
-        *,
-        burn_in: int,
-        target_update_period: int,
-        reward_clipping: str,
-    ) -> None:
+    def __init__(self, *args: Any, burn_in: int, reward_clipping: str, **kwargs: Any) -> None:
+        """`TargetNetworkUpdate`'s arguments (`loss_fn` returns a `QLossOutput`), and the
+        rows of burn-in and the reward clipping."""
         self.burn_in = burn_in
         self.reward_clipping = reward_clipping
-        self._start(model, target_model, context, optimizer, loss_fn, target_update_period)
+        super().__init__(*args, **kwargs)
 
     def loss(self, data: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
         """Steps 1-2 of the class docstring on a batch's tensors."""
@@ -542,7 +494,7 @@ class SequenceQUpdate(TargetNetworkUpdate):
         return self._step(inputs, tau=1.0, stats={})
 
 
-class R2D2(Algorithm):
+class R2D2(QLearningAlgorithm):
     """R2D2: an LSTM Q-network trained on prioritized replayed sequences."""
 
     name = "r2d2"
@@ -551,10 +503,6 @@ class R2D2(Algorithm):
         " (Kapturowski et al. 2019)."
     )
     Args = R2D2Args
-    # Q-values regress onto targets whose TD errors, late in training, are as small as
-    # bf16's resolution near them (8 mantissa bits: 0.016 at Q = 3): bf16 runs the
-    # built-in models' torsos only, their Q-values stay float32 (beast/models/q.py QNet).
-    bf16_builtin_only = True
 
     @classmethod
     def validate(cls, config: Any) -> None:
@@ -576,26 +524,8 @@ class R2D2(Algorithm):
         """(seq_len, seq_overlap, burn_in) of the replayed sequences."""
         return self.config.seq_len, self.config.seq_overlap, self.config.burn_in
 
-    def model_outputs(self) -> dict[str, tuple[int, ...]]:
-        return {"q_values": (self.spec.num_actions,)}
-
-    def builtin_model(self) -> nn.Module:
-        return build_q_model(
-            self.config.model,
-            self.spec.model_obs_shape(),
-            self.spec.num_actions,
-            use_lstm=True,
-            hidden_size=self.config.hidden_size,
-        )
-
-    def policy(self, explore: bool = True) -> Policy:
-        config = self.config
-        return EpsilonGreedyPolicy(
-            self.spec.num_actions,
-            eps_base=config.eps_base,
-            eps_alpha=config.eps_alpha,
-            epsilon=None if explore else config.test_epsilon,
-        )
+    def q_network(self) -> dict[str, Any]:
+        return {"use_lstm": True}
 
     def experience(self) -> Experience:
         config = self.config
@@ -619,19 +549,17 @@ class R2D2(Algorithm):
             burn_in=burn_in,
             n_step=config.n_step,
             discounting=config.discounting,
-            rescale_eps=DEFAULT_RESCALE_EPS if config.value_rescaling else None,
+            rescale_eps=self.rescale_eps(),
             # A step in a sequence's last n rows is burn-in in the next sequence, so it
             # trains here with the shorter return there is (n_step_double_q_targets).
             truncate_at_end=True,
         )
-        return SequenceQUpdate(
+        return self.target_network_update(
+            SequenceQUpdate,
             model,
-            self.build_model().to(context.device),
             context,
-            build_optimizer(config, model),
             loss_fn,
             burn_in=burn_in,
-            target_update_period=config.target_update_period,
             reward_clipping=config.reward_clipping,
         )
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from beast.algos.base import LearnerContext, Update, UpdateInfo
+from beast.algos.base import LearnerContext, OptimizerUpdate, UpdateInfo
 from beast.models import copy_weights
 from beast.train_step import ParameterGroup, TargetNetwork, TrainStep
 
@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 
-class TargetNetworkUpdate(Update):
+class TargetNetworkUpdate(OptimizerUpdate):
     """What a Q-learner's checkpoint keeps: its optimizer, its target network and the count
     of applied updates that times the target's updates (R2D2, the DQN family)."""
 
@@ -29,17 +29,19 @@ class TargetNetworkUpdate(Update):
     num_updates: int
     train_step: TrainStep
 
-    def _start(
+    def __init__(
         self,
         model: nn.Module,
         target_model: nn.Module,
         context: LearnerContext,
         optimizer: torch.optim.Optimizer,
         loss_fn: Callable[..., Any],
+        *,
         target_update_period: int,
     ) -> None:
         """The state every Q-learner starts from: the target network a frozen copy of the
-        online one, no applied update yet, and the optimizer step over `self.loss`."""
+        online one, no applied update yet, and the optimizer step over `self.loss` (a
+        subclass sets what its `loss` reads before calling this)."""
         self.model, self.context, self.optimizer, self.loss_fn = model, context, optimizer, loss_fn
         self.target_model = target_model.requires_grad_(False)
         copy_weights(self.target_model, model)
@@ -66,13 +68,12 @@ class TargetNetworkUpdate(Update):
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "optimizer": self.optimizer.state_dict(),
+            **super().state_dict(),
             "target_model": self.target_model.state_dict(),
             "num_updates": self.num_updates,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
         self.target_model.load_state_dict(state["target_model"])
         self.num_updates = int(state["num_updates"])
-        self.train_step.load_optimizer_states()
+        super().load_state_dict(state)

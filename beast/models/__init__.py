@@ -57,7 +57,8 @@ The package, one module per family (docs/internals.md):
 
     base.py          outputs (`AgentOutput`, `GaussianAgentOutput`), `CoreState`, model
                      names and widths, initialisation, float observations, `ModelError`
-    lstm.py          the LSTM core, unrolled with resets at episode starts
+    lstm.py          the trunk both kinds share: torso -> LSTM core, unrolled with
+                     resets at episode starts
     actor_critic.py  `ActorCriticNet`: core, policy head (logits or Gaussian), baseline
     atari.py         `AtariNet` and its torso      resnet.py  `ResNet` and its torso
     mlp.py           `MLPNet`, `SeparateMLPNet`, the MLP and multi-input torsos

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from beast.models.base import (
@@ -19,12 +18,9 @@ from beast.models.base import (
     CoreState,
     GaussianAgentOutput,
     ObsShape,
-    _obs_shape,
     _orthogonal_init,
-    float_obs,
-    time_and_batch,
 )
-from beast.models.lstm import _unroll_lstm
+from beast.models.lstm import _Trunk
 
 __all__ = [
     "ActorCriticNet",
@@ -53,12 +49,6 @@ class _PolicyHeads(nn.Module):
             self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
         _orthogonal_init(self.policy, _POLICY_GAIN)
 
-    def _action_features(self, last_action: Tensor) -> Tensor:
-        """[N] indices -> one-hot [N, num_actions]; continuous [N, d] -> float [N, d]."""
-        if self.action_dim:
-            return last_action.float()
-        return F.one_hot(last_action, self.num_actions).float()
-
     def _agent_output(
         self, policy_features: Tensor, baseline: Tensor, T: int, B: int
     ) -> AgentOutput | GaussianAgentOutput:
@@ -68,8 +58,9 @@ class _PolicyHeads(nn.Module):
         return GaussianAgentOutput(mean, self.log_std.expand_as(mean), baseline)
 
 
-class ActorCriticNet(_PolicyHeads):
-    """Shared core and heads; subclasses provide the torso.
+class ActorCriticNet(_PolicyHeads, _Trunk):
+    """The trunk (`_Trunk`: torso -> [LSTM]) and heads; subclasses provide the torso.
+    Without the LSTM the heads read what it would: features, reward and last action.
 
     Args:
         torso: maps float32 [N, *obs_shape] to float32 [N, torso_size].
@@ -96,32 +87,24 @@ class ActorCriticNet(_PolicyHeads):
         log_std_init: float = 0.0,
     ) -> None:
         super().__init__()
-        self.obs_shape = _obs_shape(obs_shape)
-        self.use_lstm = use_lstm
-        self.torso = torso
-        core_input_size = torso_size + 1 + (action_dim or num_actions)
-        self.core: nn.LSTM | None
-        if use_lstm:
-            self.core = nn.LSTM(core_input_size, lstm_size, num_layers=1)
-            core_output_size = lstm_size
-        else:
-            self.core = None
-            core_output_size = core_input_size
+        core_input_size = self._build_trunk(
+            torso,
+            torso_size,
+            obs_shape,
+            use_lstm=use_lstm,
+            lstm_size=lstm_size,
+            action_size=action_dim or num_actions,
+        )
+        core_output_size = lstm_size if use_lstm else core_input_size
         self._build_heads(core_output_size, num_actions, action_dim, log_std_init)
         self.baseline = nn.Linear(core_output_size, 1)
         _orthogonal_init(self.baseline, _BASELINE_GAIN)
 
-    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> CoreState:
-        """Zero recurrent state for ``batch_size`` samples, on ``device``.
-
-        ``device=None`` means the device of the model's parameters.
-        """
-        if self.core is None:
-            return ()
-        if device is None:
-            device = self.policy.weight.device
-        shape = (self.core.num_layers, batch_size, self.core.hidden_size)
-        return (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
+    def _action_features(self, last_action: Tensor) -> Tensor:
+        """[N] indices -> one-hot [N, num_actions]; continuous [N, d] -> float [N, d]."""
+        if self.action_dim:
+            return last_action.float()
+        return super()._action_features(last_action)
 
     def forward(
         self, inputs: Mapping[str, Tensor], core_state: CoreState = ()
@@ -132,30 +115,16 @@ class ActorCriticNet(_PolicyHeads):
         state is the one after step T-1, so carrying it into the next call gives the same
         outputs as one call over all steps (up to float32 rounding, see tests/test_models.py).
         """
-        obs = inputs["obs"]
-        T, B = time_and_batch(obs)
-        x = self.torso(float_obs(obs))
-        reward = inputs["reward"].flatten(0, 1).float().clamp(-1.0, 1.0).unsqueeze(1)
-        last_action = self._action_features(inputs["last_action"].flatten(0, 1))
-        core_input = torch.cat([x, reward, last_action], dim=1)
-
+        x, T, B = self._features(inputs["obs"])
+        core_input = self._core_input(x, inputs)
         if self.core is None:
             core_output = core_input
             core_state = ()
         else:
-            core_output, core_state = self._unroll(
-                core_input.view(T, B, -1), inputs["done"], core_state
-            )
-            core_output = core_output.flatten(0, 1)
+            core_output, core_state = self._unroll(core_input, inputs["done"], core_state)
 
         baseline = self.baseline(core_output).view(T, B)
         return self._agent_output(core_output, baseline, T, B), core_state
-
-    def _unroll(
-        self, core_input: Tensor, done: Tensor, core_state: CoreState
-    ) -> tuple[Tensor, CoreState]:
-        assert self.core is not None
-        return _unroll_lstm(self.core, core_input, done, core_state)
 
 
 class ImageActorCriticNet(ActorCriticNet):

@@ -1,16 +1,90 @@
 """The recurrent core of the built-in networks: one LSTM layer unrolled over [T, B]
-inputs, each sample's state zeroed where its episode starts (actor-critic and Q-networks
-alike).
+inputs, each sample's state zeroed where its episode starts, on a torso's features
+(actor-critic and Q-networks alike: `_Trunk`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from beast.models.base import CoreState, ModelError
+from beast.models.base import (
+    CoreState,
+    ModelError,
+    ObsShape,
+    _obs_shape,
+    float_obs,
+    time_and_batch,
+)
 
 __all__ = []
+
+
+class _Trunk(nn.Module):
+    """torso -> [LSTM]: the trunk the actor-critic and Q-networks share (their heads are
+    theirs). The LSTM, one layer of ``lstm_size``, reads the torso's features, the reward
+    clipped to [-1, 1] and the last action's features (`_action_features`: one-hot, or a
+    continuous action's values), as IMPALA's network does (Espeholt et al. 2018, fig. 3)
+    and R2D2's (Kapturowski et al. 2019, section 2.3)."""
+
+    def _build_trunk(
+        self,
+        torso: nn.Module,
+        torso_size: int,
+        obs_shape: ObsShape,
+        *,
+        use_lstm: bool,
+        lstm_size: int,
+        action_size: int,
+    ) -> int:
+        """Keep the torso and build the LSTM (or None); returns the size of what the LSTM
+        reads per sample (the features, the reward, ``action_size`` action features)."""
+        self.obs_shape = _obs_shape(obs_shape)
+        self.use_lstm = use_lstm
+        self.torso = torso
+        core_input_size = torso_size + 1 + action_size
+        self.core = nn.LSTM(core_input_size, lstm_size, num_layers=1) if use_lstm else None
+        return core_input_size
+
+    num_actions: int
+
+    def _action_features(self, last_action: Tensor) -> Tensor:
+        """The last actions' features: [N] indices -> one-hot float [N, num_actions]."""
+        return F.one_hot(last_action, self.num_actions).float()
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> CoreState:
+        """Zero recurrent state for ``batch_size`` samples (``()`` without an LSTM), on
+        ``device``; None means the device of the model's parameters."""
+        if self.core is None:
+            return ()
+        if device is None:
+            device = self.core.weight_hh_l0.device
+        return _zero_state(self.core, batch_size, device)
+
+    def _features(self, obs: Any) -> tuple[Tensor, int, int]:
+        """The torso's features of obs [T, B, ...] as [T*B, F], and T and B."""
+        T, B = time_and_batch(obs)
+        return self.torso(float_obs(obs)), T, B
+
+    def _core_input(self, features: Tensor, inputs: Mapping[str, Tensor]) -> Tensor:
+        """What the LSTM reads (class docstring): [T*B, F + 1 + A]."""
+        reward = inputs["reward"].flatten(0, 1).float().clamp(-1.0, 1.0).unsqueeze(1)
+        last_action = self._action_features(inputs["last_action"].flatten(0, 1))
+        return torch.cat([features, reward, last_action], dim=1)
+
+    def _unroll(
+        self, core_input: Tensor, done: Tensor, core_state: CoreState
+    ) -> tuple[Tensor, CoreState]:
+        """The LSTM over core_input [T*B, F] from core_state, reset where done [T, B] is
+        set: ([T*B, lstm_size], the state after step T-1)."""
+        assert self.core is not None
+        T, B = done.shape
+        output, core_state = _unroll_lstm(self.core, core_input.view(T, B, -1), done, core_state)
+        return output.flatten(0, 1), core_state
 
 
 def _zero_state(core: nn.LSTM, batch_size: int, device: torch.device | str) -> CoreState:

@@ -8,19 +8,10 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from beast.models.base import (
-    _RELU_GAIN,
-    CoreState,
-    ObsShape,
-    _obs_shape,
-    _orthogonal_init,
-    float_obs,
-    time_and_batch,
-)
-from beast.models.lstm import _unroll_lstm, _zero_state
+from beast.models.base import _RELU_GAIN, CoreState, ObsShape, _orthogonal_init
+from beast.models.lstm import _Trunk
 
 __all__ = [
     "DEFAULT_Q_HEAD_SIZE",
@@ -56,8 +47,9 @@ class DistributionalQOutput(NamedTuple):
     q_logits: Tensor
 
 
-class QNet(nn.Module):
-    """torso -> [LSTM] -> Q head, dueling or not, with one value or a distribution per action.
+class QNet(_Trunk):
+    """torso -> [LSTM] (`_Trunk`) -> Q head, dueling or not, with one value or a
+    distribution per action.
 
     Dueling (Wang et al. 2016, eq. 9): ``Q = V + A - mean_a A``, from a value stream and an
     advantage stream, each ``Linear(head_size) -> ReLU -> Linear`` (one ``Linear`` on the
@@ -95,18 +87,17 @@ class QNet(nn.Module):
         num_atoms: int = 1,
     ) -> None:
         super().__init__()
-        self.obs_shape = _obs_shape(obs_shape)
         self.num_actions = num_actions
         self.num_atoms = num_atoms
-        self.use_lstm = use_lstm
-        self.torso = torso
-        self.core: nn.LSTM | None
-        if use_lstm:
-            self.core = nn.LSTM(torso_size + 1 + num_actions, lstm_size, num_layers=1)
-            head_input_size = lstm_size
-        else:
-            self.core = None
-            head_input_size = torso_size
+        self._build_trunk(
+            torso,
+            torso_size,
+            obs_shape,
+            use_lstm=use_lstm,
+            lstm_size=lstm_size,
+            action_size=num_actions,
+        )
+        head_input_size = lstm_size if use_lstm else torso_size
 
         def stream(outputs: int) -> nn.Sequential:
             if head_size is None:
@@ -124,14 +115,6 @@ class QNet(nn.Module):
         # The advantage stream of a dueling head, or the Q stream itself.
         self.action_values = stream(num_actions * num_atoms)
 
-    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> CoreState:
-        """Zero recurrent state for ``batch_size`` samples (``()`` without an LSTM)."""
-        if self.core is None:
-            return ()
-        if device is None:
-            device = self.action_values[0].weight.device
-        return _zero_state(self.core, batch_size, device)
-
     def forward(
         self, inputs: Mapping[str, Tensor], core_state: CoreState = ()
     ) -> tuple[QOutput | DistributionalQOutput, CoreState]:
@@ -139,21 +122,14 @@ class QNet(nn.Module):
 
         Feed-forward models read only ``inputs["obs"]`` and return the empty state.
         """
-        obs = inputs["obs"]
-        T, B = time_and_batch(obs)
-        x = self.torso(float_obs(obs))
+        x, T, B = self._features(inputs["obs"])
         if self.core is None:
             core_output = x
             core_state = ()
         else:
             with _float32(x):
-                reward = inputs["reward"].flatten(0, 1).float().clamp(-1.0, 1.0).unsqueeze(1)
-                last_action = F.one_hot(inputs["last_action"].flatten(0, 1), self.num_actions)
-                core_input = torch.cat([x.float(), reward, last_action.float()], dim=1)
-                core_output, core_state = _unroll_lstm(
-                    self.core, core_input.view(T, B, -1), inputs["done"], core_state
-                )
-                core_output = core_output.flatten(0, 1)
+                core_input = self._core_input(x.float(), inputs)
+                core_output, core_state = self._unroll(core_input, inputs["done"], core_state)
         q = _output_in_float32(self.action_values, core_output)
         q = q.view(T * B, self.num_actions, self.num_atoms)
         if self.value is not None:

@@ -6,7 +6,7 @@ All three train on the transition replay (beast/transition_replay.py, uniform, w
 optional n-step returns), at `--utd_ratio` gradient updates per env step: the replay's
 rate limit (`samples_per_insert` = utd_ratio x batch_size) holds it whichever of the
 actors and the learner is faster. The first `--learning_starts` env steps are uniform
-random actions: the network's exploration rate (`beast.algos.dqn.ExplorationSchedule`,
+random actions: the network's exploration rate (`beast.algos.transitions.ExplorationSchedule`,
 travelling with the weights) is 1 until the learner's first update sets it to 0.
 """
 
@@ -27,13 +27,13 @@ from beast.algos.base import (
     Batch,
     Experience,
     LearnerContext,
+    OptimizerUpdate,
     Policy,
     TransitionReplay,
     Update,
     UpdateInfo,
 )
-from beast.algos.dqn import ExplorationSchedule
-from beast.algos.nstep import NStepReturns, n_step_returns
+from beast.algos.nstep import NStepReturns
 from beast.algos.policies import SquashedPolicy
 from beast.algos.qpg.functions import (
     critic_loss,
@@ -45,7 +45,13 @@ from beast.algos.qpg.functions import (
     to_unit_actions,
 )
 from beast.algos.qpg.networks import ActorCriticQNet
-from beast.config import ConfigError, flag, require_fraction, require_nonnegative, require_positive
+from beast.algos.transitions import (
+    ExplorationSchedule,
+    check_transition_args,
+    find_exploration_schedule,
+    scaled_n_step_returns,
+)
+from beast.config import ConfigError, flag, require_nonnegative
 from beast.fields import index_inputs, model_inputs
 from beast.models import ModelError
 from beast.normalize import find_observation_normalizer
@@ -126,30 +132,14 @@ class DDPGArgs:
 
     @staticmethod
     def check(config: Any) -> None:
-        require_positive(config, "n_step", "replay_size", "batch_size")
-        if config.n_step > 255:
-            raise ConfigError(f"--n_step must be at most 255, got {config.n_step}")
+        check_transition_args(config, networks="feed-forward networks")
         if not config.utd_ratio > 0:
             raise ConfigError(
                 f"--utd_ratio must be > 0 (gradient updates per env step), got"
                 f" {config.utd_ratio}; 1 is SB3's train_freq 1, gradient_steps 1"
             )
-        require_nonnegative(config, "learning_starts")
-        if config.learning_starts > config.replay_size:
-            raise ConfigError(
-                f"--learning_starts {config.learning_starts} exceeds --replay_size"
-                f" {config.replay_size}: learning would never start"
-            )
-        require_fraction(config, "discounting")
-        if not 0.0 < config.tau <= 1.0:
-            raise ConfigError(f"--tau must be in (0, 1], got {config.tau}")
         require_nonnegative(config, "action_noise")
         parse_net_arch(config.net_arch)
-        if config.use_lstm:
-            raise ConfigError(
-                f"--algo {config.algo} trains feed-forward networks on single transitions;"
-                " drop --use_lstm"
-            )
 
 
 @dataclass(frozen=True)
@@ -224,7 +214,7 @@ def frozen_call(module: nn.Module, *args: Any) -> Any:
     return torch.func.functional_call(module, constants, args)
 
 
-class ActorCriticQUpdate(Update):
+class ActorCriticQUpdate(OptimizerUpdate):
     """What DDPG, TD3 and SAC share in the learner:
 
     1. the batch's inputs, rows [2, B] (x_s and x_{s+k}), observations normalised as the
@@ -258,9 +248,7 @@ class ActorCriticQUpdate(Update):
         self.model, self.context, self.config = model, context, config
         self.net = find_actor_critic(model)
         self.normalizer = find_observation_normalizer(model)
-        self.schedule = next(
-            (m for m in model.modules() if isinstance(m, ExplorationSchedule)), None
-        )
+        self.schedule = find_exploration_schedule(model)
         self.target = copy.deepcopy(self.net).requires_grad_(False)
         self.critic_params = list(self.net.critic.parameters())
         critic_ids = {id(p) for p in self.critic_params}
@@ -303,8 +291,7 @@ class ActorCriticQUpdate(Update):
         data = model_inputs(inputs)
         if self.normalizer is not None:
             data["obs"] = self.normalizer.normalize(data["obs"])
-        rewards = self.context.scale_rewards({**inputs, "reward": inputs["n_step_rewards"]})
-        returns = n_step_returns(rewards, inputs["n_steps"], self.config.discounting)
+        returns = scaled_n_step_returns(inputs, self.context, self.config.discounting)
         actions = to_unit_actions(inputs["action"][0].float(), self.low, self.high)
         return _rows(data, 0), _rows(data, 1), actions, returns
 
@@ -348,20 +335,26 @@ class ActorCriticQUpdate(Update):
             self.schedule.epsilon.fill_(0.0)  # the random warm-up is over
         return UpdateInfo(stats=stats)
 
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        optimizers = {
+            "actor_optimizer": self.actor_optimizer,
+            "critic_optimizer": self.critic_optimizer,
+        }
+        if self.alpha_optimizer is not None:
+            optimizers["alpha_optimizer"] = self.alpha_optimizer
+        return optimizers
+
     def state_dict(self) -> dict[str, Any]:
         return {
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
+            **super().state_dict(),
             "target": self.target.state_dict(),
             "num_updates": self.num_updates,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.target.load_state_dict(state["target"])
         self.num_updates = int(state["num_updates"])
-        self.train_step.load_optimizer_states()
+        super().load_state_dict(state)
 
 
 def _rows(inputs: Mapping[str, Tensor], row: int) -> dict[str, Tensor]:
@@ -510,18 +503,12 @@ class SACUpdate(ActorCriticQUpdate):
         return StepLoss(total, stats)
 
     def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        state["log_alpha"] = self.log_alpha.detach().clone()
-        if self.alpha_optimizer is not None:
-            state["alpha_optimizer"] = self.alpha_optimizer.state_dict()
-        return state
+        return {**super().state_dict(), "log_alpha": self.log_alpha.detach().clone()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if self.temperature is not None:
             with torch.no_grad():
                 self.temperature.log_alpha.copy_(state["log_alpha"])
-        if self.alpha_optimizer is not None:
-            self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
         super().load_state_dict(state)
 
 
