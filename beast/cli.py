@@ -19,7 +19,7 @@ def exit_process(code: int) -> NoReturn:
     """End an entry point's process with `code` once its run is over (actors stopped,
     checkpoint written, logs closed): at once, even while a learner's compilation still
     runs in its thread, which the interpreter's exit would otherwise wait for (a stop
-    never waits for a compilation, beast/train_step.py)."""
+    never waits for a compilation, beast/train_step)."""
     from beast.train_step import compilations_under_way
 
     if compilations_under_way():

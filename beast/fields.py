@@ -212,7 +212,7 @@ def obs_leaf(obs: Any, path: ObsPath) -> Any:
 def index_inputs(inputs: Any, index: Any) -> Any:
     """Every tensor of model inputs indexed by `index` (time rows, batch columns), the
     structure kept. A plain function rather than `operator.itemgetter`, which
-    torch.compile cannot trace (beast/train_step.py compiles losses that call this)."""
+    torch.compile cannot trace (beast/train_step compiles losses that call this)."""
     return map_inputs(lambda value: value[index], inputs)
 
 

@@ -219,7 +219,7 @@ class Stepper:
         grad_norm: torch.Tensor,
         optimizers: Sequence[torch.optim.Optimizer],
     ) -> bool:
-        """Account for a step taken elsewhere (beast/train_step.py's compiled step, which
+        """Account for a step taken elsewhere (beast/train_step's compiled step, which
         clipped, guarded, stepped and checked the new weights on the device, with this
         stepper's settings and schedule): the counters, the guard's verdict and the log's
         figures, as `__call__` and `check_weights` keep them. Returns `finite` (whether

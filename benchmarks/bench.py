@@ -139,7 +139,7 @@ class LearnerVariant:
     bf16: forward pass under `torch.autocast(dtype=torch.bfloat16)`; the loss and the
         optimizer stay float32 (logits and baseline are cast back before the loss).
     channels_last: model weights and the torso's input in channels-last memory format.
-    compile: the whole update compiled (beast/train_step.py, --compile on). On CPU the
+    compile: the whole update compiled (beast/train_step, --compile on). On CPU the
         generated code reads the torch thread count at run time (inductor
         `cpp.dynamic_threads`), so one compiled step serves every thread count measured.
     """

@@ -283,7 +283,7 @@ class LearnerContext:
         (--normalize_reward scales them, beast/normalize.py; else `data["reward"]`).
         Models read the raw `data["reward"]`, as they did when acting.
     compile: --compile: whether `train_step` compiles the update (on, off, or auto:
-        where it pays, beast/train_step.py).
+        where it pays, beast/train_step).
     log: where the learner's one-off lines go (the path its update took).
     optimizer_steps: about how many optimizer steps the run takes
         (`Algorithm.optimizer_steps`), which --compile auto weighs; None: unknown.
@@ -306,7 +306,7 @@ class LearnerContext:
 
     def autocast(self) -> torch.autocast:
         """bf16 autocast (`bf16`) without its cache of cast weights: a compiled step
-        (beast/train_step.py) traces the casts into its graph, where a cache would hand
+        (beast/train_step) traces the casts into its graph, where a cache would hand
         the tracer a real tensor cast outside it."""
         return torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False
@@ -320,7 +320,7 @@ class LearnerContext:
         groups: Sequence[ParameterGroup],
         targets: Sequence[TargetNetwork] = (),
     ) -> TrainStep:
-        """The algorithm's optimizer step over `loss` (beast/train_step.py), eager or
+        """The algorithm's optimizer step over `loss` (beast/train_step), eager or
         compiled as the run says."""
         from beast.train_step import TrainStep
 

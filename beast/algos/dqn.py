@@ -328,7 +328,7 @@ class TransitionQUpdate(TargetNetworkUpdate):
        (`TransitionOutputs`); the n-step returns from the scaled, clipped rewards;
     2. the loss (`loss_fn(outputs, returns, data)`: Q-values or return distributions,
        targets, importance weights `data["weights"]`);
-    3. the optimizer step (beast/train_step.py: eager or compiled; skipped when not
+    3. the optimizer step (beast/train_step: eager or compiled; skipped when not
        finite), and every `target_update_period` applied updates the target network
        moved `tau` of the way to the online one;
     4. the exploration schedule (if any) set from the env steps.

@@ -365,7 +365,7 @@ class ImpalaArgs:
 
 class ActorCriticUpdate(OptimizerUpdate):
     """One optimizer step per batch of rollouts on `loss_fn(outputs, batch) -> LossOutput`
-    (the IMPALA or LASER loss with its constants bound), through beast/train_step.py."""
+    (the IMPALA or LASER loss with its constants bound), through beast/train_step."""
 
     def __init__(
         self,

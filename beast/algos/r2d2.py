@@ -457,7 +457,7 @@ class SequenceQUpdate(TargetNetworkUpdate):
        target network unrolls all rows from the same state, without gradient;
     2. the loss (`loss_fn`, `r2d2_loss` with its constants bound), each sequence weighted
        by its importance weight, and the sequences' new priorities;
-    3. the optimizer step (beast/train_step.py: eager or compiled; skipped when not
+    3. the optimizer step (beast/train_step: eager or compiled; skipped when not
        finite), and every `target_update_period` applied updates the online weights
        copied into the target.
     """

@@ -243,7 +243,7 @@ class Config:
     compile: str = flag(
         "auto",
         "Compile the learner's whole update (forward passes, losses, backward, optimizer"
-        " steps, target updates) into one graph with torch.compile (beast/train_step.py):"
+        " steps, target updates) into one graph with torch.compile (beast/train_step):"
         " on, off, or auto: on where the run's updates save more time than compiling"
         " costs (the first steps measure the eager update; compiled graphs are cached in"
         " ~/.cache/beast/inductor, so a second run of a config compiles in seconds; auto"

@@ -128,7 +128,7 @@ def _unroll_lstm(
 def _lstm_steps(
     core: nn.LSTM, core_input: Tensor, done: Tensor, core_state: CoreState
 ) -> tuple[Tensor, CoreState]:
-    """`_unroll_lstm` for a compiled learner step (beast/train_step.py): finding the chunk
+    """`_unroll_lstm` for a compiled learner step (beast/train_step): finding the chunk
     starts reads the batch on the host, which a graph cannot, so here every step resets
     its samples' state and runs the LSTM's cell arithmetic (nn.LSTM's: gates i, f, g, o;
     c' = f c + i g, h' = o tanh(c')), the input's part of every gate for all T steps in one

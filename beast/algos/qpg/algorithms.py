@@ -199,7 +199,7 @@ def find_actor_critic(model: nn.Module) -> nn.Module:
 
 class Temperature(nn.Module):
     """SAC's learned temperature, as log alpha: a module so that the learner's step trains
-    it as it trains the networks (beast/train_step.py)."""
+    it as it trains the networks (beast/train_step)."""
 
     def __init__(self, alpha: float) -> None:
         super().__init__()
@@ -209,7 +209,7 @@ class Temperature(nn.Module):
 def frozen_call(module: nn.Module, *args: Any) -> Any:
     """`module(*args)` with its parameters as constants: gradients reach the inputs only
     (the actor's loss through the critics). Under the learner's compiled step the
-    parameters it reads are the step's own (beast/train_step.py)."""
+    parameters it reads are the step's own (beast/train_step)."""
     constants = {name: p.detach() for name, p in module.named_parameters()}
     return torch.func.functional_call(module, constants, args)
 
@@ -224,7 +224,7 @@ class ActorCriticQUpdate(OptimizerUpdate):
        the temperature's) where this update trains them; the actor's loss sees the
        critics as constants (their parameters' gradients are not taken), so one backward
        pass serves every optimizer;
-    3. one optimizer step (beast/train_step.py: eager or compiled) over the groups the
+    3. one optimizer step (beast/train_step: eager or compiled) over the groups the
        losses train ("critic", "actor", SAC's "alpha"; separate optimizer states, all in
        the checkpoint), and the target networks' Polyak averaging (`--tau`) after every
        actor update;
