@@ -77,6 +77,7 @@ from beast.replay import (
     stratified_parts,
 )
 from beast.replay_sink import ReplayRow, ReplaySink
+from beast.staging import StagedSteps, StagingRecipe, StepTally
 
 __all__ = [
     "RingAppender",
@@ -424,25 +425,19 @@ class TransitionSink(ReplaySink):
             f" windows, learning from {self.min_replay_size:,}"
         )
 
-    def writer(
+    def _writer(
         self,
-        owner: int,
+        row: ReplayRow,
         sources: Mapping[str, np.ndarray],
-        *,
-        first_id: int = 0,
-        id_stride: int = 0,
-        learner_pid: int,
-        clock: PhaseClock | None = None,
-        lane: int = 0,
-        incarnation: int = 0,
+        lane: int,
+        clock: PhaseClock | None,
     ) -> TransitionWriter:
-        """Actor `owner`'s writer for the n envs of `sources`, into the rings of writer lane
-        `lane` (`first_id`, `id_stride`, `incarnation`: the rollout writer's, unused here).
-        A replacement writes on where its dead predecessor stopped: `RingAppender` opens no
-        window over a step it did not write itself."""
+        """Appends the n envs of `sources` to the rings of writer lane `lane`. A replacement
+        writes on where its dead predecessor stopped: `RingAppender` opens no window over a
+        step it did not write itself."""
         num_envs = len(sources["reward"])
         appender = RingAppender(self.replay, lane * num_envs, num_envs)
-        return TransitionWriter(ReplayRow(self, owner, learner_pid), appender, sources, clock)
+        return TransitionWriter(row, appender, sources, clock)
 
     def staging_recipe(self) -> TransitionStagingRecipe:
         return TransitionStagingRecipe(tuple(self.replay.spec))
@@ -481,10 +476,7 @@ class TransitionWriter:
         self.row, self.appender, self.clock = row, appender, clock
         self.num_envs = len(sources["reward"])
         self._step = {key: sources[key] for key in row.sink.replay.spec}
-        self._episode_end = sources["episode_end"]
-        self._episode_return = sources["episode_return"]
-        self._episode_step = sources["episode_step"]
-        self._first = True
+        self._tally = StepTally(sources)
 
     def write(self, state: Sequence[Tensor] = ()) -> bool:
         """Write the current step; False when the run is shutting down."""
@@ -493,75 +485,46 @@ class TransitionWriter:
             return False
         self.appender.append(self._step)
         self.row.count_inserts(n)
-        # The first write is the envs' reset observations: no env step led to it.
-        steps = 0 if self._first else n
-        self._first = False
-        episodes = [
-            (float(self._episode_return[i]), int(self._episode_step[i]))
-            for i in np.flatnonzero(self._episode_end).tolist()
-        ]
+        tally = self._tally.take()
         if self.clock is not None:
             self.clock.mark("slot_write")
-        return self.row.step(steps, episodes)
+        return self.row.step(*tally)
 
 
 @dataclass(frozen=True)
-class TransitionStagingRecipe:
+class TransitionStagingRecipe(StagingRecipe):
     """How to stage steps for a learner's transition replay outside its process
     (polybeast): the per-step fields to copy."""
 
     keys: tuple[str, ...]
 
-    def writer(
-        self,
-        sources: Mapping[str, np.ndarray],
-        *,
-        publish_every: int,
-        first_id: int = 0,
-        id_stride: int = 0,
+    def _writer(
+        self, sources: Mapping[str, np.ndarray], publish_every: int
     ) -> tuple[TransitionStaging, TransitionStaging]:
-        """A writer for the n envs of `sources` that is also its own staging: it copies
-        each step and hands `publish_every` of them over (`take_rollout`) for
+        """A writer that is also its own staging: it copies each step, for
         `TransitionSink.commit`."""
         staging = TransitionStaging(self.keys, sources, publish_every)
         return staging, staging
 
 
-class TransitionStaging:
-    """Steps of n envs copied until `take_rollout` hands them over (polybeast)."""
+class TransitionStaging(StagedSteps):
+    """Steps of n envs copied until `take_rollout` hands them over (polybeast), as "steps"
+    (each field stacked, [writes, n, ...])."""
 
     def __init__(
         self, keys: Sequence[str], sources: Mapping[str, np.ndarray], publish_every: int
     ) -> None:
+        super().__init__(publish_every)
         self.sources = sources
         self.keys = tuple(keys)
-        self.publish_every = publish_every
         self._steps: list[dict[str, np.ndarray]] = []
-        self._episodes: list[tuple[float, int]] = []
-        self._env_steps = 0
-        self._first = True
+        self._tally = StepTally(sources)
 
     def write(self, state: Sequence[Tensor] = ()) -> bool:
         self._steps.append({key: np.array(self.sources[key]) for key in self.keys})
-        self._env_steps += 0 if self._first else len(self.sources["reward"])
-        self._first = False
-        ended = np.flatnonzero(self.sources["episode_end"]).tolist()
-        self._episodes += [
-            (float(self.sources["episode_return"][i]), int(self.sources["episode_step"][i]))
-            for i in ended
-        ]
-        return True
+        return self.step(*self._tally.take())
 
-    def take_rollout(self) -> dict | None:
-        """The payload for `TransitionSink.commit` once `publish_every` steps were written
-        since the last one, else None."""
-        if len(self._steps) < self.publish_every:
-            return None
-        payload = {
-            "steps": {key: np.stack([s[key] for s in self._steps]) for key in self.keys},
-            "episode_returns": [r for r, _ in self._episodes],
-            "episode_steps": [n for _, n in self._episodes],
-            "env_steps": self._env_steps,
-        }
-        self._steps, self._episodes, self._env_steps = [], [], 0
-        return payload
+    def _take_items(self) -> dict:
+        steps = {key: np.stack([s[key] for s in self._steps]) for key in self.keys}
+        self._steps = []
+        return {"steps": steps}
