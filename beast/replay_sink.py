@@ -485,7 +485,7 @@ class ReplaySource:
 
     With `parts` > 1 (--updates_per_sample) a batch holds that many batches, drawn at
     once (one priority draw, one gather, one host-to-device copy; each part stratified
-    over the whole replay, `beast.replay.stratified_parts`), which the learner trains on
+    over the whole replay, `beast.sum_tree_replay.stratified_parts`), which the learner trains on
     one after another (`Batch.split`) and answers with one priority update. The sink's
     rate limit then counts in such blocks (its `batch_size` is the block's).
     """

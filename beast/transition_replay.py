@@ -57,27 +57,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from beast.buffers import env_step_spec
 from beast.fields import Field, shared_zeros
 from beast.native import SumTree
 from beast.profile import PhaseClock
-from beast.replay import (
-    ReplaySample,
-    check_exponents,
-    check_saved_replay,
-    draw_weights,
-    env_fields,
-    field_nbytes,
-    frames_key,
-    image_keys,
-    new_priority,
-    scaled_priorities,
-    settle_tree,
-    stacked_image_keys,
-    stratified_parts,
-)
+from beast.replay import field_nbytes, frames_key, image_keys, stacked_image_keys, step_spec
 from beast.replay_sink import ReplayRow, ReplaySink
 from beast.staging import StagedSteps, StagingRecipe, StepTally
+from beast.sum_tree_replay import SumTreeReplay
 
 __all__ = [
     "RingAppender",
@@ -97,14 +83,6 @@ WINDOW_FIELDS = {
     "terminal": Field((), torch.bool),
     "exact": Field((), torch.bool),
 }
-
-
-def step_spec(obs: Mapping[str, Field], record: Mapping[str, Field]) -> dict[str, Field]:
-    """The per-step fields a ring stores: the observation's (`EnvSpec.obs_fields()`), the
-    env's (`beast.replay.ENV_KEYS`) and the policy's record."""
-    spec = env_fields(env_step_spec(obs, record["action"]))
-    spec.update(record)
-    return spec
 
 
 def _storage_spec(spec: Mapping[str, Field], frame_dedup: bool) -> dict[str, Field]:
@@ -151,7 +129,7 @@ def rebuild_stacks(
     return frames[rows, slots.gather(1, source)]
 
 
-class RingReplay:
+class RingReplay(SumTreeReplay):
     """Per-env rings of steps with a sum tree over their transitions (module docstring).
 
     Args:
@@ -163,9 +141,7 @@ class RingReplay:
         alpha: priority exponent (PER: 0.6).
         beta: importance-sampling exponent (PER: 0.4); `sample` can override it.
         frame_dedup: store the newest frame of each frame stack only.
-        min_priority, default_priority: as `beast.replay.PrioritizedReplay`'s.
-
-    Picklable to multiprocessing children: the same memory and sum tree.
+        min_priority, default_priority: as `SumTreeReplay`'s.
     """
 
     unit = "transitions"  # what it holds, for messages and log columns
@@ -184,16 +160,19 @@ class RingReplay:
         min_priority: float = 1e-6,
         default_priority: float = 1.0,
     ) -> None:
-        check_exponents(alpha, beta)
+        super().__init__(
+            alpha=alpha,
+            beta=beta,
+            frame_dedup=frame_dedup,
+            min_priority=min_priority,
+            default_priority=default_priority,
+            prioritized=prioritized,
+        )
         if n_step < 1 or n_step > 255:
             raise ValueError(f"n_step must be in [1, 255], got {n_step}")
         self.spec = dict(spec)
         self.num_envs = num_envs
         self.n_step = n_step
-        self.prioritized = prioritized
-        self.alpha, self.beta = alpha, beta
-        self.frame_dedup = frame_dedup
-        self.min_priority, self.default_priority = min_priority, default_priority
         # The image leaves stored as their newest frame, and their stacks' depths.
         self.stacks = {key: spec[key].shape[0] for key in image_keys(spec, leading=0)}
         if not frame_dedup:
@@ -222,16 +201,6 @@ class RingReplay:
         """Steps stored (each the start of at most one transition)."""
         return int(self.written.clamp(max=self.ring).sum())
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
-
-    def new_priority(self) -> float:
-        """A new transition's priority after the exponent: 1 in a uniform replay, else
-        PER's (`beast.replay.new_priority`)."""
-        if not self.prioritized:
-            return 1.0
-        return new_priority(self.tree, self.default_priority, self.alpha, self.min_priority)
-
     def observations(self, key: str, envs: Tensor, positions: Tensor) -> Tensor:
         """Observation leaf `key` of steps (envs[i], positions[i]): [N, *shape]."""
         stack = self.stacks.get(key)
@@ -241,22 +210,11 @@ class RingReplay:
             self.tensors[frames_key(key)], self.tensors["done"], envs, positions, stack
         )
 
-    def sample(
-        self,
-        batch_size: int,
-        generator: torch.Generator | None = None,
-        *,
-        beta: float | None = None,
-        parts: int = 1,
-    ) -> ReplaySample:
-        """Draw ``batch_size`` transitions (stratified over the priority mass), built from
-        the rings (module docstring); with `parts`, that many batches at once, one after
-        another along the batch axis (`beast.replay.stratified_parts`), their importance
-        weights normalised batch by batch. Raises ValueError while none is sampleable."""
-        beta = (self.beta if beta is None else beta) if self.prioritized else 0.0
-        drawn = self.tree.sample(stratified_parts(batch_size, parts, generator))
-        batch_size *= parts
-        envs, starts = drawn.indices // self.ring, drawn.indices % self.ring
+    def _gather(self, indices: Tensor) -> dict[str, Tensor]:
+        """The transitions starting at slots `indices`, built from the rings (module
+        docstring)."""
+        batch_size = len(indices)
+        envs, starts = indices // self.ring, indices % self.ring
         tensors = self.tensors
         n_steps = tensors["n_steps"][envs, starts].long()
         rows = torch.stack([starts, (starts + n_steps) % self.ring])  # [2, B]
@@ -274,16 +232,7 @@ class RingReplay:
         batch["n_step_rewards"] = torch.where(offsets <= n_steps, rewards, 0.0)
         batch["n_steps"] = n_steps
         batch["terminal"] = tensors["terminal"][envs, starts]
-        weights, probabilities = draw_weights(self.tree, drawn, beta, parts)
-        return ReplaySample(drawn.indices, drawn.generations, batch, weights, probabilities)
-
-    def update_priorities(self, indices: Tensor, td_priorities: Tensor, generations: Tensor) -> int:
-        """As `beast.replay.PrioritizedReplay.update_priorities`; a uniform replay keeps
-        its priorities (returns 0)."""
-        if not self.prioritized:
-            return 0
-        scaled = scaled_priorities(td_priorities, self.alpha, self.min_priority)
-        return self.tree.update(indices, scaled, generations)
+        return batch
 
     def contents(self) -> tuple[dict[str, Tensor], dict[str, object]]:
         """A checkpoint in two parts, as `PrioritizedReplay.contents`: the rings (views, to
@@ -299,15 +248,11 @@ class RingReplay:
         tensors["written"] = written
         return tensors, {"capacity": self.capacity, "tree": self.tree.state_dict()}
 
-    def settle(self, state: dict[str, object]) -> dict[str, object]:
-        """`state` with the slots invalidated since `contents` made unsampleable."""
-        return settle_tree(state, self.tree)
-
     def restore(self, tensors: Mapping[str, Tensor], state: Mapping[str, object]) -> None:
         """Load `contents`' two parts into this (empty, same-layout) replay, before any
         writer starts. ValueError (one line) when the layout or capacity differ."""
         mine = {**self.tensors, "written": self.written}
-        check_saved_replay(tensors, state, self.capacity, mine, "transitions")
+        self._check_saved(tensors, state, mine)
         size = min(self.ring, int(tensors["written"].max()))
         for key, tensor in mine.items():
             saved = tensors[key]
