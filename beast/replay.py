@@ -353,7 +353,7 @@ class PrioritizedReplay(SumTreeReplay):
         beta: importance-sampling exponent (R2D2: 0.6).
         frame_dedup: store frame-stacked observations once per frame (see
             the module docstring); needs obs [L, k, H, W].
-        min_priority, default_priority: as `SumTreeReplay`'s, both > 0.
+        priorities: min_priority, default_priority (`SumTreeReplay`), both > 0.
 
     Writers (any process): ``replay.add(sequence)``; a slot still being written is
     skipped by other writers' claims, so capacity must exceed the number of writers
@@ -372,18 +372,12 @@ class PrioritizedReplay(SumTreeReplay):
         alpha: float = 0.9,
         beta: float = 0.6,
         frame_dedup: bool = False,
-        min_priority: float = 1e-6,
-        default_priority: float = 1.0,
+        **priorities: float,
     ) -> None:
-        super().__init__(
-            alpha=alpha,
-            beta=beta,
-            frame_dedup=frame_dedup,
-            min_priority=min_priority,
-            default_priority=default_priority,
-        )
-        if not min_priority > 0 or not default_priority > 0:
+        super().__init__(alpha=alpha, beta=beta, **priorities)
+        if not self.min_priority > 0 or not self.default_priority > 0:
             raise ValueError("min_priority and default_priority must be > 0")
+        self.frame_dedup = frame_dedup
         self.spec = dict(spec)
         self.seq_len = _seq_len(spec)
         self.capacity = operator.index(capacity)

@@ -138,7 +138,6 @@ class SumTreeReplay(abc.ABC):
         alpha: priority exponent.
         beta: importance-sampling exponent; `sample` can override it per call (e.g.
             annealed towards 1).
-        frame_dedup: store frame-stacked observations once per frame.
         min_priority: floor for priorities before the exponent, so an item whose TD
             errors all came out 0 still gets replayed now and then (PER's epsilon).
         default_priority: the priority of the first items, while every stored priority
@@ -156,9 +155,8 @@ class SumTreeReplay(abc.ABC):
         *,
         alpha: float,
         beta: float,
-        frame_dedup: bool,
-        min_priority: float,
-        default_priority: float,
+        min_priority: float = 1e-6,
+        default_priority: float = 1.0,
         prioritized: bool = True,
     ) -> None:
         if alpha < 0:
@@ -166,7 +164,6 @@ class SumTreeReplay(abc.ABC):
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"beta must be in [0, 1], got {beta}")
         self.alpha, self.beta = alpha, beta
-        self.frame_dedup = frame_dedup
         self.min_priority, self.default_priority = min_priority, default_priority
         self.prioritized = prioritized
 

@@ -141,7 +141,7 @@ class RingReplay(SumTreeReplay):
         alpha: priority exponent (PER: 0.6).
         beta: importance-sampling exponent (PER: 0.4); `sample` can override it.
         frame_dedup: store the newest frame of each frame stack only.
-        min_priority, default_priority: as `SumTreeReplay`'s.
+        priorities: min_priority, default_priority (`SumTreeReplay`).
     """
 
     unit = "transitions"  # what it holds, for messages and log columns
@@ -157,19 +157,12 @@ class RingReplay(SumTreeReplay):
         alpha: float = 0.6,
         beta: float = 0.4,
         frame_dedup: bool = False,
-        min_priority: float = 1e-6,
-        default_priority: float = 1.0,
+        **priorities: float,
     ) -> None:
-        super().__init__(
-            alpha=alpha,
-            beta=beta,
-            frame_dedup=frame_dedup,
-            min_priority=min_priority,
-            default_priority=default_priority,
-            prioritized=prioritized,
-        )
+        super().__init__(alpha=alpha, beta=beta, prioritized=prioritized, **priorities)
         if n_step < 1 or n_step > 255:
             raise ValueError(f"n_step must be in [1, 255], got {n_step}")
+        self.frame_dedup = frame_dedup
         self.spec = dict(spec)
         self.num_envs = num_envs
         self.n_step = n_step
