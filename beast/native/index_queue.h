@@ -78,6 +78,8 @@
 extern "C" {
 #endif
 
+/* cffi cdef begin: what build.py declares to Python, up to the end mark. */
+
 /* Return codes. Every int-returning call returns one of these. */
 enum beast_status {
   BEAST_OK = 0,
@@ -153,6 +155,8 @@ int beast_queue_capacity(void *mem, uint32_t *out);
 /* How many times a process died holding the lock and the lock was recovered,
  * into *out. For diagnostics: a non-zero value means an actor died mid-call. */
 int beast_queue_owner_deaths(void *mem, uint32_t *out);
+
+/* cffi cdef end */
 
 /*
  * Futex helpers, shared with other native components (e.g. a batched
