@@ -158,13 +158,6 @@ static int is_closed(struct beast_batcher *b) {
   return __atomic_load_n(&b->closed, __ATOMIC_SEQ_CST) != 0;
 }
 
-static int deadline_passed(const struct timespec *deadline) {
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return now.tv_sec > deadline->tv_sec ||
-         (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec);
-}
-
 /* Bump a futex word and wake its sleepers, skipping the syscall when none is
  * registered (see the wake protocol above). */
 static void bump_and_wake(uint32_t *seq, uint32_t *waiters) {
@@ -262,11 +255,7 @@ int beast_batcher_wait_answered(void *mem, uint32_t group, int64_t timeout_ns) {
     return BEAST_EINVAL;
   struct beast_batcher_group *grp = group_at(b, group);
   struct timespec deadline;
-  const struct timespec *until = NULL; /* NULL: wait forever */
-  if (timeout_ns >= 0) {
-    deadline = beast_deadline_after(timeout_ns);
-    until = &deadline;
-  }
+  const struct timespec *until = beast_wait_deadline(timeout_ns, &deadline);
   __atomic_add_fetch(&grp->waiters, 1, __ATOMIC_SEQ_CST);
   int rc;
   for (;;) {
@@ -283,7 +272,7 @@ int beast_batcher_wait_answered(void *mem, uint32_t group, int64_t timeout_ns) {
     }
     /* Checked after the condition: a waiter woken at its deadline still
      * returns OK for an answer that arrived in time. */
-    if (timeout_ns == 0 || (until != NULL && deadline_passed(until))) {
+    if (beast_wait_over(timeout_ns, until)) {
       rc = BEAST_ETIMEDOUT;
       break;
     }
@@ -373,11 +362,8 @@ int beast_batcher_collect(void *mem, uint32_t server, int64_t *out,
     min_batch = max_batch;
 
   struct timespec first_deadline, window_end;
-  const struct timespec *first_until = NULL; /* NULL: wait forever */
-  if (timeout_ns >= 0) {
-    first_deadline = beast_deadline_after(timeout_ns);
-    first_until = &first_deadline;
-  }
+  const struct timespec *first_until =
+      beast_wait_deadline(timeout_ns, &first_deadline);
   uint32_t n = 0;
   int window_open = 0; /* whether window_end is set (n > 0) */
   int rc;
@@ -395,8 +381,7 @@ int beast_batcher_collect(void *mem, uint32_t server, int64_t *out,
     }
     const struct timespec *until;
     if (n == 0) {
-      if (timeout_ns == 0 ||
-          (first_until != NULL && deadline_passed(first_until))) {
+      if (beast_wait_over(timeout_ns, first_until)) {
         rc = BEAST_ETIMEDOUT;
         break;
       }
@@ -410,7 +395,7 @@ int beast_batcher_collect(void *mem, uint32_t server, int64_t *out,
         }
         window_end = beast_deadline_after(window_ns);
         window_open = 1;
-      } else if (deadline_passed(&window_end)) {
+      } else if (beast_deadline_passed(&window_end)) {
         rc = BEAST_OK;
         break;
       }

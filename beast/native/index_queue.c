@@ -148,24 +148,13 @@ int beast_queue_put_marked(void *mem, int32_t value, int64_t *marks,
   return put_impl(mem, value, marks, n_marks, mark);
 }
 
-static int deadline_passed(const struct timespec *deadline) {
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return now.tv_sec > deadline->tv_sec ||
-         (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec);
-}
-
 static int get_impl(void *mem, int32_t *out, int64_t timeout_ns,
                     int64_t *marks, uint32_t n_marks, int64_t mark) {
   struct beast_queue *q = checked(mem);
   if (q == NULL || out == NULL)
     return BEAST_EINVAL;
   struct timespec deadline;
-  const struct timespec *until = NULL; /* NULL: wait forever */
-  if (timeout_ns >= 0) {
-    deadline = beast_deadline_after(timeout_ns);
-    until = &deadline;
-  }
+  const struct timespec *until = beast_wait_deadline(timeout_ns, &deadline);
 
   int registered = 0; /* whether this call counts in q->nwaiters */
   for (;;) {
@@ -203,7 +192,7 @@ static int get_impl(void *mem, int32_t *out, int64_t timeout_ns,
     }
     /* Checked only after the queue: a waiter woken at its deadline still
      * takes a value that arrived in time. */
-    if (timeout_ns == 0 || (until != NULL && deadline_passed(until))) {
+    if (beast_wait_over(timeout_ns, until)) {
       unlock(q);
       return BEAST_ETIMEDOUT;
     }

@@ -197,6 +197,32 @@ static inline struct timespec beast_deadline_after(int64_t timeout_ns) {
   return deadline;
 }
 
+/* Whether the absolute CLOCK_MONOTONIC time *deadline has passed. */
+static inline int beast_deadline_passed(const struct timespec *deadline) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return now.tv_sec > deadline->tv_sec ||
+         (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec);
+}
+
+/* The deadline of a wait of timeout_ns from now, set in *deadline and
+ * returned; NULL (no deadline, what beast_futex_wait takes to wait forever)
+ * when timeout_ns < 0. */
+static inline const struct timespec *
+beast_wait_deadline(int64_t timeout_ns, struct timespec *deadline) {
+  if (timeout_ns < 0)
+    return NULL;
+  *deadline = beast_deadline_after(timeout_ns);
+  return deadline;
+}
+
+/* Whether a wait of timeout_ns with deadline `until` (beast_wait_deadline)
+ * is over: a timeout of 0 only polls, so it is over at the first look. */
+static inline int beast_wait_over(int64_t timeout_ns,
+                                  const struct timespec *until) {
+  return timeout_ns == 0 || (until != NULL && beast_deadline_passed(until));
+}
+
 /*
  * Robust, process-shared mutex helpers, shared with other native components
  * (the sum tree). The mutex must live in the shared block itself.
