@@ -52,6 +52,8 @@ struct beast_batcher {
   uint32_t closed;      /* 0 or 1 */
   uint32_t reserved[9];
 };
+_Static_assert(offsetof(struct beast_batcher, magic) == 0,
+               "the magic word starts the block (beast_block_valid)");
 
 struct beast_batcher_totals {
   uint64_t posted, answered, dropped, stale; /* see beast_batcher_stats */
@@ -143,11 +145,9 @@ size_t beast_batcher_nbytes(uint32_t num_groups, uint32_t group_size,
  * catch every bad pointer (an unmapped one still faults), only null,
  * misaligned, never-initialised or overwritten blocks. */
 static struct beast_batcher *checked(void *mem) {
-  if (mem == NULL || (uintptr_t)mem % 8 != 0)
+  if (!beast_block_valid(mem, 8, BEAST_BATCHER_MAGIC))
     return NULL;
   struct beast_batcher *b = mem;
-  if (__atomic_load_n(&b->magic, __ATOMIC_ACQUIRE) != BEAST_BATCHER_MAGIC)
-    return NULL;
   if (!valid_sizes(b->num_groups, b->group_size, b->num_servers) ||
       b->num_slots != b->num_groups * b->group_size)
     return NULL;
@@ -169,13 +169,10 @@ static void bump_and_wake(uint32_t *seq, uint32_t *waiters) {
 int beast_batcher_init(void *mem, size_t nbytes, uint32_t num_groups,
                        uint32_t group_size, uint32_t num_servers) {
   size_t need = beast_batcher_nbytes(num_groups, group_size, num_servers);
-  if (mem == NULL || need == 0 || nbytes < need || (uintptr_t)mem % 8 != 0)
-    return BEAST_EINVAL;
+  int rc = beast_block_init(mem, nbytes, need, 8, BEAST_BATCHER_MAGIC);
+  if (rc != BEAST_OK)
+    return rc;
   struct beast_batcher *b = mem;
-  /* Re-initialising a live table would strand its users. */
-  if (__atomic_load_n(&b->magic, __ATOMIC_ACQUIRE) == BEAST_BATCHER_MAGIC)
-    return BEAST_EINVAL;
-  memset(mem, 0, need);
   b->num_groups = num_groups;
   b->group_size = group_size;
   b->num_servers = num_servers;
@@ -187,8 +184,7 @@ int beast_batcher_init(void *mem, size_t nbytes, uint32_t num_groups,
     for (uint32_t g = srv->lo; g < srv->hi; g++)
       group_at(b, g)->server = i;
   }
-  /* Magic last: a block is valid only once everything above is in place. */
-  __atomic_store_n(&b->magic, BEAST_BATCHER_MAGIC, __ATOMIC_RELEASE);
+  beast_block_publish(mem, BEAST_BATCHER_MAGIC);
   return BEAST_OK;
 }
 

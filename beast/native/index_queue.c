@@ -34,6 +34,8 @@ struct beast_queue {
   pthread_mutex_t mutex; /* guards every field above except magic/capacity */
   int32_t data[];        /* the ring, capacity entries */
 };
+_Static_assert(offsetof(struct beast_queue, magic) == 0,
+               "the magic word starts the block (beast_block_valid)");
 
 size_t beast_queue_nbytes(uint32_t capacity) {
   if (capacity == 0 || capacity > BEAST_QUEUE_MAX_CAPACITY)
@@ -49,11 +51,9 @@ size_t beast_queue_nbytes(uint32_t capacity) {
  * catch every bad pointer (an unmapped one still faults), only null,
  * misaligned, never-initialised or overwritten blocks. */
 static struct beast_queue *checked(void *mem) {
-  if (mem == NULL || (uintptr_t)mem % _Alignof(struct beast_queue) != 0)
+  if (!beast_block_valid(mem, _Alignof(struct beast_queue), BEAST_QUEUE_MAGIC))
     return NULL;
   struct beast_queue *q = mem;
-  if (__atomic_load_n(&q->magic, __ATOMIC_ACQUIRE) != BEAST_QUEUE_MAGIC)
-    return NULL;
   if (q->capacity == 0 || q->capacity > BEAST_QUEUE_MAX_CAPACITY)
     return NULL;
   return q;
@@ -78,23 +78,16 @@ static int lock(struct beast_queue *q) {
 static void unlock(struct beast_queue *q) { pthread_mutex_unlock(&q->mutex); }
 
 int beast_queue_init(void *mem, size_t nbytes, uint32_t capacity) {
-  size_t need = beast_queue_nbytes(capacity);
-  if (mem == NULL || need == 0 || nbytes < need ||
-      (uintptr_t)mem % _Alignof(struct beast_queue) != 0)
-    return BEAST_EINVAL;
-  struct beast_queue *q = mem;
-  /* Re-initialising a live queue would strand its users. */
-  if (__atomic_load_n(&q->magic, __ATOMIC_ACQUIRE) == BEAST_QUEUE_MAGIC)
-    return BEAST_EINVAL;
-  memset(mem, 0, need);
-  q->capacity = capacity;
-
-  int rc = beast_robust_mutex_init(&q->mutex);
+  int rc = beast_block_init(mem, nbytes, beast_queue_nbytes(capacity),
+                            _Alignof(struct beast_queue), BEAST_QUEUE_MAGIC);
   if (rc != BEAST_OK)
     return rc;
-
-  /* Magic last: a block is valid only once everything above is in place. */
-  __atomic_store_n(&q->magic, BEAST_QUEUE_MAGIC, __ATOMIC_RELEASE);
+  struct beast_queue *q = mem;
+  q->capacity = capacity;
+  rc = beast_robust_mutex_init(&q->mutex);
+  if (rc != BEAST_OK)
+    return rc;
+  beast_block_publish(mem, BEAST_QUEUE_MAGIC);
   return BEAST_OK;
 }
 

@@ -70,6 +70,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -221,6 +222,42 @@ beast_wait_deadline(int64_t timeout_ns, struct timespec *deadline) {
 static inline int beast_wait_over(int64_t timeout_ns,
                                   const struct timespec *until) {
   return timeout_ns == 0 || (until != NULL && beast_deadline_passed(until));
+}
+
+/*
+ * Shared-block helpers, shared with other native components. Every
+ * component's block starts with a 64-bit magic word of its own, which its
+ * init writes last (release) and every call reads first (acquire): a block is
+ * valid only once everything else in it is in place.
+ */
+
+/* Start initialising a block of `need` bytes (0: invalid sizes) in mem,
+ * nbytes long: zero it and return BEAST_OK, or return BEAST_EINVAL (changing
+ * nothing) for a null, short or misaligned (to `align`) mem, or for a block
+ * that already holds `magic`: re-initialising a live block would strand its
+ * users. */
+static inline int beast_block_init(void *mem, size_t nbytes, size_t need,
+                                   size_t align, uint64_t magic) {
+  if (mem == NULL || need == 0 || nbytes < need ||
+      (uintptr_t)mem % align != 0)
+    return BEAST_EINVAL;
+  if (__atomic_load_n((uint64_t *)mem, __ATOMIC_ACQUIRE) == magic)
+    return BEAST_EINVAL;
+  memset(mem, 0, need);
+  return BEAST_OK;
+}
+
+/* Finish initialising the block: its magic, last. */
+static inline void beast_block_publish(void *mem, uint64_t magic) {
+  __atomic_store_n((uint64_t *)mem, magic, __ATOMIC_RELEASE);
+}
+
+/* Whether mem is an initialised block holding `magic`. Cannot catch every bad
+ * pointer (an unmapped one still faults), only null, misaligned (to `align`),
+ * never-initialised or overwritten blocks. */
+static inline int beast_block_valid(void *mem, size_t align, uint64_t magic) {
+  return mem != NULL && (uintptr_t)mem % align == 0 &&
+         __atomic_load_n((uint64_t *)mem, __ATOMIC_ACQUIRE) == magic;
 }
 
 /*

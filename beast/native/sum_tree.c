@@ -39,6 +39,8 @@ struct beast_sumtree {
   uint32_t reserved;
   pthread_mutex_t mutex; /* guards everything but magic, capacity, leaves */
 };
+_Static_assert(offsetof(struct beast_sumtree, magic) == 0,
+               "the magic word starts the block (beast_block_valid)");
 
 static size_t round_up(size_t n) {
   return (n + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE;
@@ -92,11 +94,10 @@ static int32_t *writers(struct beast_sumtree *t) {
 
 /* The header behind mem, or NULL if mem is not an initialised tree. */
 static struct beast_sumtree *checked(void *mem) {
-  if (mem == NULL || (uintptr_t)mem % _Alignof(struct beast_sumtree) != 0)
+  if (!beast_block_valid(mem, _Alignof(struct beast_sumtree),
+                         BEAST_SUMTREE_MAGIC))
     return NULL;
   struct beast_sumtree *t = mem;
-  if (__atomic_load_n(&t->magic, __ATOMIC_ACQUIRE) != BEAST_SUMTREE_MAGIC)
-    return NULL;
   if (t->capacity == 0 || t->capacity > BEAST_SUMTREE_MAX_CAPACITY ||
       t->leaves != leaves_for(t->capacity))
     return NULL;
@@ -140,22 +141,19 @@ static void set_leaf(struct beast_sumtree *t, uint32_t i, double p) {
 }
 
 int beast_sumtree_init(void *mem, size_t nbytes, uint32_t capacity) {
-  size_t need = beast_sumtree_nbytes(capacity);
-  if (mem == NULL || need == 0 || nbytes < need ||
-      (uintptr_t)mem % _Alignof(struct beast_sumtree) != 0)
-    return BEAST_EINVAL;
-  struct beast_sumtree *t = mem;
-  /* Re-initialising a live tree would strand its users. */
-  if (__atomic_load_n(&t->magic, __ATOMIC_ACQUIRE) == BEAST_SUMTREE_MAGIC)
-    return BEAST_EINVAL;
-  memset(mem, 0, need); /* all-zero bits are 0.0 priorities and generations */
-  t->capacity = capacity;
-  t->leaves = leaves_for(capacity);
-  int rc = beast_robust_mutex_init(&t->mutex);
+  /* Zeroed: all-zero bits are 0.0 priorities and generations. */
+  const size_t align = _Alignof(struct beast_sumtree);
+  int rc = beast_block_init(mem, nbytes, beast_sumtree_nbytes(capacity), align,
+                            BEAST_SUMTREE_MAGIC);
   if (rc != BEAST_OK)
     return rc;
-  /* Magic last: a block is valid only once everything above is in place. */
-  __atomic_store_n(&t->magic, BEAST_SUMTREE_MAGIC, __ATOMIC_RELEASE);
+  struct beast_sumtree *t = mem;
+  t->capacity = capacity;
+  t->leaves = leaves_for(capacity);
+  rc = beast_robust_mutex_init(&t->mutex);
+  if (rc != BEAST_OK)
+    return rc;
+  beast_block_publish(mem, BEAST_SUMTREE_MAGIC);
   return BEAST_OK;
 }
 
