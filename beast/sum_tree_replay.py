@@ -6,16 +6,15 @@ leaf per stored item in a native `SumTree` (beast/native/sum_tree.c) and sample 
 checkpoint it the same way (`SumTreeReplay`); only what an item is, and how a batch is
 gathered from drawn slots, is theirs.
 
-Priorities (Schaul et al. 2016, PER section 3.3 and 3.4): an item (a
-sequence, a transition) with priority p is sampled with probability ``P = p^alpha / sum p^alpha``
-(alpha = 0.9 in R2D2), and its loss weighted by ``w = (N P)^-beta``, divided
-by the batch's largest w so weights only ever scale updates down (beta = 0.6).
-New items enter with the largest priority in the replay unless the actor
-gives one. Each slot has a generation, bumped on every overwrite: a priority
-update for a sample whose slot was overwritten meanwhile is dropped, and a
-sample whose slot was overwritten while being copied out gets weight 0.
-A uniform replay (``prioritized=False``) keeps every complete item at priority 1 and
-weight 1.
+Priorities (Schaul et al. 2016, PER section 3.3 and 3.4): an item (a sequence, a
+transition) with priority p is sampled with probability ``P = p^alpha / sum p^alpha``
+(alpha = 0.9 in R2D2), and its loss weighted by ``w = (N P)^-beta``, divided by the
+batch's largest w so weights only ever scale updates down (beta = 0.6). New items enter
+with the largest priority in the replay unless the actor gives one. Each slot has a
+generation, bumped on every overwrite: a priority update for a sample whose slot was
+overwritten meanwhile is dropped, and a sample whose slot was overwritten while being
+copied out gets weight 0. A uniform replay (``prioritized=False``) keeps every complete
+item at priority 1 and weight 1.
 """
 
 from __future__ import annotations
