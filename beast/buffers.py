@@ -77,6 +77,7 @@ __all__ = [
     "env_step_spec",
     "owner_id",
     "rollout_spec",
+    "time_major_spec",
 ]
 
 # What an env batch reports per step (beast/envs/batch.py) besides its observation's
@@ -149,9 +150,22 @@ def rollout_spec(
     """
     steps = unroll_length + 1
     per_step = {**env_step_spec(obs, record["action"]), **record}
-    spec = {key: Field((steps, *f.shape), f.dtype) for key, f in per_step.items()}
     # Unique per rollout, written with every step: see is_torn().
-    spec["rollout_id"] = Field((steps,), torch.int64)
+    rollout_id = {"rollout_id": Field((steps,), torch.int64)}
+    return time_major_spec(per_step, steps, rollout_id, core_state_shapes)
+
+
+def time_major_spec(
+    per_step: Mapping[str, Field],
+    steps: int,
+    own: Mapping[str, Field],
+    core_state_shapes: Sequence[Sequence[int]],
+) -> dict[str, Field]:
+    """A layout of `steps` rows, as rollouts and replayed sequences hold them: each
+    per-step field as [steps, *shape], then the layout's `own` fields, then the recurrent
+    state at its first row (float32 `core_state_i` of each of `core_state_shapes`)."""
+    spec = {key: Field((steps, *f.shape), f.dtype) for key, f in per_step.items()}
+    spec.update(own)
     for i, shape in enumerate(core_state_shapes):
         spec[core_state_key(i)] = Field(tuple(shape), torch.float32)
     return spec

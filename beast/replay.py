@@ -30,14 +30,8 @@ of `beast.buffers` rollouts). Row t (the rollout alignment of `beast.buffers`):
 "fixed-length (m = 80) sequences ..., with adjacent sequences overlapping each
 other by 40 time steps, and never crossing episode boundaries".
 
-Priorities (Schaul et al. 2016, PER section 3.3 and 3.4): a sequence with
-priority p is sampled with probability ``P = p^alpha / sum p^alpha``
-(alpha = 0.9 in R2D2), and its loss weighted by ``w = (N P)^-beta``, divided
-by the batch's largest w so weights only ever scale updates down (beta = 0.6).
-New sequences enter with the largest priority in the replay unless the actor
-gives one. Each slot has a generation, bumped on every overwrite: a priority
-update for a sample whose slot was overwritten meanwhile is dropped, and a
-sample whose slot was overwritten while being copied out gets weight 0.
+Priorities, sampling and weights are PER's (Schaul et al. 2016; alpha = 0.9 and
+beta = 0.6 in R2D2), shared with the transition replay: beast/sum_tree_replay.py.
 
 Frame deduplication (``frame_dedup=True``, Atari): consecutive 4-frame stacks
 share 3 frames, so a sequence stores its ``L + 3`` distinct 84x84 frames
@@ -58,9 +52,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from beast.buffers import env_step_spec
+from beast.buffers import env_step_spec, time_major_spec
 from beast.fields import OBS_KEY, Field, core_state_key, is_core_state, is_obs_key, shared_zeros
-from beast.native import SumTree, SumTreeSample
+from beast.native import SumTree
+from beast.sum_tree_replay import ReplaySample, SumTreeReplay, scaled_priorities
 
 __all__ = [
     "ENV_KEYS",
@@ -68,21 +63,13 @@ __all__ = [
     "ReplayFootprint",
     "ReplaySample",
     "SequenceBuilder",
-    "check_exponents",
-    "check_saved_replay",
-    "draw_weights",
     "field_nbytes",
-    "importance_weights",
-    "new_priority",
     "replay_footprint",
-    "scaled_priorities",
     "sequence_spec",
-    "settle_tree",
     "stacked_image_keys",
     "step_keys",
+    "step_spec",
     "storage_spec",
-    "stratified_draws",
-    "stratified_parts",
 ]
 
 # The env batch's per-step fields a sequence keeps besides the observation's leaves
@@ -106,6 +93,13 @@ def env_fields(env_step: Mapping[str, Field]) -> dict[str, Field]:
     return {key: f for key, f in env_step.items() if is_obs_key(key) or key in ENV_KEYS}
 
 
+def step_spec(obs: Mapping[str, Field], record: Mapping[str, Field]) -> dict[str, Field]:
+    """The per-step fields a replay stores (a sequence's rows, a ring's steps): the
+    observation's (`EnvSpec.obs_fields()`), the env's (`ENV_KEYS`) and the policy's
+    record."""
+    return {**env_fields(env_step_spec(obs, record["action"])), **record}
+
+
 def sequence_spec(
     *,
     seq_len: int,
@@ -124,13 +118,8 @@ def sequence_spec(
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     rows = seq_len + 1
-    per_row = env_fields(env_step_spec(obs, record["action"]))
-    per_row.update(record)
-    spec = {key: Field((rows, *f.shape), f.dtype) for key, f in per_row.items()}
-    spec["mask"] = Field((rows,), torch.bool)
-    for i, shape in enumerate(core_state_shapes):
-        spec[core_state_key(i)] = Field(tuple(shape), torch.float32)
-    return spec
+    mask = {"mask": Field((rows,), torch.bool)}
+    return time_major_spec(step_spec(obs, record), rows, mask, core_state_shapes)
 
 
 def step_keys(spec: Mapping[str, Field]) -> tuple[str, ...]:
@@ -212,112 +201,6 @@ def replay_footprint(
         per_stored_step=per_sequence / (seq_len + 1),
         per_env_step=per_sequence / (seq_len - seq_overlap),
     )
-
-
-def stratified_draws(batch_size: int, generator: torch.Generator | None = None) -> Tensor:
-    """float64 [B] draws ``(k + U[0, 1)) / B``, one in each of B equal slices of [0, 1).
-
-    PER (appendix B.2.1) splits the priority mass into B equal ranges and
-    samples one entry from each: the batch covers high and low priorities
-    alike, with the same marginal law as B independent draws.
-    """
-    batch_size = operator.index(batch_size)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    offsets = torch.rand(batch_size, generator=generator, dtype=torch.float64)
-    return (torch.arange(batch_size, dtype=torch.float64) + offsets) / batch_size
-
-
-def stratified_parts(batch_size: int, parts: int, generator: torch.Generator | None) -> Tensor:
-    """`parts` batches of `batch_size` draws at once, each stratified over the whole mass:
-    ``parts * batch_size`` strata, batch i taking strata i, i + parts, i + 2 parts, ...
-    (so that each batch covers high and low priorities alike, as one drawn alone does).
-    float64 [parts * batch_size], batch i at [i * batch_size, (i + 1) * batch_size)."""
-    draws = stratified_draws(parts * batch_size, generator)
-    return draws.view(batch_size, parts).t().reshape(-1)
-
-
-def importance_weights(probabilities: Tensor, beta: float) -> Tensor:
-    """PER's importance-sampling weights, normalised by their max: float32 [B].
-
-    ``w_i = (N P(i))^-beta / max_j (N P(j))^-beta = (P(i) / min_j P(j))^-beta``
-    over the batch (as seed_rl and R2D2 normalise), so N cancels and the
-    largest weight is exactly 1: weights only scale updates down, which keeps
-    the step size bounded (PER section 3.4).
-
-    Args:
-        probabilities: float [..., B], each sample's probability of being drawn
-            (positive); leading axes are separate batches, each normalised alone.
-        beta: the exponent, in [0, 1]; 0 gives all ones.
-    """
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must be in [0, 1], got {beta}")
-    probabilities = probabilities.double()
-    if not bool((probabilities > 0).all()):
-        raise ValueError("probabilities must be positive")
-    smallest = probabilities.min(dim=-1, keepdim=True).values
-    return (probabilities / smallest).pow(-beta).float()
-
-
-def check_exponents(alpha: float, beta: float) -> None:
-    """ValueError for a priority exponent `alpha` < 0 or an importance-sampling exponent
-    `beta` outside [0, 1] (a prioritized replay's construction)."""
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}")
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must be in [0, 1], got {beta}")
-
-
-def scaled_priorities(td_priorities: Tensor, alpha: float, min_priority: float) -> Tensor:
-    """``max(p, min_priority) ** alpha`` in float64 on the CPU, what a sum tree stores for
-    priorities p from a loss; ValueError for a negative or non-finite one."""
-    td_priorities = torch.as_tensor(td_priorities).detach().cpu().double()
-    if not bool(torch.isfinite(td_priorities).all()) or bool((td_priorities < 0).any()):
-        raise ValueError("td_priorities must be finite and >= 0")
-    return td_priorities.clamp(min=min_priority).pow(alpha)
-
-
-def new_priority(
-    tree: SumTree, default_priority: float, alpha: float, min_priority: float
-) -> float:
-    """A new item's priority after the exponent (PER): the largest in the tree, or
-    `default_priority` scaled while every priority is still 0."""
-    scaled = tree.max()
-    if scaled > 0.0:
-        return scaled
-    return float(
-        scaled_priorities(
-            torch.tensor([default_priority], dtype=torch.float64), alpha, min_priority
-        )[0]
-    )
-
-
-def check_saved_replay(
-    tensors: Mapping[str, Tensor],
-    state: Mapping[str, object],
-    capacity: int,
-    fields: Mapping[str, Tensor],
-    unit: str,
-) -> None:
-    """ValueError (one line) when a saved replay (`contents`' two parts) holds another
-    number of `unit` than `capacity`, or other fields than `fields`."""
-    if state["capacity"] != capacity:
-        raise ValueError(f"the saved replay holds {state['capacity']} {unit}, this one {capacity}")
-    if set(tensors) != set(fields):
-        raise ValueError(
-            f"the saved replay's fields {sorted(tensors)} differ from {sorted(fields)}"
-        )
-
-
-def settle_tree(state: dict[str, object], tree: SumTree) -> dict[str, object]:
-    """A replay checkpoint's small state (its "tree": `SumTree.state_dict()` taken when the
-    contents were) with priority 0 for every slot whose generation has changed since:
-    writers may overwrite slots while the contents are written out, and a restored
-    replay must never sample one that is half overwritten in the file."""
-    saved = dict(state["tree"])
-    changed = saved["generations"] != tree.state_dict()["generations"]
-    saved["priorities"] = torch.where(changed, 0.0, saved["priorities"])
-    return {**state, "tree": saved}
 
 
 class SequenceBuilder:
@@ -460,61 +343,23 @@ class SequenceBuilder:
         return sequence
 
 
-def draw_weights(
-    tree: SumTree, drawn: SumTreeSample, beta: float, parts: int
-) -> tuple[Tensor, Tensor]:
-    """(importance weights [B], probabilities [B]) of a stratified draw of `parts` batches
-    (`stratified_parts`), the weights normalised batch by batch and 0 for every slot a
-    writer claimed after it was drawn (it may have changed the rows mid-copy: claims
-    bump the generation before any write)."""
-    fresh = tree.generations(drawn.indices) == drawn.generations
-    probabilities = drawn.priorities / drawn.total
-    weights = importance_weights(probabilities.view(parts, -1), beta).view(-1) * fresh
-    return weights, probabilities
-
-
-class ReplaySample(NamedTuple):
-    """A sampled batch.
-
-    indices: int64 [B], replay slots (pass back to `update_priorities`).
-    generations: int64 [B], the slots' generations when sampled (ditto).
-    batch: the spec's fields time-major, [L, B, ...]; core_state_i fields
-        [d0, B, ...] (the batch at dim 1, as models hold their state).
-    weights: float32 [B], importance weights normalised by their max; 0 for
-        a sample whose slot was overwritten while it was copied out.
-    probabilities: float64 [B], the probability each sample was drawn with.
-    """
-
-    indices: Tensor
-    generations: Tensor
-    batch: dict[str, Tensor]
-    weights: Tensor
-    probabilities: Tensor
-
-
-class PrioritizedReplay:
+class PrioritizedReplay(SumTreeReplay):
     """Prioritized sequence replay shared by actor processes and the learner.
 
     Args:
         spec: per-sequence layout, `sequence_spec`.
         capacity: sequences held; the oldest is overwritten first (a ring).
         alpha: priority exponent (R2D2: 0.9).
-        beta: importance-sampling exponent (R2D2: 0.6); `sample` can
-            override it per call (e.g. annealed towards 1).
+        beta: importance-sampling exponent (R2D2: 0.6).
         frame_dedup: store frame-stacked observations once per frame (see
             the module docstring); needs obs [L, k, H, W].
-        min_priority: floor for priorities before the exponent, so a
-            sequence whose TD errors all came out 0 still gets replayed now
-            and then (PER's epsilon).
-        default_priority: the priority of the first sequences, while every
-            stored priority is still 0 (PER uses 1).
+        priorities: min_priority, default_priority (`SumTreeReplay`), both > 0.
 
     Writers (any process): ``replay.add(sequence)``; a slot still being written is
     skipped by other writers' claims, so capacity must exceed the number of writers
     adding at once, which any useful replay does by orders of magnitude. Learner:
     ``s = replay.sample(B, generator)``, loss, then
     ``replay.update_priorities(s.indices, new_priorities, s.generations)``.
-    Picklable to multiprocessing children: the same memory and sum tree.
     """
 
     unit = "sequences"  # what it holds, for messages and log columns
@@ -527,18 +372,15 @@ class PrioritizedReplay:
         alpha: float = 0.9,
         beta: float = 0.6,
         frame_dedup: bool = False,
-        min_priority: float = 1e-6,
-        default_priority: float = 1.0,
+        **priorities: float,
     ) -> None:
-        check_exponents(alpha, beta)
-        if not min_priority > 0 or not default_priority > 0:
+        super().__init__(alpha=alpha, beta=beta, **priorities)
+        if not self.min_priority > 0 or not self.default_priority > 0:
             raise ValueError("min_priority and default_priority must be > 0")
+        self.frame_dedup = frame_dedup
         self.spec = dict(spec)
         self.seq_len = _seq_len(spec)
         self.capacity = operator.index(capacity)
-        self.alpha, self.beta = alpha, beta
-        self.frame_dedup = frame_dedup
-        self.min_priority, self.default_priority = min_priority, default_priority
         self.storage = storage_spec(spec, frame_dedup)
         # The image leaves stored as frames, by their frames field.
         self.deduplicated = {frames_key(key): key for key in image_keys(spec, leading=1)}
@@ -552,9 +394,6 @@ class PrioritizedReplay:
     def __len__(self) -> int:
         """Slots written (or being written): min(sequences added, capacity)."""
         return min(self.tree.stats().claims, self.capacity)
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
     def add(self, sequence: Mapping[str, Tensor], priority: float | None = None) -> int:
         """Store one sequence (fields as in the spec); returns its slot.
@@ -578,7 +417,7 @@ class PrioritizedReplay:
             self.tree.commit(index, generation, 0.0)  # released, never sampled
             raise
         if priority is None:
-            scaled = new_priority(self.tree, self.default_priority, self.alpha, self.min_priority)
+            scaled = self.new_priority()
         else:
             given = torch.tensor([float(priority)], dtype=torch.float64)
             scaled = float(scaled_priorities(given, self.alpha, self.min_priority)[0])
@@ -612,23 +451,8 @@ class PrioritizedReplay:
                     " frame_dedup"
                 )
 
-    def sample(
-        self,
-        batch_size: int,
-        generator: torch.Generator | None = None,
-        *,
-        beta: float | None = None,
-        parts: int = 1,
-    ) -> ReplaySample:
-        """Draw ``batch_size`` sequences by priority (stratified), time-major; with `parts`,
-        that many batches at once, one after another along the batch axis
-        (`stratified_parts`), their importance weights normalised batch by batch.
-
-        Raises ValueError while the replay holds no sampleable sequence.
-        """
-        beta = self.beta if beta is None else beta
-        drawn = self.tree.sample(stratified_parts(batch_size, parts, generator))
-        indices = drawn.indices
+    def _gather(self, indices: Tensor) -> dict[str, Tensor]:
+        """The sequences in slots `indices`, time-major (`ReplaySample.batch`)."""
         batch: dict[str, Tensor] = {}
         for key, tensor in self.tensors.items():
             # [B, ...] -> [L, B, ...]; for core states [B, d0, ...] -> [d0, B, ...].
@@ -640,18 +464,7 @@ class PrioritizedReplay:
                 rows = rows.unfold(1, stack, 1).permute(0, 1, 4, 2, 3)
                 key = leaf
             batch[key] = rows.transpose(0, 1).contiguous()
-        weights, probabilities = draw_weights(self.tree, drawn, beta, parts)
-        return ReplaySample(indices, drawn.generations, batch, weights, probabilities)
-
-    def update_priorities(self, indices: Tensor, td_priorities: Tensor, generations: Tensor) -> int:
-        """Set sampled sequences' priorities (before the exponent) from the loss.
-
-        Only slots whose generation still matches are changed (the rest were
-        overwritten since they were sampled). Returns how many were. Raises
-        ValueError for a negative or non-finite priority.
-        """
-        scaled = scaled_priorities(td_priorities, self.alpha, self.min_priority)
-        return self.tree.update(indices, scaled, generations)
+        return batch
 
     def contents(self) -> tuple[dict[str, Tensor], dict[str, object]]:
         """A checkpoint of the replay in two parts: the stored sequences (views of the
@@ -669,14 +482,10 @@ class PrioritizedReplay:
         }
         return tensors, {"capacity": self.capacity, "size": size, "tree": self.tree.state_dict()}
 
-    def settle(self, state: dict[str, object]) -> dict[str, object]:
-        """`state` (from `contents`) with the slots overwritten since then made unsampleable."""
-        return settle_tree(state, self.tree)
-
     def restore(self, tensors: Mapping[str, Tensor], state: Mapping[str, object]) -> None:
         """Load `contents`' two parts into this (empty, same-layout) replay, before any
         writer starts. ValueError (one line) when the layout or capacity differ."""
-        check_saved_replay(tensors, state, self.capacity, self.tensors, "sequences")
+        self._check_saved(tensors, state, self.tensors)
         size = int(state["size"])
         for key, tensor in self.tensors.items():
             saved = tensors[key]

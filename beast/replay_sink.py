@@ -57,6 +57,7 @@ from beast.algos.base import Batch
 from beast.fields import Field, shared_zeros
 from beast.profile import PhaseClock
 from beast.replay import PrioritizedReplay, SequenceBuilder, replay_footprint
+from beast.staging import StagedSteps, StagingRecipe, StepTally
 from beast.threads import process_alive
 
 __all__ = [
@@ -77,8 +78,6 @@ _RATE_LIMIT_POLL_SECONDS = 0.002
 # The learner's pause when it is ahead of the actors: short, as an actor step is (a
 # MuJoCo step and one forward pass take a fraction of a millisecond).
 _LEARNER_WAIT_SECONDS = 0.0002
-# How long the learner waits for the replay to fill before looking at the stop flag.
-_POLL_SECONDS = 0.2
 # Finished episodes each actor's ring holds. The learner drains it at every update;
 # one that falls further behind than half of it loses the oldest (counted), so a
 # reader never reads a row the writer is overwriting.
@@ -162,7 +161,6 @@ class ReplaySink(abc.ABC):
 
     # The actors' side.
 
-    @abc.abstractmethod
     def writer(
         self,
         owner: int,
@@ -176,8 +174,19 @@ class ReplaySink(abc.ABC):
         incarnation: int = 0,
     ) -> Any:
         """Actor `owner`'s writer for the n envs of `sources`, the envs of writer lane
-        `lane` (`first_id`, `id_stride`, `incarnation`: the rollout writer's);
-        `write(state) -> bool`."""
+        `lane` (`first_id`, `id_stride`, `incarnation`: the rollout writer's, unused by a
+        replay); `write(state) -> bool`. It counts through the actor's `ReplayRow`."""
+        return self._writer(ReplayRow(self, owner, learner_pid), sources, lane, clock)
+
+    @abc.abstractmethod
+    def _writer(
+        self,
+        row: ReplayRow,
+        sources: Mapping[str, np.ndarray],
+        lane: int,
+        clock: PhaseClock | None,
+    ) -> Any:
+        """`writer`'s writer, counting through `row`."""
 
     def insert_allowed(self, count: int = 1) -> bool:
         """False while `count` more inserts would put the actors more than the slack
@@ -296,27 +305,17 @@ class SequenceSink(ReplaySink):
             f" {self.min_replay_size:,}"
         )
 
-    def writer(
+    def _writer(
         self,
-        owner: int,
+        row: ReplayRow,
         sources: Mapping[str, np.ndarray],
-        *,
-        first_id: int = 0,
-        id_stride: int = 0,
-        learner_pid: int,
-        clock: PhaseClock | None = None,
-        lane: int = 0,
-        incarnation: int = 0,
+        lane: int,
+        clock: PhaseClock | None,
     ) -> SequenceWriter:
-        """Actor `owner`'s writer for the n envs of `sources` (`first_id`, `id_stride`,
-        `lane`, `incarnation`: the rollout writer's, unused here)."""
+        """Cuts sequences of the n envs of `sources` into the shared replay (`lane`: unused,
+        a sequence writer needs no envs of its own)."""
         return SequenceWriter(
-            self.replay.spec,
-            self.seq_len,
-            self.seq_overlap,
-            sources,
-            ReplayRow(self, owner, learner_pid),
-            clock=clock,
+            self.replay.spec, self.seq_len, self.seq_overlap, sources, row, clock=clock
         )
 
     def staging_recipe(self) -> SequenceStagingRecipe:
@@ -384,70 +383,43 @@ class ReplayRow:
 
 
 @dataclass(frozen=True)
-class SequenceStagingRecipe:
+class SequenceStagingRecipe(StagingRecipe):
     """How to cut sequences for a learner's replay outside its process (polybeast)."""
 
     spec: dict[str, Field]
     seq_len: int
     seq_overlap: int
 
-    def writer(
-        self,
-        sources: Mapping[str, np.ndarray],
-        *,
-        publish_every: int,
-        first_id: int = 0,
-        id_stride: int = 0,
+    def _writer(
+        self, sources: Mapping[str, np.ndarray], publish_every: int
     ) -> tuple[SequenceWriter, SequenceStaging]:
-        """A writer for the n envs of `sources` that collects sequences, episodes and step
-        counts, and the staging that hands them over every `publish_every` writes
-        (`take_rollout`) for `SequenceSink.commit`. (`first_id`, `id_stride`: the rollout
-        writer's.)"""
+        """A `SequenceWriter` that collects its sequences, episodes and step counts in a
+        `SequenceStaging`, for `SequenceSink.commit`."""
         staging = SequenceStaging(publish_every)
         writer = SequenceWriter(self.spec, self.seq_len, self.seq_overlap, sources, staging)
         return writer, staging
 
 
-class SequenceStaging:
-    """A `SequenceWriter`'s destination outside the learner process (polybeast): sequences,
-    episodes and env steps collected until `take` hands them over, every `publish_every`
-    writes."""
+class SequenceStaging(StagedSteps):
+    """A `SequenceWriter`'s destination outside the learner process (polybeast): the
+    finished sequences, as "sequences" (each field stacked, [count, ...])."""
 
     def __init__(self, publish_every: int) -> None:
-        self.publish_every = publish_every
+        super().__init__(publish_every)
         self._sequences: list[dict[str, torch.Tensor]] = []
-        self._episodes: list[tuple[float, int]] = []
-        self._env_steps = 0
-        self._writes = 0
 
     def add(self, sequence: dict[str, torch.Tensor], clock: PhaseClock | None) -> bool:
         self._sequences.append(sequence)
         return True
 
-    def step(self, num_envs: int, episodes: Sequence[tuple[float, int]]) -> bool:
-        self._writes += 1
-        self._env_steps += num_envs
-        self._episodes += episodes
-        return True
-
-    def take_rollout(self) -> dict | None:
-        """The payload for `SequenceSink.commit` once `publish_every` steps were written
-        since the last one, else None."""
-        if self._writes < self.publish_every:
-            return None
+    def _take_items(self) -> dict:
         sequences = (
             {key: np.stack([s[key].numpy() for s in self._sequences]) for key in self._sequences[0]}
             if self._sequences
             else {}
         )
-        payload = {
-            "sequences": sequences,
-            "episode_returns": [r for r, _ in self._episodes],
-            "episode_steps": [n for _, n in self._episodes],
-            "env_steps": self._env_steps,
-        }
-        self._sequences, self._episodes, self._env_steps, self._writes = [], [], 0, 0
-        return payload
+        self._sequences = []
+        return {"sequences": sequences}
 
 
 class SequenceWriter:
@@ -479,10 +451,7 @@ class SequenceWriter:
             {key: sources[key][i : i + 1].reshape(sources[key].shape[1:]) for key in keys}
             for i in range(n)
         ]
-        self._episode_end = sources["episode_end"]
-        self._episode_return = sources["episode_return"]
-        self._episode_step = sources["episode_step"]
-        self._first = True
+        self._tally = StepTally(sources)
 
     def write(self, state: Sequence[torch.Tensor]) -> bool:
         """Write the current step; False when the run is shutting down."""
@@ -498,14 +467,7 @@ class SequenceWriter:
                 return False
             if self.clock is not None:
                 self.clock.mark("slot_write")
-        # The first write is the envs' reset observations: no env step led to it.
-        steps = 0 if self._first else self.num_envs
-        self._first = False
-        ended = np.flatnonzero(self._episode_end)
-        episodes = [
-            (float(self._episode_return[i]), int(self._episode_step[i])) for i in ended.tolist()
-        ]
-        return self.destination.step(steps, episodes)
+        return self.destination.step(*self._tally.take())
 
 
 class ReplaySource:
@@ -523,7 +485,7 @@ class ReplaySource:
 
     With `parts` > 1 (--updates_per_sample) a batch holds that many batches, drawn at
     once (one priority draw, one gather, one host-to-device copy; each part stratified
-    over the whole replay, `beast.replay.stratified_parts`), which the learner trains on
+    over the whole replay, `beast.sum_tree_replay.stratified_parts`), which the learner trains on
     one after another (`Batch.split`) and answers with one priority update. The sink's
     rate limit then counts in such blocks (its `batch_size` is the block's).
     """

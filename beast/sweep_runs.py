@@ -34,6 +34,7 @@ __all__ = [
     "SweepSpec",
     "check_distribution",
     "check_flag",
+    "check_section_keys",
     "command",
     "draw_value",
     "expand",
@@ -118,6 +119,16 @@ def check_flag(key: str, value: Any, source: str, algo: str | None) -> Any:
     if algo is None or algo not in ALGORITHMS:
         algo = (*algorithms_of(key), Config.algo)[0]
     return check_value(key, value, source, config_for(algo))
+
+
+def check_section_keys(section: dict[str, Any], known: set[str], source: str) -> None:
+    """SweepError naming the file and the first of `section`'s keys that is not `known`
+    (a search's section: `optuna:`, `pbt:`)."""
+    unknown = set(section) - known
+    if unknown:
+        raise SweepError(
+            f"{source}: unknown key '{sorted(unknown)[0]}' (it has {', '.join(sorted(known))})"
+        )
 
 
 def section_mapping(data: dict[str, Any], key: str, source: str) -> dict[str, Any]:

@@ -57,26 +57,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from beast.buffers import env_step_spec
 from beast.fields import Field, shared_zeros
 from beast.native import SumTree
 from beast.profile import PhaseClock
-from beast.replay import (
-    ReplaySample,
-    check_exponents,
-    check_saved_replay,
-    draw_weights,
-    env_fields,
-    field_nbytes,
-    frames_key,
-    image_keys,
-    new_priority,
-    scaled_priorities,
-    settle_tree,
-    stacked_image_keys,
-    stratified_parts,
-)
+from beast.replay import field_nbytes, frames_key, image_keys, stacked_image_keys, step_spec
 from beast.replay_sink import ReplayRow, ReplaySink
+from beast.staging import StagedSteps, StagingRecipe, StepTally
+from beast.sum_tree_replay import SumTreeReplay
 
 __all__ = [
     "RingAppender",
@@ -96,14 +83,6 @@ WINDOW_FIELDS = {
     "terminal": Field((), torch.bool),
     "exact": Field((), torch.bool),
 }
-
-
-def step_spec(obs: Mapping[str, Field], record: Mapping[str, Field]) -> dict[str, Field]:
-    """The per-step fields a ring stores: the observation's (`EnvSpec.obs_fields()`), the
-    env's (`beast.replay.ENV_KEYS`) and the policy's record."""
-    spec = env_fields(env_step_spec(obs, record["action"]))
-    spec.update(record)
-    return spec
 
 
 def _storage_spec(spec: Mapping[str, Field], frame_dedup: bool) -> dict[str, Field]:
@@ -150,7 +129,7 @@ def rebuild_stacks(
     return frames[rows, slots.gather(1, source)]
 
 
-class RingReplay:
+class RingReplay(SumTreeReplay):
     """Per-env rings of steps with a sum tree over their transitions (module docstring).
 
     Args:
@@ -162,9 +141,7 @@ class RingReplay:
         alpha: priority exponent (PER: 0.6).
         beta: importance-sampling exponent (PER: 0.4); `sample` can override it.
         frame_dedup: store the newest frame of each frame stack only.
-        min_priority, default_priority: as `beast.replay.PrioritizedReplay`'s.
-
-    Picklable to multiprocessing children: the same memory and sum tree.
+        priorities: min_priority, default_priority (`SumTreeReplay`).
     """
 
     unit = "transitions"  # what it holds, for messages and log columns
@@ -180,19 +157,15 @@ class RingReplay:
         alpha: float = 0.6,
         beta: float = 0.4,
         frame_dedup: bool = False,
-        min_priority: float = 1e-6,
-        default_priority: float = 1.0,
+        **priorities: float,
     ) -> None:
-        check_exponents(alpha, beta)
+        super().__init__(alpha=alpha, beta=beta, prioritized=prioritized, **priorities)
         if n_step < 1 or n_step > 255:
             raise ValueError(f"n_step must be in [1, 255], got {n_step}")
+        self.frame_dedup = frame_dedup
         self.spec = dict(spec)
         self.num_envs = num_envs
         self.n_step = n_step
-        self.prioritized = prioritized
-        self.alpha, self.beta = alpha, beta
-        self.frame_dedup = frame_dedup
-        self.min_priority, self.default_priority = min_priority, default_priority
         # The image leaves stored as their newest frame, and their stacks' depths.
         self.stacks = {key: spec[key].shape[0] for key in image_keys(spec, leading=0)}
         if not frame_dedup:
@@ -221,16 +194,6 @@ class RingReplay:
         """Steps stored (each the start of at most one transition)."""
         return int(self.written.clamp(max=self.ring).sum())
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
-
-    def new_priority(self) -> float:
-        """A new transition's priority after the exponent: 1 in a uniform replay, else
-        PER's (`beast.replay.new_priority`)."""
-        if not self.prioritized:
-            return 1.0
-        return new_priority(self.tree, self.default_priority, self.alpha, self.min_priority)
-
     def observations(self, key: str, envs: Tensor, positions: Tensor) -> Tensor:
         """Observation leaf `key` of steps (envs[i], positions[i]): [N, *shape]."""
         stack = self.stacks.get(key)
@@ -240,22 +203,11 @@ class RingReplay:
             self.tensors[frames_key(key)], self.tensors["done"], envs, positions, stack
         )
 
-    def sample(
-        self,
-        batch_size: int,
-        generator: torch.Generator | None = None,
-        *,
-        beta: float | None = None,
-        parts: int = 1,
-    ) -> ReplaySample:
-        """Draw ``batch_size`` transitions (stratified over the priority mass), built from
-        the rings (module docstring); with `parts`, that many batches at once, one after
-        another along the batch axis (`beast.replay.stratified_parts`), their importance
-        weights normalised batch by batch. Raises ValueError while none is sampleable."""
-        beta = (self.beta if beta is None else beta) if self.prioritized else 0.0
-        drawn = self.tree.sample(stratified_parts(batch_size, parts, generator))
-        batch_size *= parts
-        envs, starts = drawn.indices // self.ring, drawn.indices % self.ring
+    def _gather(self, indices: Tensor) -> dict[str, Tensor]:
+        """The transitions starting at slots `indices`, built from the rings (module
+        docstring)."""
+        batch_size = len(indices)
+        envs, starts = indices // self.ring, indices % self.ring
         tensors = self.tensors
         n_steps = tensors["n_steps"][envs, starts].long()
         rows = torch.stack([starts, (starts + n_steps) % self.ring])  # [2, B]
@@ -273,16 +225,7 @@ class RingReplay:
         batch["n_step_rewards"] = torch.where(offsets <= n_steps, rewards, 0.0)
         batch["n_steps"] = n_steps
         batch["terminal"] = tensors["terminal"][envs, starts]
-        weights, probabilities = draw_weights(self.tree, drawn, beta, parts)
-        return ReplaySample(drawn.indices, drawn.generations, batch, weights, probabilities)
-
-    def update_priorities(self, indices: Tensor, td_priorities: Tensor, generations: Tensor) -> int:
-        """As `beast.replay.PrioritizedReplay.update_priorities`; a uniform replay keeps
-        its priorities (returns 0)."""
-        if not self.prioritized:
-            return 0
-        scaled = scaled_priorities(td_priorities, self.alpha, self.min_priority)
-        return self.tree.update(indices, scaled, generations)
+        return batch
 
     def contents(self) -> tuple[dict[str, Tensor], dict[str, object]]:
         """A checkpoint in two parts, as `PrioritizedReplay.contents`: the rings (views, to
@@ -298,15 +241,11 @@ class RingReplay:
         tensors["written"] = written
         return tensors, {"capacity": self.capacity, "tree": self.tree.state_dict()}
 
-    def settle(self, state: dict[str, object]) -> dict[str, object]:
-        """`state` with the slots invalidated since `contents` made unsampleable."""
-        return settle_tree(state, self.tree)
-
     def restore(self, tensors: Mapping[str, Tensor], state: Mapping[str, object]) -> None:
         """Load `contents`' two parts into this (empty, same-layout) replay, before any
         writer starts. ValueError (one line) when the layout or capacity differ."""
         mine = {**self.tensors, "written": self.written}
-        check_saved_replay(tensors, state, self.capacity, mine, "transitions")
+        self._check_saved(tensors, state, mine)
         size = min(self.ring, int(tensors["written"].max()))
         for key, tensor in mine.items():
             saved = tensors[key]
@@ -424,25 +363,19 @@ class TransitionSink(ReplaySink):
             f" windows, learning from {self.min_replay_size:,}"
         )
 
-    def writer(
+    def _writer(
         self,
-        owner: int,
+        row: ReplayRow,
         sources: Mapping[str, np.ndarray],
-        *,
-        first_id: int = 0,
-        id_stride: int = 0,
-        learner_pid: int,
-        clock: PhaseClock | None = None,
-        lane: int = 0,
-        incarnation: int = 0,
+        lane: int,
+        clock: PhaseClock | None,
     ) -> TransitionWriter:
-        """Actor `owner`'s writer for the n envs of `sources`, into the rings of writer lane
-        `lane` (`first_id`, `id_stride`, `incarnation`: the rollout writer's, unused here).
-        A replacement writes on where its dead predecessor stopped: `RingAppender` opens no
-        window over a step it did not write itself."""
+        """Appends the n envs of `sources` to the rings of writer lane `lane`. A replacement
+        writes on where its dead predecessor stopped: `RingAppender` opens no window over a
+        step it did not write itself."""
         num_envs = len(sources["reward"])
         appender = RingAppender(self.replay, lane * num_envs, num_envs)
-        return TransitionWriter(ReplayRow(self, owner, learner_pid), appender, sources, clock)
+        return TransitionWriter(row, appender, sources, clock)
 
     def staging_recipe(self) -> TransitionStagingRecipe:
         return TransitionStagingRecipe(tuple(self.replay.spec))
@@ -481,10 +414,7 @@ class TransitionWriter:
         self.row, self.appender, self.clock = row, appender, clock
         self.num_envs = len(sources["reward"])
         self._step = {key: sources[key] for key in row.sink.replay.spec}
-        self._episode_end = sources["episode_end"]
-        self._episode_return = sources["episode_return"]
-        self._episode_step = sources["episode_step"]
-        self._first = True
+        self._tally = StepTally(sources)
 
     def write(self, state: Sequence[Tensor] = ()) -> bool:
         """Write the current step; False when the run is shutting down."""
@@ -493,75 +423,46 @@ class TransitionWriter:
             return False
         self.appender.append(self._step)
         self.row.count_inserts(n)
-        # The first write is the envs' reset observations: no env step led to it.
-        steps = 0 if self._first else n
-        self._first = False
-        episodes = [
-            (float(self._episode_return[i]), int(self._episode_step[i]))
-            for i in np.flatnonzero(self._episode_end).tolist()
-        ]
+        tally = self._tally.take()
         if self.clock is not None:
             self.clock.mark("slot_write")
-        return self.row.step(steps, episodes)
+        return self.row.step(*tally)
 
 
 @dataclass(frozen=True)
-class TransitionStagingRecipe:
+class TransitionStagingRecipe(StagingRecipe):
     """How to stage steps for a learner's transition replay outside its process
     (polybeast): the per-step fields to copy."""
 
     keys: tuple[str, ...]
 
-    def writer(
-        self,
-        sources: Mapping[str, np.ndarray],
-        *,
-        publish_every: int,
-        first_id: int = 0,
-        id_stride: int = 0,
+    def _writer(
+        self, sources: Mapping[str, np.ndarray], publish_every: int
     ) -> tuple[TransitionStaging, TransitionStaging]:
-        """A writer for the n envs of `sources` that is also its own staging: it copies
-        each step and hands `publish_every` of them over (`take_rollout`) for
+        """A writer that is also its own staging: it copies each step, for
         `TransitionSink.commit`."""
         staging = TransitionStaging(self.keys, sources, publish_every)
         return staging, staging
 
 
-class TransitionStaging:
-    """Steps of n envs copied until `take_rollout` hands them over (polybeast)."""
+class TransitionStaging(StagedSteps):
+    """Steps of n envs copied until `take_rollout` hands them over (polybeast), as "steps"
+    (each field stacked, [writes, n, ...])."""
 
     def __init__(
         self, keys: Sequence[str], sources: Mapping[str, np.ndarray], publish_every: int
     ) -> None:
+        super().__init__(publish_every)
         self.sources = sources
         self.keys = tuple(keys)
-        self.publish_every = publish_every
         self._steps: list[dict[str, np.ndarray]] = []
-        self._episodes: list[tuple[float, int]] = []
-        self._env_steps = 0
-        self._first = True
+        self._tally = StepTally(sources)
 
     def write(self, state: Sequence[Tensor] = ()) -> bool:
         self._steps.append({key: np.array(self.sources[key]) for key in self.keys})
-        self._env_steps += 0 if self._first else len(self.sources["reward"])
-        self._first = False
-        ended = np.flatnonzero(self.sources["episode_end"]).tolist()
-        self._episodes += [
-            (float(self.sources["episode_return"][i]), int(self.sources["episode_step"][i]))
-            for i in ended
-        ]
-        return True
+        return self.step(*self._tally.take())
 
-    def take_rollout(self) -> dict | None:
-        """The payload for `TransitionSink.commit` once `publish_every` steps were written
-        since the last one, else None."""
-        if len(self._steps) < self.publish_every:
-            return None
-        payload = {
-            "steps": {key: np.stack([s[key] for s in self._steps]) for key in self.keys},
-            "episode_returns": [r for r, _ in self._episodes],
-            "episode_steps": [n for _, n in self._episodes],
-            "env_steps": self._env_steps,
-        }
-        self._steps, self._episodes, self._env_steps = [], [], 0
-        return payload
+    def _take_items(self) -> dict:
+        steps = {key: np.stack([s[key] for s in self._steps]) for key in self.keys}
+        self._steps = []
+        return {"steps": steps}

@@ -22,13 +22,11 @@ from beast.fields import Field, box_obs
 from beast.replay import (
     PrioritizedReplay,
     SequenceBuilder,
-    importance_weights,
     replay_footprint,
     sequence_spec,
     storage_spec,
-    stratified_draws,
-    stratified_parts,
 )
+from beast.sum_tree_replay import importance_weights, stratified_draws, stratified_parts
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

@@ -54,10 +54,12 @@ class ConfigError(ValueError):
 
 
 def require_positive(config: Any, *names: str) -> None:
-    """ConfigError for the first flag of `names` that is not > 0 (an algorithm's `check`)."""
+    """ConfigError for the first flag of `names` that is set (not None, not auto) and not
+    > 0 (`validate`, an algorithm's `check`)."""
     for name in names:
-        if getattr(config, name) <= 0:
-            raise ConfigError(f"--{name} must be positive, got {getattr(config, name)}")
+        value = getattr(config, name)
+        if value is not None and value != AUTO and value <= 0:
+            raise ConfigError(f"--{name} must be positive, got {value}")
 
 
 def require_nonnegative(config: Any, *names: str) -> None:
@@ -412,7 +414,8 @@ class Config:
     def validate(self) -> None:
         """The core flags' cross-field checks, in one place (an algorithm's config class adds
         the algorithm's, `config_for`). Raises ConfigError."""
-        for name in (
+        require_positive(
+            self,
             "num_actors",
             "num_envs_per_actor",
             "total_steps",
@@ -427,20 +430,15 @@ class Config:
             "max_nonfinite_updates",
             "queued_batches",
             "num_env_splits",
-        ):
-            if getattr(self, name) != AUTO and getattr(self, name) <= 0:
-                raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
-        for name in ("num_buffers", "num_threads", "hidden_size", "max_inference_batch"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigError(f"--{name} must be positive, got {value}")
-        for name in ("learning_rate", "log_interval", "checkpoint_interval"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
-        if self.inference_timeout_ms < 0:
-            raise ConfigError(
-                f"--inference_timeout_ms must be >= 0, got {self.inference_timeout_ms}"
-            )
+            "num_buffers",
+            "num_threads",
+            "hidden_size",
+            "max_inference_batch",
+            "learning_rate",
+            "log_interval",
+            "checkpoint_interval",
+        )
+        require_nonnegative(self, "inference_timeout_ms")
         if self.num_actors != AUTO and self.num_inference_threads > self.num_actors:
             raise ConfigError(
                 f"--num_inference_threads {self.num_inference_threads} exceeds --num_actors"
@@ -468,11 +466,7 @@ class Config:
             )
         if self.wandb:
             self.validate_wandb()
-        if self.max_actor_restarts < 0:
-            raise ConfigError(f"--max_actor_restarts must be >= 0, got {self.max_actor_restarts}")
-        for name in ("grad_norm_clipping", "momentum", "epsilon"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        require_nonnegative(self, "max_actor_restarts", "grad_norm_clipping", "momentum", "epsilon")
         if not 0.0 <= self.alpha < 1.0:
             raise ConfigError(f"--alpha must be in [0, 1), got {self.alpha}")
         if self.normalize_reward and not hasattr(self, "discounting"):

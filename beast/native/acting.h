@@ -17,6 +17,8 @@
 
 #include <stdint.h>
 
+/* cffi cdef begin: what build.py declares to Python, up to the end mark. */
+
 /* xoshiro256** state; seed with beast_rng_seed, never all zero. */
 struct beast_rng {
   uint64_t s[4];
@@ -56,5 +58,7 @@ struct beast_copy {
  */
 int beast_copy_run(const struct beast_copy *copies, uint32_t n, uint32_t step,
                  uint32_t max_step);
+
+/* cffi cdef end */
 
 #endif /* BEAST_ACTING_H */

@@ -52,6 +52,8 @@ struct beast_batcher {
   uint32_t closed;      /* 0 or 1 */
   uint32_t reserved[9];
 };
+_Static_assert(offsetof(struct beast_batcher, magic) == 0,
+               "the magic word starts the block (beast_block_valid)");
 
 struct beast_batcher_totals {
   uint64_t posted, answered, dropped, stale; /* see beast_batcher_stats */
@@ -143,11 +145,9 @@ size_t beast_batcher_nbytes(uint32_t num_groups, uint32_t group_size,
  * catch every bad pointer (an unmapped one still faults), only null,
  * misaligned, never-initialised or overwritten blocks. */
 static struct beast_batcher *checked(void *mem) {
-  if (mem == NULL || (uintptr_t)mem % 8 != 0)
+  if (!beast_block_valid(mem, 8, BEAST_BATCHER_MAGIC))
     return NULL;
   struct beast_batcher *b = mem;
-  if (__atomic_load_n(&b->magic, __ATOMIC_ACQUIRE) != BEAST_BATCHER_MAGIC)
-    return NULL;
   if (!valid_sizes(b->num_groups, b->group_size, b->num_servers) ||
       b->num_slots != b->num_groups * b->group_size)
     return NULL;
@@ -156,13 +156,6 @@ static struct beast_batcher *checked(void *mem) {
 
 static int is_closed(struct beast_batcher *b) {
   return __atomic_load_n(&b->closed, __ATOMIC_SEQ_CST) != 0;
-}
-
-static int deadline_passed(const struct timespec *deadline) {
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return now.tv_sec > deadline->tv_sec ||
-         (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec);
 }
 
 /* Bump a futex word and wake its sleepers, skipping the syscall when none is
@@ -176,13 +169,10 @@ static void bump_and_wake(uint32_t *seq, uint32_t *waiters) {
 int beast_batcher_init(void *mem, size_t nbytes, uint32_t num_groups,
                        uint32_t group_size, uint32_t num_servers) {
   size_t need = beast_batcher_nbytes(num_groups, group_size, num_servers);
-  if (mem == NULL || need == 0 || nbytes < need || (uintptr_t)mem % 8 != 0)
-    return BEAST_EINVAL;
+  int rc = beast_block_init(mem, nbytes, need, 8, BEAST_BATCHER_MAGIC);
+  if (rc != BEAST_OK)
+    return rc;
   struct beast_batcher *b = mem;
-  /* Re-initialising a live table would strand its users. */
-  if (__atomic_load_n(&b->magic, __ATOMIC_ACQUIRE) == BEAST_BATCHER_MAGIC)
-    return BEAST_EINVAL;
-  memset(mem, 0, need);
   b->num_groups = num_groups;
   b->group_size = group_size;
   b->num_servers = num_servers;
@@ -194,8 +184,7 @@ int beast_batcher_init(void *mem, size_t nbytes, uint32_t num_groups,
     for (uint32_t g = srv->lo; g < srv->hi; g++)
       group_at(b, g)->server = i;
   }
-  /* Magic last: a block is valid only once everything above is in place. */
-  __atomic_store_n(&b->magic, BEAST_BATCHER_MAGIC, __ATOMIC_RELEASE);
+  beast_block_publish(mem, BEAST_BATCHER_MAGIC);
   return BEAST_OK;
 }
 
@@ -262,11 +251,7 @@ int beast_batcher_wait_answered(void *mem, uint32_t group, int64_t timeout_ns) {
     return BEAST_EINVAL;
   struct beast_batcher_group *grp = group_at(b, group);
   struct timespec deadline;
-  const struct timespec *until = NULL; /* NULL: wait forever */
-  if (timeout_ns >= 0) {
-    deadline = beast_deadline_after(timeout_ns);
-    until = &deadline;
-  }
+  const struct timespec *until = beast_wait_deadline(timeout_ns, &deadline);
   __atomic_add_fetch(&grp->waiters, 1, __ATOMIC_SEQ_CST);
   int rc;
   for (;;) {
@@ -283,7 +268,7 @@ int beast_batcher_wait_answered(void *mem, uint32_t group, int64_t timeout_ns) {
     }
     /* Checked after the condition: a waiter woken at its deadline still
      * returns OK for an answer that arrived in time. */
-    if (timeout_ns == 0 || (until != NULL && deadline_passed(until))) {
+    if (beast_wait_over(timeout_ns, until)) {
       rc = BEAST_ETIMEDOUT;
       break;
     }
@@ -373,11 +358,8 @@ int beast_batcher_collect(void *mem, uint32_t server, int64_t *out,
     min_batch = max_batch;
 
   struct timespec first_deadline, window_end;
-  const struct timespec *first_until = NULL; /* NULL: wait forever */
-  if (timeout_ns >= 0) {
-    first_deadline = beast_deadline_after(timeout_ns);
-    first_until = &first_deadline;
-  }
+  const struct timespec *first_until =
+      beast_wait_deadline(timeout_ns, &first_deadline);
   uint32_t n = 0;
   int window_open = 0; /* whether window_end is set (n > 0) */
   int rc;
@@ -395,8 +377,7 @@ int beast_batcher_collect(void *mem, uint32_t server, int64_t *out,
     }
     const struct timespec *until;
     if (n == 0) {
-      if (timeout_ns == 0 ||
-          (first_until != NULL && deadline_passed(first_until))) {
+      if (beast_wait_over(timeout_ns, first_until)) {
         rc = BEAST_ETIMEDOUT;
         break;
       }
@@ -410,7 +391,7 @@ int beast_batcher_collect(void *mem, uint32_t server, int64_t *out,
         }
         window_end = beast_deadline_after(window_ns);
         window_open = 1;
-      } else if (deadline_passed(&window_end)) {
+      } else if (beast_deadline_passed(&window_end)) {
         rc = BEAST_OK;
         break;
       }

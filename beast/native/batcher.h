@@ -81,6 +81,8 @@
 extern "C" {
 #endif
 
+/* cffi cdef begin: what build.py declares to Python, up to the end mark. */
+
 /* Largest table accepted: slots, and slots per group. Far below the 30-bit
  * slot encoding and the 32-bit counts, and a scan of a server's range stays
  * in the tens of microseconds. */
@@ -156,6 +158,8 @@ struct beast_batcher_stats {
   uint64_t stale;    /* answers ignored: slot not TAKEN or group reset */
 };
 int beast_batcher_stats(void *mem, struct beast_batcher_stats *out);
+
+/* cffi cdef end */
 
 #ifdef __cplusplus
 }

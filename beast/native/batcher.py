@@ -232,16 +232,14 @@ class Batcher(_BatcherArgs, SharedBlock):
     def __init__(self, num_groups: int, group_size: int, num_servers: int = 1) -> None:
         num_groups, group_size, num_servers = _check_sizes(num_groups, group_size, num_servers)
         nbytes = lib.beast_batcher_nbytes(num_groups, group_size, num_servers)
-        # Python owns the memory; C borrows it through self._mem for exactly
-        # as long as self._tensor keeps the shared mapping alive.
-        tensor = torch.zeros(nbytes, dtype=torch.uint8).share_memory_()
-        mem = ffi.cast("void *", tensor.data_ptr())
-        _raise_for_batcher(lib.beast_batcher_init(mem, nbytes, num_groups, group_size, num_servers))
-        self._attach(tensor)
+        self._create(
+            nbytes,
+            lambda mem: _raise_for_batcher(
+                lib.beast_batcher_init(mem, nbytes, num_groups, group_size, num_servers)
+            ),
+        )
 
-    def _attach(self, tensor: torch.Tensor) -> None:
-        self._tensor = tensor
-        self._mem = ffi.cast("void *", tensor.data_ptr())
+    def _read_header(self) -> None:
         sizes = ffi.new("uint32_t[3]")
         _raise_for_batcher(lib.beast_batcher_sizes(self._mem, sizes, sizes + 1, sizes + 2))
         self.num_groups, self.group_size, self.num_servers = (int(x) for x in sizes)

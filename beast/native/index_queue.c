@@ -34,6 +34,8 @@ struct beast_queue {
   pthread_mutex_t mutex; /* guards every field above except magic/capacity */
   int32_t data[];        /* the ring, capacity entries */
 };
+_Static_assert(offsetof(struct beast_queue, magic) == 0,
+               "the magic word starts the block (beast_block_valid)");
 
 size_t beast_queue_nbytes(uint32_t capacity) {
   if (capacity == 0 || capacity > BEAST_QUEUE_MAX_CAPACITY)
@@ -49,11 +51,9 @@ size_t beast_queue_nbytes(uint32_t capacity) {
  * catch every bad pointer (an unmapped one still faults), only null,
  * misaligned, never-initialised or overwritten blocks. */
 static struct beast_queue *checked(void *mem) {
-  if (mem == NULL || (uintptr_t)mem % _Alignof(struct beast_queue) != 0)
+  if (!beast_block_valid(mem, _Alignof(struct beast_queue), BEAST_QUEUE_MAGIC))
     return NULL;
   struct beast_queue *q = mem;
-  if (__atomic_load_n(&q->magic, __ATOMIC_ACQUIRE) != BEAST_QUEUE_MAGIC)
-    return NULL;
   if (q->capacity == 0 || q->capacity > BEAST_QUEUE_MAX_CAPACITY)
     return NULL;
   return q;
@@ -78,23 +78,16 @@ static int lock(struct beast_queue *q) {
 static void unlock(struct beast_queue *q) { pthread_mutex_unlock(&q->mutex); }
 
 int beast_queue_init(void *mem, size_t nbytes, uint32_t capacity) {
-  size_t need = beast_queue_nbytes(capacity);
-  if (mem == NULL || need == 0 || nbytes < need ||
-      (uintptr_t)mem % _Alignof(struct beast_queue) != 0)
-    return BEAST_EINVAL;
-  struct beast_queue *q = mem;
-  /* Re-initialising a live queue would strand its users. */
-  if (__atomic_load_n(&q->magic, __ATOMIC_ACQUIRE) == BEAST_QUEUE_MAGIC)
-    return BEAST_EINVAL;
-  memset(mem, 0, need);
-  q->capacity = capacity;
-
-  int rc = beast_robust_mutex_init(&q->mutex);
+  int rc = beast_block_init(mem, nbytes, beast_queue_nbytes(capacity),
+                            _Alignof(struct beast_queue), BEAST_QUEUE_MAGIC);
   if (rc != BEAST_OK)
     return rc;
-
-  /* Magic last: a block is valid only once everything above is in place. */
-  __atomic_store_n(&q->magic, BEAST_QUEUE_MAGIC, __ATOMIC_RELEASE);
+  struct beast_queue *q = mem;
+  q->capacity = capacity;
+  rc = beast_robust_mutex_init(&q->mutex);
+  if (rc != BEAST_OK)
+    return rc;
+  beast_block_publish(mem, BEAST_QUEUE_MAGIC);
   return BEAST_OK;
 }
 
@@ -148,24 +141,13 @@ int beast_queue_put_marked(void *mem, int32_t value, int64_t *marks,
   return put_impl(mem, value, marks, n_marks, mark);
 }
 
-static int deadline_passed(const struct timespec *deadline) {
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return now.tv_sec > deadline->tv_sec ||
-         (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec);
-}
-
 static int get_impl(void *mem, int32_t *out, int64_t timeout_ns,
                     int64_t *marks, uint32_t n_marks, int64_t mark) {
   struct beast_queue *q = checked(mem);
   if (q == NULL || out == NULL)
     return BEAST_EINVAL;
   struct timespec deadline;
-  const struct timespec *until = NULL; /* NULL: wait forever */
-  if (timeout_ns >= 0) {
-    deadline = beast_deadline_after(timeout_ns);
-    until = &deadline;
-  }
+  const struct timespec *until = beast_wait_deadline(timeout_ns, &deadline);
 
   int registered = 0; /* whether this call counts in q->nwaiters */
   for (;;) {
@@ -203,7 +185,7 @@ static int get_impl(void *mem, int32_t *out, int64_t timeout_ns,
     }
     /* Checked only after the queue: a waiter woken at its deadline still
      * takes a value that arrived in time. */
-    if (timeout_ns == 0 || (until != NULL && deadline_passed(until))) {
+    if (beast_wait_over(timeout_ns, until)) {
       unlock(q);
       return BEAST_ETIMEDOUT;
     }

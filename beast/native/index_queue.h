@@ -70,6 +70,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -77,6 +78,8 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* cffi cdef begin: what build.py declares to Python, up to the end mark. */
 
 /* Return codes. Every int-returning call returns one of these. */
 enum beast_status {
@@ -154,6 +157,8 @@ int beast_queue_capacity(void *mem, uint32_t *out);
  * into *out. For diagnostics: a non-zero value means an actor died mid-call. */
 int beast_queue_owner_deaths(void *mem, uint32_t *out);
 
+/* cffi cdef end */
+
 /*
  * Futex helpers, shared with other native components (e.g. a batched
  * inference server). They use shared futexes (no FUTEX_PRIVATE_FLAG), so the
@@ -191,6 +196,68 @@ static inline struct timespec beast_deadline_after(int64_t timeout_ns) {
                     (time_t)(ns / 1000000000);
   deadline.tv_nsec = (long)(ns % 1000000000);
   return deadline;
+}
+
+/* Whether the absolute CLOCK_MONOTONIC time *deadline has passed. */
+static inline int beast_deadline_passed(const struct timespec *deadline) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return now.tv_sec > deadline->tv_sec ||
+         (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec);
+}
+
+/* The deadline of a wait of timeout_ns from now, set in *deadline and
+ * returned; NULL (no deadline, what beast_futex_wait takes to wait forever)
+ * when timeout_ns < 0. */
+static inline const struct timespec *
+beast_wait_deadline(int64_t timeout_ns, struct timespec *deadline) {
+  if (timeout_ns < 0)
+    return NULL;
+  *deadline = beast_deadline_after(timeout_ns);
+  return deadline;
+}
+
+/* Whether a wait of timeout_ns with deadline `until` (beast_wait_deadline)
+ * is over: a timeout of 0 only polls, so it is over at the first look. */
+static inline int beast_wait_over(int64_t timeout_ns,
+                                  const struct timespec *until) {
+  return timeout_ns == 0 || (until != NULL && beast_deadline_passed(until));
+}
+
+/*
+ * Shared-block helpers, shared with other native components. Every
+ * component's block starts with a 64-bit magic word of its own, which its
+ * init writes last (release) and every call reads first (acquire): a block is
+ * valid only once everything else in it is in place.
+ */
+
+/* Start initialising a block of `need` bytes (0: invalid sizes) in mem,
+ * nbytes long: zero it and return BEAST_OK, or return BEAST_EINVAL (changing
+ * nothing) for a null, short or misaligned (to `align`) mem, or for a block
+ * that already holds `magic`: re-initialising a live block would strand its
+ * users. */
+static inline int beast_block_init(void *mem, size_t nbytes, size_t need,
+                                   size_t align, uint64_t magic) {
+  if (mem == NULL || need == 0 || nbytes < need ||
+      (uintptr_t)mem % align != 0)
+    return BEAST_EINVAL;
+  if (__atomic_load_n((uint64_t *)mem, __ATOMIC_ACQUIRE) == magic)
+    return BEAST_EINVAL;
+  memset(mem, 0, need);
+  return BEAST_OK;
+}
+
+/* Finish initialising the block: its magic, last. */
+static inline void beast_block_publish(void *mem, uint64_t magic) {
+  __atomic_store_n((uint64_t *)mem, magic, __ATOMIC_RELEASE);
+}
+
+/* Whether mem is an initialised block holding `magic`. Cannot catch every bad
+ * pointer (an unmapped one still faults), only null, misaligned (to `align`),
+ * never-initialised or overwritten blocks. */
+static inline int beast_block_valid(void *mem, size_t align, uint64_t magic) {
+  return mem != NULL && (uintptr_t)mem % align == 0 &&
+         __atomic_load_n((uint64_t *)mem, __ATOMIC_ACQUIRE) == magic;
 }
 
 /*

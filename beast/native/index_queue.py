@@ -138,19 +138,11 @@ class IndexQueue(SharedBlock):
     def __init__(self, capacity: int) -> None:
         capacity = _check_capacity(capacity)
         nbytes = lib.beast_queue_nbytes(capacity)
-        # Python owns the memory; C borrows it through self._mem for exactly
-        # as long as self._tensor keeps the shared mapping alive.
-        tensor = torch.zeros(nbytes, dtype=torch.uint8).share_memory_()
-        _raise_for(lib.beast_queue_init(self._pointer(tensor), nbytes, capacity), capacity)
-        self._attach(tensor)
+        self._create(
+            nbytes, lambda mem: _raise_for(lib.beast_queue_init(mem, nbytes, capacity), capacity)
+        )
 
-    @staticmethod
-    def _pointer(tensor: torch.Tensor):
-        return ffi.cast("void *", tensor.data_ptr())
-
-    def _attach(self, tensor: torch.Tensor) -> None:
-        self._tensor = tensor
-        self._mem = self._pointer(tensor)
+    def _read_header(self) -> None:
         out = ffi.new("uint32_t *")
         _raise_for(lib.beast_queue_capacity(self._mem, out), 0)
         self._capacity = int(out[0])

@@ -6,18 +6,38 @@ object arrives over the same memory; any other pickler would copy the bytes into
 private object nobody else sees, which is never what the caller meant, so it is refused.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
+
+from beast.native._ext import ffi
 
 __all__ = ["SharedBlock"]
 
 
 class SharedBlock:
-    """Base of the native wrappers: `_tensor` is the shared block, `_attach(tensor)` points
-    the wrapper (and its C pointers) at one, at construction and after unpickling."""
+    """Base of the native wrappers: `_tensor` is the shared block and `_mem` its C pointer;
+    `_attach(tensor)` points the wrapper at one, at construction and after unpickling."""
 
     _tensor: torch.Tensor
 
+    def _create(self, nbytes: int, init: Callable[[Any], None]) -> None:
+        """Allocate a zeroed shared block of `nbytes`, set it up with `init(pointer)` (the
+        C init, raising on a bad status) and attach to it. Python owns the memory; C
+        borrows it through `_mem` for exactly as long as `_tensor` keeps the shared
+        mapping alive."""
+        tensor = torch.zeros(nbytes, dtype=torch.uint8).share_memory_()
+        init(ffi.cast("void *", tensor.data_ptr()))
+        self._attach(tensor)
+
     def _attach(self, tensor: torch.Tensor) -> None:
+        self._tensor = tensor
+        self._mem = ffi.cast("void *", tensor.data_ptr())
+        self._read_header()
+
+    def _read_header(self) -> None:
+        """Read what the block says about itself (its sizes) into the wrapper."""
         raise NotImplementedError
 
     def __getstate__(self) -> dict:

@@ -39,6 +39,8 @@ struct beast_sumtree {
   uint32_t reserved;
   pthread_mutex_t mutex; /* guards everything but magic, capacity, leaves */
 };
+_Static_assert(offsetof(struct beast_sumtree, magic) == 0,
+               "the magic word starts the block (beast_block_valid)");
 
 static size_t round_up(size_t n) {
   return (n + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE;
@@ -92,11 +94,10 @@ static int32_t *writers(struct beast_sumtree *t) {
 
 /* The header behind mem, or NULL if mem is not an initialised tree. */
 static struct beast_sumtree *checked(void *mem) {
-  if (mem == NULL || (uintptr_t)mem % _Alignof(struct beast_sumtree) != 0)
+  if (!beast_block_valid(mem, _Alignof(struct beast_sumtree),
+                         BEAST_SUMTREE_MAGIC))
     return NULL;
   struct beast_sumtree *t = mem;
-  if (__atomic_load_n(&t->magic, __ATOMIC_ACQUIRE) != BEAST_SUMTREE_MAGIC)
-    return NULL;
   if (t->capacity == 0 || t->capacity > BEAST_SUMTREE_MAX_CAPACITY ||
       t->leaves != leaves_for(t->capacity))
     return NULL;
@@ -140,22 +141,19 @@ static void set_leaf(struct beast_sumtree *t, uint32_t i, double p) {
 }
 
 int beast_sumtree_init(void *mem, size_t nbytes, uint32_t capacity) {
-  size_t need = beast_sumtree_nbytes(capacity);
-  if (mem == NULL || need == 0 || nbytes < need ||
-      (uintptr_t)mem % _Alignof(struct beast_sumtree) != 0)
-    return BEAST_EINVAL;
-  struct beast_sumtree *t = mem;
-  /* Re-initialising a live tree would strand its users. */
-  if (__atomic_load_n(&t->magic, __ATOMIC_ACQUIRE) == BEAST_SUMTREE_MAGIC)
-    return BEAST_EINVAL;
-  memset(mem, 0, need); /* all-zero bits are 0.0 priorities and generations */
-  t->capacity = capacity;
-  t->leaves = leaves_for(capacity);
-  int rc = beast_robust_mutex_init(&t->mutex);
+  /* Zeroed: all-zero bits are 0.0 priorities and generations. */
+  const size_t align = _Alignof(struct beast_sumtree);
+  int rc = beast_block_init(mem, nbytes, beast_sumtree_nbytes(capacity), align,
+                            BEAST_SUMTREE_MAGIC);
   if (rc != BEAST_OK)
     return rc;
-  /* Magic last: a block is valid only once everything above is in place. */
-  __atomic_store_n(&t->magic, BEAST_SUMTREE_MAGIC, __ATOMIC_RELEASE);
+  struct beast_sumtree *t = mem;
+  t->capacity = capacity;
+  t->leaves = leaves_for(capacity);
+  rc = beast_robust_mutex_init(&t->mutex);
+  if (rc != BEAST_OK)
+    return rc;
+  beast_block_publish(mem, BEAST_SUMTREE_MAGIC);
   return BEAST_OK;
 }
 
@@ -167,28 +165,40 @@ int beast_sumtree_capacity(void *mem, uint32_t *out) {
   return BEAST_OK;
 }
 
-static int valid_indices(const struct beast_sumtree *t, const int64_t *indices,
-                         uint32_t n) {
+/* Whether priorities[0..n) are finite and >= 0 (isfinite also rejects NaN). */
+static int valid_priorities(const double *priorities, uint32_t n) {
+  if (n > 0 && priorities == NULL)
+    return 0;
   for (uint32_t k = 0; k < n; k++)
-    if (indices[k] < 0 || indices[k] >= (int64_t)t->capacity)
+    if (!isfinite(priorities[k]) || priorities[k] < 0.0)
       return 0;
   return 1;
+}
+
+/* The tree behind mem, locked, for a call on leaves indices[0..n): the
+ * indices are checked before the lock and before any write, so a bad batch
+ * (BEAST_EINVAL) changes nothing. */
+static int lock_leaves(void *mem, const int64_t *indices, uint32_t n,
+                       struct beast_sumtree **tree) {
+  struct beast_sumtree *t = checked(mem);
+  if (t == NULL || (n > 0 && indices == NULL))
+    return BEAST_EINVAL;
+  for (uint32_t k = 0; k < n; k++)
+    if (indices[k] < 0 || indices[k] >= (int64_t)t->capacity)
+      return BEAST_EINVAL;
+  *tree = t;
+  return lock(t);
 }
 
 int beast_sumtree_update(void *mem, const int64_t *indices,
                          const double *priorities, const uint64_t *generations,
                          uint32_t n, uint32_t *applied) {
-  struct beast_sumtree *t = checked(mem);
-  if (t == NULL || (n > 0 && (indices == NULL || priorities == NULL)))
-    return BEAST_EINVAL;
   /* Checked before the lock and before any write: a bad batch changes
-   * nothing. isfinite also rejects NaN. */
-  if (!valid_indices(t, indices, n))
+   * nothing. */
+  if (!valid_priorities(priorities, n))
     return BEAST_EINVAL;
-  for (uint32_t k = 0; k < n; k++)
-    if (!isfinite(priorities[k]) || priorities[k] < 0.0)
-      return BEAST_EINVAL;
-  int rc = lock(t);
+  struct beast_sumtree *t;
+  int rc = lock_leaves(mem, indices, n, &t);
   if (rc != BEAST_OK)
     return rc;
   uint64_t *gen = gens(t);
@@ -208,12 +218,8 @@ int beast_sumtree_update(void *mem, const int64_t *indices,
 
 int beast_sumtree_get(void *mem, const int64_t *indices, uint32_t n,
                       double *priorities, uint64_t *generations) {
-  struct beast_sumtree *t = checked(mem);
-  if (t == NULL || (n > 0 && indices == NULL))
-    return BEAST_EINVAL;
-  if (!valid_indices(t, indices, n))
-    return BEAST_EINVAL;
-  int rc = lock(t);
+  struct beast_sumtree *t;
+  int rc = lock_leaves(mem, indices, n, &t);
   if (rc != BEAST_OK)
     return rc;
   const double *sum = sums(t);
@@ -344,7 +350,7 @@ int beast_sumtree_commit(void *mem, int64_t index, uint64_t generation,
                          double priority, uint32_t *applied) {
   struct beast_sumtree *t = checked(mem);
   if (t == NULL || index < 0 || index >= (int64_t)t->capacity ||
-      !isfinite(priority) || priority < 0.0)
+      !valid_priorities(&priority, 1))
     return BEAST_EINVAL;
   int rc = lock(t);
   if (rc != BEAST_OK)
@@ -363,12 +369,8 @@ int beast_sumtree_commit(void *mem, int64_t index, uint64_t generation,
 
 int beast_sumtree_invalidate(void *mem, const int64_t *indices, uint32_t n,
                              uint64_t *generations) {
-  struct beast_sumtree *t = checked(mem);
-  if (t == NULL || (n > 0 && indices == NULL))
-    return BEAST_EINVAL;
-  if (!valid_indices(t, indices, n))
-    return BEAST_EINVAL;
-  int rc = lock(t);
+  struct beast_sumtree *t;
+  int rc = lock_leaves(mem, indices, n, &t);
   if (rc != BEAST_OK)
     return rc;
   uint64_t *gen = gens(t);
@@ -423,13 +425,10 @@ int beast_sumtree_restore(void *mem, const double *priorities,
   struct beast_sumtree *t = checked(mem);
   /* capacity is immutable after init, so checking it (and the priorities)
    * before the lock, as update does, is the same as checking under it: a bad
-   * state changes nothing. isfinite also rejects NaN. */
-  if (t == NULL || priorities == NULL || generations == NULL ||
-      capacity != t->capacity)
+   * state changes nothing. */
+  if (t == NULL || generations == NULL || capacity != t->capacity ||
+      !valid_priorities(priorities, capacity))
     return BEAST_EINVAL;
-  for (uint32_t i = 0; i < capacity; i++)
-    if (!isfinite(priorities[i]) || priorities[i] < 0.0)
-      return BEAST_EINVAL;
   int rc = lock(t);
   if (rc != BEAST_OK)
     return rc;

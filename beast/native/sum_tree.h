@@ -79,6 +79,8 @@
 extern "C" {
 #endif
 
+/* cffi cdef begin: what build.py declares to Python, up to the end mark. */
+
 /* Largest capacity accepted: 2^28 leaves is 8 GiB of tree, far beyond any
  * replay this engine holds, and keeps every size computation far from
  * overflow. */
@@ -171,6 +173,8 @@ int beast_sumtree_export(void *mem, double *priorities, uint64_t *generations,
 int beast_sumtree_restore(void *mem, const double *priorities,
                           const uint64_t *generations, uint32_t capacity,
                           uint64_t claims, uint64_t cursor);
+
+/* cffi cdef end */
 
 #ifdef __cplusplus
 }

@@ -183,16 +183,12 @@ class SumTree(SharedBlock):
     def __init__(self, capacity: int) -> None:
         capacity = _check_tree_capacity(capacity)
         nbytes = lib.beast_sumtree_nbytes(capacity)
-        # Python owns the memory; C borrows it through self._mem for exactly
-        # as long as self._tensor keeps the shared mapping alive.
-        tensor = torch.zeros(nbytes, dtype=torch.uint8).share_memory_()
-        mem = ffi.cast("void *", tensor.data_ptr())
-        _raise_for_tree(lib.beast_sumtree_init(mem, nbytes, capacity), capacity)
-        self._attach(tensor)
+        self._create(
+            nbytes,
+            lambda mem: _raise_for_tree(lib.beast_sumtree_init(mem, nbytes, capacity), capacity),
+        )
 
-    def _attach(self, tensor: torch.Tensor) -> None:
-        self._tensor = tensor
-        self._mem = ffi.cast("void *", tensor.data_ptr())
+    def _read_header(self) -> None:
         out = ffi.new("uint32_t *")
         _raise_for_tree(lib.beast_sumtree_capacity(self._mem, out), 0)
         self._capacity = int(out[0])

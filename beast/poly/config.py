@@ -17,7 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from beast.config import AUTO, Config, ConfigError, flag, parse_args
+from beast.config import (
+    AUTO,
+    Config,
+    ConfigError,
+    flag,
+    parse_args,
+    require_nonnegative,
+    require_positive,
+)
 
 __all__ = ["PolyConfig", "parse_poly_args"]
 
@@ -103,18 +111,15 @@ class PolyConfig(Config):
                 "--num_actors / --num_envs_per_actor auto are measured on monobeast's machine;"
                 " polybeast needs numbers (or --num_env_servers and --num_envs_per_server)"
             )
-        for name in (
+        require_positive(
+            self,
             "num_env_servers",
             "num_envs_per_server",
             "num_learners",
             "weights_interval",
             "rollouts_in_flight",
-        ):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigError(f"--{name} must be positive, got {value}")
-        if self.cpus_per_env_server < 0:
-            raise ConfigError(f"--cpus_per_env_server must be >= 0, got {self.cpus_per_env_server}")
+        )
+        require_nonnegative(self, "cpus_per_env_server")
         if self.serial:
             raise ConfigError("--serial is monobeast's (one process); polybeast runs on Ray")
         if self.num_env_splits not in (AUTO, 1):

@@ -37,7 +37,7 @@ import collections
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -309,6 +309,47 @@ class _Feeder:
     def _run(self) -> None:
         raise NotImplementedError
 
+    def _replies(
+        self,
+        pending: dict[object, int],
+        send: Callable[[int], None],
+        restart: Callable[[int], None],
+        *,
+        every_ready: bool = False,
+    ) -> Iterator[list[tuple[int, Any]]]:
+        """The servers' replies to the `pending` calls (ref -> server index), a round at a
+        time, until the run stops or a server fails (an env bug, `_server_failed`). A
+        round waits up to _POLL_SECONDS for one reply (with `every_ready`, takes every
+        other one ready by then too) and yields [(index, reply)]. A server Ray lost is
+        `restart`ed: its next call queued until Ray has restarted it. Held servers whose
+        lane is free again get their next call (`send`)."""
+        ray = _ray()
+        while not self.stop.is_set():
+            self.held.release_ready(send)
+            if not pending:
+                time.sleep(_HELD_POLL_SECONDS)
+                continue
+            start = time.perf_counter()
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_SECONDS)
+            if every_ready and ready:
+                rest = [ref for ref in pending if ref not in ready]
+                if rest:
+                    more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+                    ready += more
+            self.stats.wait_s += time.perf_counter() - start
+            replies = []
+            for ref in ready:
+                index = pending.pop(ref)
+                try:
+                    replies.append((index, ray.get(ref)))
+                except ray.exceptions.RayError as error:
+                    if not _is_lost_actor(error):
+                        self._server_failed(index, error)
+                        return
+                    self.pool.lost(index, error)
+                    restart(index)
+            yield replies
+
     def _commit(self, index: int, payload: Any) -> bool:
         start = time.perf_counter()
         self.stats.rollouts += 1
@@ -351,26 +392,8 @@ class RolloutReceiver(_Feeder):
         for index in self.pool.indices:
             for _ in range(self.in_flight):
                 submit(index)
-        ray = _ray()
-        while not self.stop.is_set():
-            self.held.release_ready(submit)
-            if not pending:
-                time.sleep(_HELD_POLL_SECONDS)
-                continue
-            start = time.perf_counter()
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_SECONDS)
-            self.stats.wait_s += time.perf_counter() - start
-            for ref in ready:
-                index = pending.pop(ref)
-                try:
-                    info, payload, times = ray.get(ref)
-                except ray.exceptions.RayError as error:
-                    if not _is_lost_actor(error):
-                        self._server_failed(index, error)
-                        return
-                    self.pool.lost(index, error)
-                    submit(index)  # queued until Ray has restarted the server
-                    continue
+        for replies in self._replies(pending, submit, submit):
+            for index, (info, payload, times) in replies:
                 self.pool.saw(info)
                 self._count(times)
                 if not self._commit(index, payload):
@@ -454,41 +477,24 @@ class CentralInference(_Feeder):
         torch.set_grad_enabled(False)  # for this thread: serving never backpropagates
         servers = {index: self._fresh(index) for index in self.pool.indices}
         pending: dict[object, int] = {}
-        for index in self.pool.indices:
+
+        def first_step(index: int) -> None:
             pending[self.pool.handles[index].step.remote(None, None)] = index
-        ray = _ray()
+
+        def restart(index: int) -> None:
+            servers[index] = self._fresh(index)
+            first_step(index)
 
         def send(index: int) -> None:
             server = servers[index]
             ref = self.pool.handles[index].step.remote(server.record["action"].copy(), server.token)
             pending[ref] = index
 
-        while not self.stop.is_set():
-            self.held.release_ready(send)
-            if not pending:
-                time.sleep(_HELD_POLL_SECONDS)
-                continue
-            start = time.perf_counter()
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_SECONDS)
-            if ready:
-                rest = [ref for ref in pending if ref not in ready]
-                if rest:
-                    more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
-                    ready += more
-            self.stats.wait_s += time.perf_counter() - start
+        for index in self.pool.indices:
+            first_step(index)
+        for ready in self._replies(pending, send, restart, every_ready=True):
             replies = []
-            for ref in ready:
-                index = pending.pop(ref)
-                try:
-                    info, out = ray.get(ref)
-                except ray.exceptions.RayError as error:
-                    if not _is_lost_actor(error):
-                        self._server_failed(index, error)
-                        return
-                    self.pool.lost(index, error)
-                    servers[index] = self._fresh(index)
-                    pending[self.pool.handles[index].step.remote(None, None)] = index
-                    continue
+            for index, (info, out) in ready:
                 server = servers[index]
                 if info.token != server.token:
                     # First reply, or a new process behind the server: start afresh from

@@ -51,6 +51,7 @@ from beast.sweep_runs import (
     SweepError,
     SweepSpec,
     check_distribution,
+    check_section_keys,
     is_finished,
     keep_sweep_file,
     metrics,
@@ -110,11 +111,7 @@ def parse_optuna(
     """Check an `optuna:` section; SweepError naming the file and key."""
     import_optuna()
     known = {"n_trials", "timeout", "seed", "startup_trials", "pruner", "storage", "params"}
-    unknown = set(section) - known
-    if unknown:
-        raise SweepError(
-            f"{source}: unknown key '{sorted(unknown)[0]}' (it has {', '.join(sorted(known))})"
-        )
+    check_section_keys(section, known, source)
     params = {
         key: check_distribution(key, dist, source, algo)
         for key, dist in (section.get("params") or {}).items()

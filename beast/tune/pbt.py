@@ -58,6 +58,7 @@ from beast.sweep_runs import (
     SweepError,
     SweepSpec,
     check_distribution,
+    check_section_keys,
     draw_value,
     format_value,
     is_finished,
@@ -138,11 +139,7 @@ def parse_pbt(
 ) -> PBTSpec:
     """Check a `pbt:` section; SweepError naming the file and key."""
     known = {"population", "interval", "fraction", "perturb", "seed", "params", "members"}
-    unknown = set(section) - known
-    if unknown:
-        raise SweepError(
-            f"{source}: unknown key '{sorted(unknown)[0]}' (it has {', '.join(sorted(known))})"
-        )
+    check_section_keys(section, known, source)
     for key in ("population", "interval"):
         value = section.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
