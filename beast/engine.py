@@ -60,7 +60,7 @@ from beast.replay import PrioritizedReplay, replay_footprint, sequence_spec
 from beast.replay_sink import ReplaySink, ReplaySource, SequenceSink
 from beast.rollout_replay import RolloutReplay
 from beast.rollout_source import RolloutSource
-from beast.thread_tuner import ThreadTuner, setup_key
+from beast.thread_tuner import learner_threads, thread_tuner_for
 from beast.transition_replay import RingReplay, TransitionSink, ring_footprint, step_spec
 
 __all__ = [
@@ -146,49 +146,6 @@ def acting_bf16(precision: str, device: torch.device) -> bool:
     run, where `device` has native bf16 (AtariNet at K=8 on one CPU thread: 2.7 ->
     2.2 ms; Pong end to end 1,585 -> 1,675 steps/s, benchmarks/RESULTS.md)."""
     return precision == "bf16" and (device.type == "cuda" or cpu_bf16_native())
-
-
-# Below this many parameters a CPU learner runs one torch thread (`learner_threads`).
-SMALL_MODEL_PARAMETERS = 1_000_000
-
-
-def learner_threads(
-    config: Config, device: torch.device, precision: str, num_parameters: int
-) -> int | None:
-    """torch intra-op threads the learner starts with; None keeps torch's default (CPU
-    count). Unless --num_threads fixes it, the run then measures one thread against all
-    of them, beside its actors, and keeps the better (beast/thread_tuner.py `ThreadTuner`): the
-    figures below are why it starts where it does.
-
-    A CPU bf16 learner gets 1 thread when the actors already fill the cores: its
-    oneDNN kernels stall each time one of their threads is preempted. On 2 cores with
-    2 actors, a 2-thread bf16 update went from 206 ms alone to 0.4-5.6 s beside the
-    actors, a 1-thread one from 334 to 447 ms; end to end, 1 thread gave 1,339-1,381
-    steps/s and 2 threads 1,118-1,231 (benchmarks/RESULTS.md).
-
-    A small model (under SMALL_MODEL_PARAMETERS: the MLPs of classic control and MuJoCo)
-    gets 1 thread too: its matrices are too small for a second thread to pay for the
-    hand-off. PPO on CartPole-v1 took 30 s with 2 threads and 18 s with 1 on 2 cores. Even
-    beside one actor that mostly waits (SAC on HalfCheetah, one actor with one env), a
-    second thread lost: 55 env steps/s against 74 with 1, though alone a 2-thread update
-    took 9.0 ms and a 1-thread one 12.5 (the actor's few wake-ups preempt the second
-    thread, and the first waits for it at every parallel region). With the compiled
-    update (2026-11-26, quiet machine, env steps 2,000-4,000): alone 4.9 ms at 2 threads
-    against 8.6-9.0 at 1; end to end 108.7 steps/s at 1 thread, 89.8 at 2, 97.7 at 2 with
-    the actor looking at the rate limit every 20 ms instead of 2; and 124.3 at 2 under
-    --serial, where the actor steps between updates instead of beside them. A second
-    thread pays only when nothing else runs during the update.
-    """
-    if config.num_threads:
-        return config.num_threads
-    if device.type != "cpu":
-        return None
-    cores = len(os.sched_getaffinity(0))
-    if precision == "bf16" and config.num_actors >= cores:
-        return 1
-    if num_parameters < SMALL_MODEL_PARAMETERS:
-        return 1
-    return None
 
 
 def build_algorithm(config: Config, spec: envs.EnvSpec) -> Algorithm:
@@ -583,11 +540,6 @@ def build_run(
     if normalizer is not None:
         observers.append(normalizer.observe)
     update = algorithm.learner(model, context)
-    tuner = None
-    if config.num_threads is None and device.type == "cpu":
-        cores = len(os.sched_getaffinity(0))
-        if cores > 1:
-            tuner = ThreadTuner([1, cores], log, record_key=setup_key(config, [1, cores]))
     learner = Learner(
         update=update,
         source=source,
@@ -599,7 +551,7 @@ def build_run(
         publish=WeightCopier(actor_model, model),
         on_update=on_update,
         observers=observers,
-        thread_tuner=tuner,
+        thread_tuner=thread_tuner_for(config, device, log),
         updates_ready=update.settled,
         stopping=context.stopping,
     )

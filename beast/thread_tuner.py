@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import platform
 import time
 from collections.abc import Callable, Sequence
@@ -25,9 +26,17 @@ from typing import Any
 
 import torch
 
+from beast.config import Config
 from beast.records import read_record, record_path, write_record
 
-__all__ = ["RECORD_FILE", "ThreadTuner", "setup_key"]
+__all__ = [
+    "RECORD_FILE",
+    "SMALL_MODEL_PARAMETERS",
+    "ThreadTuner",
+    "learner_threads",
+    "setup_key",
+    "thread_tuner_for",
+]
 
 RECORD_FILE = "beast_threads.json"
 # Flags that name or bound a run but do not change what its learner and actors do per
@@ -189,3 +198,60 @@ class ThreadTuner:
             f"learner threads: {count} (agent steps/s {measured}, {source}{again};"
             " --num_threads fixes it)"
         )
+
+
+# Below this many parameters a CPU learner runs one torch thread (`learner_threads`).
+SMALL_MODEL_PARAMETERS = 1_000_000
+
+
+def learner_threads(
+    config: Config, device: torch.device, precision: str, num_parameters: int
+) -> int | None:
+    """torch intra-op threads the learner starts with; None keeps torch's default (CPU
+    count). Unless --num_threads fixes it, the run then measures one thread against all
+    of them, beside its actors, and keeps the better (`ThreadTuner`): the
+    figures below are why it starts where it does.
+
+    A CPU bf16 learner gets 1 thread when the actors already fill the cores: its
+    oneDNN kernels stall each time one of their threads is preempted. On 2 cores with
+    2 actors, a 2-thread bf16 update went from 206 ms alone to 0.4-5.6 s beside the
+    actors, a 1-thread one from 334 to 447 ms; end to end, 1 thread gave 1,339-1,381
+    steps/s and 2 threads 1,118-1,231 (benchmarks/RESULTS.md).
+
+    A small model (under SMALL_MODEL_PARAMETERS: the MLPs of classic control and MuJoCo)
+    gets 1 thread too: its matrices are too small for a second thread to pay for the
+    hand-off. PPO on CartPole-v1 took 30 s with 2 threads and 18 s with 1 on 2 cores. Even
+    beside one actor that mostly waits (SAC on HalfCheetah, one actor with one env), a
+    second thread lost: 55 env steps/s against 74 with 1, though alone a 2-thread update
+    took 9.0 ms and a 1-thread one 12.5 (the actor's few wake-ups preempt the second
+    thread, and the first waits for it at every parallel region). With the compiled
+    update (2026-11-26, quiet machine, env steps 2,000-4,000): alone 4.9 ms at 2 threads
+    against 8.6-9.0 at 1; end to end 108.7 steps/s at 1 thread, 89.8 at 2, 97.7 at 2 with
+    the actor looking at the rate limit every 20 ms instead of 2; and 124.3 at 2 under
+    --serial, where the actor steps between updates instead of beside them. A second
+    thread pays only when nothing else runs during the update.
+    """
+    if config.num_threads:
+        return config.num_threads
+    if device.type != "cpu":
+        return None
+    cores = len(os.sched_getaffinity(0))
+    if precision == "bf16" and config.num_actors >= cores:
+        return 1
+    if num_parameters < SMALL_MODEL_PARAMETERS:
+        return 1
+    return None
+
+
+def thread_tuner_for(
+    config: Config, device: torch.device, log: Callable[[str], None]
+) -> ThreadTuner | None:
+    """The run's tuner, measuring 1 thread against every core (remembered by
+    `setup_key`); None where --num_threads fixes the count, the learner is not on the
+    CPU or there is one core."""
+    if config.num_threads is not None or device.type != "cpu":
+        return None
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        return None
+    return ThreadTuner([1, cores], log, record_key=setup_key(config, [1, cores]))

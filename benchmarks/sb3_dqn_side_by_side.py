@@ -15,7 +15,7 @@ machine):
   instead of the zoo's 50k, so both sides get the same budget; exploration_fraction is
   scaled to keep the zoo's 8,000-step epsilon decay (0.16 x 50k = 0.08 x 100k). It gets
   1 torch thread unless `--sb3_threads` says otherwise (0: torch's default, the CPU
-  count), as beast's learner picks for an MLP this small (engine.learner_threads): with
+  count), as beast's learner picks for an MLP this small (thread_tuner.learner_threads): with
   2 threads on 2 cores busy with other work, SB3's updates ran ~30x slower. Its
   clock starts at its process's launch, as beast's (benchmarks.peers); a callback reads
   each finished episode's return (Monitor's info["episode"], what fills ep_info_buffer).
