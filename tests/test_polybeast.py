@@ -43,7 +43,8 @@ from beast.learner import Learner, Stepper, TrainingProgress  # noqa: E402
 from beast.models import build_model  # noqa: E402
 from beast.optim import build_optimizer  # noqa: E402
 from beast.poly.config import PolyConfig, parse_poly_args  # noqa: E402
-from beast.poly.env_server import EnvServer  # noqa: E402
+from beast.poly.env_server import EnvServer, Incarnation  # noqa: E402
+from beast.poly.feeders import ServerPool  # noqa: E402
 from beast.replay import PrioritizedReplay, sequence_spec  # noqa: E402
 from beast.replay_sink import SequenceSink  # noqa: E402
 from beast.rollout_source import RolloutSource  # noqa: E402
@@ -657,3 +658,19 @@ def test_cluster_survives_losing_a_worker_node(cluster, tmp_path):
     assert re.search(rf"env server \d+ restarted by Ray: was node {lost}", out), out[-4000:]
     assert int(read_csv(tmp_path / "cluster" / "logs.csv")[-1]["env_server_restarts"]) >= 1
     assert best_mean_of_100(tmp_path / "cluster") >= 450
+
+
+def test_a_reply_from_a_servers_earlier_process_is_no_restart():
+    """Each new process behind a server is one restart, logged and counted once; a late
+    reply from a process it replaced (sent before the restart) counts as nothing, since
+    restarts within a minute can stop the run."""
+    lines = []
+    pool = ServerPool(parse_poly_args(["--env", "CartPole-v1"]), [0], lines.append, None)
+    first, second, third = (Incarnation(0, f"node{i}", "host", 100 + i, f"t{i}") for i in range(3))
+    assert not pool.saw(first)  # the process the run started with
+    assert pool.saw(second) and pool.known[0] == second
+    assert not pool.saw(first) and pool.known[0] == second  # a late reply: no flip back
+    assert not pool.saw(second)
+    assert pool.saw(third)
+    assert pool.total_restarts == 2 and len(pool.restarts) == 2
+    assert sum("restarted by Ray" in line for line in lines) == 2

@@ -99,6 +99,10 @@ class ServerPool:
         self.recipe = recipe
         self.handles: dict[int, object] = {}
         self.known: dict[int, Incarnation] = {}
+        # Tokens of the processes each server has had before its current one: a reply
+        # from one (sent before a restart, taken after the new process's first) is no
+        # restart, and must not count as one (a restart count can stop the run).
+        self._retired: dict[int, set[str]] = collections.defaultdict(set)
         self.restarts: collections.deque[float] = collections.deque()
         self.total_restarts = 0
         # Guards known/restarts: feeders report from their thread, the monitor reads.
@@ -137,14 +141,17 @@ class ServerPool:
             )
 
     def saw(self, info: Incarnation) -> bool:
-        """Note a reply's incarnation; True (and a log line) when the server was restarted."""
+        """Note a reply's incarnation; True (and a log line) when the server was restarted:
+        a process not seen before behind it."""
         with self._lock:
             previous = self.known.get(info.server_index)
-            if previous is not None and previous.token == info.token:
+            retired = self._retired[info.server_index]
+            if (previous is not None and previous.token == info.token) or info.token in retired:
                 return False
             self.known[info.server_index] = info
             if previous is None:
                 return False
+            retired.add(previous.token)
             self.restarts.append(time.monotonic())
             self.total_restarts += 1
         self.log(
