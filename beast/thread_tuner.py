@@ -148,7 +148,12 @@ class ThreadTuner:
             return
         if self._remembered is not None:
             count, rates = self._remembered
-            self._settle(count, rates, "measured in an earlier run of this setup")
+            self._settle(
+                count,
+                rates,
+                "measured in an earlier run of this setup; delete its entry in"
+                f" {record_path(RECORD_FILE)} to measure again",
+            )
             return
         now = self.clock()
         if self._started is None:
@@ -189,14 +194,8 @@ class ThreadTuner:
         self.chosen = count
         self.set_threads(count)
         measured = ", ".join(f"{rates[c]:,.0f} with {c}" for c in sorted(rates))
-        again = (
-            f"; delete its entry in {record_path(RECORD_FILE)} to measure again"
-            if source != "measured in this run"
-            else ""
-        )
         self.log(
-            f"learner threads: {count} (agent steps/s {measured}, {source}{again};"
-            " --num_threads fixes it)"
+            f"learner threads: {count} (agent steps/s {measured}, {source}; --num_threads fixes it)"
         )
 
 
