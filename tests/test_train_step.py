@@ -5,9 +5,10 @@ gradients, clipping, guard, optimizer arithmetic and target updates in one graph
 the same step as the eager one (backward, the Stepper, torch.optim's own Adam or
 RMSprop, the Polyak averager) to float tolerance, for every kind of update: rollouts
 (IMPALA, PPO), sequence replay (R2D2), transition replay (DQN with priorities) and
-twin-critic actor-critics (SAC, TD3). The parity tests compile with torch's aot_eager
-backend (the same captured graph, run by eager kernels: seconds, where inductor's C++
-takes a minute cold on 2 cores); one test runs inductor itself.
+twin-critic actor-critics (SAC, TD3). The parity tests run with torch's aot_eager
+backend (on CPU: the step's traced graph itself, run by eager kernels; seconds, where
+inductor's C++ takes a minute cold on 2 cores); one test builds and loads inductor's
+package itself.
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from beast.config import parse_args
 from beast.engine import build_algorithm
 from beast.envs.spec import EnvSpec
 from beast.learner import NonFiniteError, Stepper, TrainingProgress
-from beast.train_step import ParameterGroup, StepAbandoned, StepLoss, TrainStep, auto, compiler
+from beast.train_step import (
+    ParameterGroup,
+    StepAbandoned,
+    StepLoss,
+    TrainStep,
+    auto,
+    compiler,
+    package,
+)
 
 CARTPOLE = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), num_actions=2)
 PENDULUM = EnvSpec(
@@ -186,6 +195,58 @@ def test_rollouts_impala_and_ppo_match_eager(fast_backend):
     assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
 
 
+def test_a_step_reads_the_modules_buffers_as_they_are_now(fast_backend):
+    """Buffers (here the observation normaliser's statistics, which every batch moves)
+    are inputs of the compiled step, not constants of its trace: after them, the two
+    paths still take the same steps."""
+    flags = ("--hidden_size", "16", "--unroll_length", "6", "--batch_size", "4")
+    flags += ("--normalize_obs", "--num_epochs", "1", "--no-synchronous")
+    eager, compiled, progress = pair("ppo", CARTPOLE, *flags)
+    for seed in range(6):
+        batch = rollout_batch(6, 4, seed)
+        batch.data["obs"] = batch.data["obs"] * 5.0 + 3.0 * seed  # statistics that move
+        for model, _ in (eager, compiled):  # as the learner does before each update
+            model.obs_rms.update(batch.data["obs"])
+        assert_same_steps(eager, compiled, [batch], progress)
+    assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
+    # The trace (here run as is) keeps none of them as a constant, which a package
+    # would hold a copy of.
+    buffers = {b.data_ptr() for b in compiled[0].buffers()}
+    (step,) = [s for s in compiled[1].train_step._decided.values() if s is not None]
+    for graph in step._runners.values():
+        constants = [getattr(graph, n.target) for n in graph.graph.nodes if n.op == "get_attr"]
+        assert not buffers & {c.data_ptr() for c in constants if isinstance(c, torch.Tensor)}
+
+
+def test_the_trace_runs_in_the_learners_step_and_the_build_beside_it(monkeypatch):
+    """A trace puts fake tensors in the modules while it runs: it runs in the thread that
+    takes the step (the learner's, which holds the lock a checkpoint takes), never in the
+    compilation's own thread, which only builds or loads the package."""
+    threads = {}
+    trace, runner = package.trace, package.PackagedStep._runner
+
+    def recorded_trace(function, arguments):
+        threads["trace"] = threading.get_ident()
+        return trace(function, arguments)
+
+    def recorded_runner(self, traced):
+        threads["build"] = threading.get_ident()
+        return runner(self, traced)
+
+    monkeypatch.setattr(compiler, "BACKEND", "aot_eager")
+    monkeypatch.setattr(auto, "EAGER_PROBES", 2)
+    monkeypatch.setattr(package, "trace", recorded_trace)
+    monkeypatch.setattr(package.PackagedStep, "_runner", recorded_runner)
+    _, update, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16", background=True)
+    deadline = time.monotonic() + 30
+    seed = 0
+    while update.train_step.path != "compiled" and time.monotonic() < deadline:
+        update(transition_batch(8, seed, continuous=False))
+        seed += 1
+    assert update.train_step.path == "compiled", update.log_lines
+    assert threads["trace"] == threading.get_ident() != threads["build"]
+
+
 def test_sequence_replay_r2d2_matches_eager(fast_backend):
     flags = ("--hidden_size", "8", "--model", "mlp", "--batch_size", "4", "--burn_in", "2")
     flags += ("--seq_len", "6", "--seq_overlap", "2", "--n_step", "2")
@@ -234,13 +295,18 @@ def test_twin_critic_actor_critics_match_eager(fast_backend, algo):
         torch.testing.assert_close(update.log_alpha, eager[1].log_alpha, rtol=1e-4, atol=1e-6)
 
 
-def test_inductor_compiles_a_dqn_step_that_matches_eager():
-    """The real backend: inductor's generated C++ around the matrix products."""
+def test_inductor_compiles_a_dqn_step_that_matches_eager(monkeypatch, tmp_path):
+    """The real backend: inductor's generated C++ around the matrix products, built into
+    a package by the first run and loaded by the next (the same step, traced again)."""
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))
     flags = ("--hidden_size", "16", "--batch_size", "8", "--target_update_period", "2")
-    eager, compiled, progress = pair("dqn", CARTPOLE, *flags)
     batches = [transition_batch(8, seed, continuous=False) for seed in range(7)]
-    assert_same_steps(eager, compiled, batches, progress)
-    assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
+    for said in ("compiled (", "compiled from its package of an earlier run"):
+        eager, compiled, progress = pair("dqn", CARTPOLE, *flags)
+        assert_same_steps(eager, compiled, batches, progress)
+        assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
+        assert any(said in line for line in compiled[1].log_lines), compiled[1].log_lines
+    assert len(os.listdir(tmp_path / "steps")) == 1
 
 
 def test_checkpoints_hold_the_same_state_on_either_path(fast_backend):
@@ -312,14 +378,12 @@ def test_a_non_finite_step_is_skipped_in_the_graph_and_counted(fast_backend):
         step({"x": x, "scale": torch.tensor(float("inf"))}, train=("model",))
 
 
-def test_a_failed_compilation_is_said_once_and_the_run_goes_on_eagerly(monkeypatch):
-    def broken_compile(function, **kwargs):
-        def compiled(*args):
-            raise RuntimeError("no C++ compiler found\nmore detail")
+def test_a_failed_compilation_is_said_once_and_the_run_goes_on_eagerly(monkeypatch, tmp_path):
+    def broken_build(self):
+        raise RuntimeError("no C++ compiler found\nmore detail")
 
-        return compiled
-
-    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))  # no package built before
+    monkeypatch.setattr(package.Trace, "build", broken_build)
     logged = []
     model_a, update_a, _ = build("dqn", CARTPOLE, "off", "--hidden_size", "16")
     model_b, update_b, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16")
@@ -408,14 +472,17 @@ def test_no_step_runs_while_a_background_compilation_traces(monkeypatch):
     learner's steps wait for a compilation in the background (one of a PPO run's eager
     steps, run meanwhile, died in the tracer), and go on after it."""
     window = []
+    runner = package.PackagedStep._runner
 
-    def slow_backend(graph, example_inputs):
+    def slow_runner(self, traced):
         window.append(time.monotonic())
         time.sleep(0.5)
+        built = runner(self, traced)
         window.append(time.monotonic())
-        return graph.forward
+        return built
 
-    monkeypatch.setattr(compiler, "BACKEND", slow_backend)
+    monkeypatch.setattr(compiler, "BACKEND", "aot_eager")
+    monkeypatch.setattr(package.PackagedStep, "_runner", slow_runner)
     monkeypatch.setattr(auto, "EAGER_PROBES", 2)
     _, update, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16", background=True)
     learner_thread = threading.get_ident()
@@ -442,11 +509,14 @@ def test_a_step_waiting_for_a_compilation_gives_up_when_the_run_stops(monkeypatc
     """A stop never waits for a compilation: the learner's step that waits for one raises
     StepAbandoned once the run's `stopping` is set, having taken no step."""
 
-    def slow_backend(graph, example_inputs):
-        time.sleep(3.0)
-        return graph.forward
+    runner = package.PackagedStep._runner
 
-    monkeypatch.setattr(compiler, "BACKEND", slow_backend)
+    def slow_runner(self, traced):
+        time.sleep(3.0)
+        return runner(self, traced)
+
+    monkeypatch.setattr(compiler, "BACKEND", "aot_eager")
+    monkeypatch.setattr(package.PackagedStep, "_runner", slow_runner)
     monkeypatch.setattr(auto, "EAGER_PROBES", 2)
     _, update, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16", background=True)
     stopping = threading.Event()

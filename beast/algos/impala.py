@@ -325,8 +325,10 @@ def impala_loss(
     total_loss = pg_loss + value_loss + negentropy_loss
 
     with torch.no_grad():
-        rhos = log_rhos.exp()[valid]
-        num_valid = max(rhos.numel(), 1)
+        # Sums over the valid steps by masks, not by indexing (a shape that depends on
+        # the data, which no graph holds).
+        rhos = torch.where(valid, log_rhos.exp(), 0.0)
+        num_valid = valid.sum().clamp(min=1).to(rhos.dtype)
         if clip_rho_threshold is None:
             rho_clipped_fraction = torch.zeros((), dtype=rhos.dtype, device=rhos.device)
         else:

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from beast.graph_capture import capturing
 from beast.models.base import (
     CoreState,
     ModelError,
@@ -53,8 +53,11 @@ class _Trunk(nn.Module):
     num_actions: int
 
     def _action_features(self, last_action: Tensor) -> Tensor:
-        """The last actions' features: [N] indices -> one-hot float [N, num_actions]."""
-        return F.one_hot(last_action, self.num_actions).float()
+        """The last actions' features: [N] indices -> one-hot float [N, num_actions]. A
+        comparison, not F.one_hot, which checks the indices' range on the host (a sync on
+        CUDA, and no graph can hold it)."""
+        actions = torch.arange(self.num_actions, device=last_action.device)
+        return (last_action.unsqueeze(-1) == actions).float()
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> CoreState:
         """Zero recurrent state for ``batch_size`` samples (``()`` without an LSTM), on
@@ -108,7 +111,7 @@ def _unroll_lstm(
         core_state = _zero_state(core, B, core_input.device)
     # [T, 1, B, 1]: indexing t gives [1, B, 1], broadcasting over (layers, B, hidden).
     done = done.bool().view(T, 1, B, 1)
-    if torch.compiler.is_compiling():
+    if capturing():
         return _lstm_steps(core, core_input, done, core_state)
     # Chunk starts: 0, then every t > 0 where some sample's episode starts. T == 1 is the
     # actors' path and skips the search, which would cost a host sync on GPU.

@@ -16,11 +16,12 @@ rest, the same way for every algorithm and every user model (`--model`):
 
 - Eager: the loss, `backward`, and the learner's `Stepper` (gradient clipping, the
   non-finite guard, the learning-rate schedule, the optimizers' steps), then the targets.
-- Compiled (`--compile`): the whole step as one torch.compile graph: the forward passes
-  and losses, the gradients (torch.func over every trained parameter at once), the norm
-  and its clipping, the finiteness verdict, the optimizers' arithmetic, the target
-  updates and the priorities, with no host synchronisation inside. On CPU inductor
-  turns it into a few fused C++ loops around the matrix products; on CUDA the compiled
+- Compiled (`--compile`): the whole step as one graph: the forward passes and losses,
+  the gradients (torch.func over every trained parameter at once), the norm and its
+  clipping, the finiteness verdict, the optimizers' arithmetic, the target updates and
+  the priorities, with no host synchronisation inside. On CPU inductor turns it into a
+  few fused C++ loops around the matrix products, packaged ahead of time (a later run
+  of the same step loads the package in milliseconds); on CUDA the torch.compile'd
   step is captured in a CUDA graph, so that one replay launches the whole update.
 
 What makes one graph possible: every parameter the step trains lives in one flat buffer
@@ -44,10 +45,11 @@ The modules, each of one purpose:
     flat.py         the flat parameter, target and optimizer-state buffers
     arithmetic.py   Adam's and RMSprop's steps on flat tensors, for the graph
     graph.py        the compiled step's function
+    package.py      the CPU's compiled steps, traced and packaged ahead of time
     cuda_graph.py   a compiled step replayed as one CUDA graph
     auto.py         --compile auto: whether compiling pays, and the records kept of it
     background.py   compilations in a thread of their own, and the lock steps share
-    compiler.py     torch.compile's settings, set in every thread that compiles
+    compiler.py     inductor's settings, set in every thread that compiles
 """
 
 from beast.records import compile_cache_dir

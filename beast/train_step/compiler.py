@@ -16,6 +16,7 @@ __all__ = [
     "BACKEND",
     "configure_compiler",
     "first_line",
+    "import_compiler",
     "inductor_patch",
     "lean_guards",
 ]
@@ -64,6 +65,19 @@ def configure_compiler() -> None:
     # machine whose cores the run uses, no faster).
     inductor_config.compile_threads = 1
     torch._dynamo.config.allow_rnn = True
+
+
+def import_compiler() -> None:
+    """Import the compiler's modules in the calling thread, before a compilation thread
+    starts. Two threads importing modules that import each other can each be handed the
+    other's half-initialised module: a compilation whose run was stopped at once, while
+    the stop's checkpoint imported torch._dynamo, failed on a `torch.ops.prims` not yet
+    filled in (and the process then aborted at exit)."""
+    import torch._dynamo  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+    import torch._prims  # noqa: F401
+    import torch.export  # noqa: F401
+    import torch.fx.experimental.proxy_tensor  # noqa: F401
 
 
 def first_line(error: BaseException) -> str:

@@ -49,6 +49,20 @@ class StepGraph:
         self.layout = layout
         self.state = state
         self.clipping = clipping
+        # Every other tensor the modules hold (buffers such as a normaliser's statistics,
+        # parameters no optimizer trains) is an input too, each distinct one once: the
+        # graph reads their values at every step, never the values of the trace.
+        stepped = {id(p) for p in (*layout.params, *layout.target_params)}
+        held: dict[int, tuple[Tensor, list[str]]] = {}
+        for name, tensor in (
+            *program.named_parameters(remove_duplicate=False),
+            *program.named_buffers(remove_duplicate=False),
+        ):
+            if id(tensor) not in stepped:
+                held.setdefault(id(tensor), (tensor, []))[1].append(name)
+        # Detached views of the same memory (a parameter's autograd flag is no input's).
+        self.held = tuple(tensor.detach() for tensor, _ in held.values())
+        self._held_names = tuple(tuple(names) for _, names in held.values())
 
     def step(
         self,
@@ -58,6 +72,7 @@ class StepGraph:
         buffers: dict[str, Tensor],
         lr: Tensor,
         tau: Tensor,
+        held: tuple[Tensor, ...],
         inputs: dict[str, Tensor],
         *,
         kind: Train,
@@ -66,7 +81,8 @@ class StepGraph:
         """One step of `kind`: writes `flat`, `target_flat`, `steps` and `buffers` in
         place; returns the loss, the gradient norm, its finiteness, the new weights'
         finiteness, whether the loss let the step proceed, the stats and the priorities.
-        `lr` holds each group's rate, in the layout's group order. The targets move `tau`
+        `lr` holds each group's rate, in the layout's group order; `held` the modules'
+        other tensors (`self.held`). The targets move `tau`
         of the way (a tensor: 0 leaves them, without a second graph for the steps that do
         not average). Parameters this kind does not reach (`used`) are not stepped."""
         program, layout, state, clipping = self.program, self.layout, self.state, self.clipping
@@ -82,6 +98,8 @@ class StepGraph:
                     swapped[name] = values[trained[id(p)]]
                 elif id(p) in followed:
                     swapped[name] = target_views[followed[id(p)]]
+            for tensor, names in zip(held, self._held_names, strict=True):
+                swapped.update(dict.fromkeys(names, tensor))
             out = torch.func.functional_call(program, swapped, (inputs, kind), strict=False)
             # torch.func's auxiliary outputs are tensors only: the absent ones left out.
             aux = {"stats": out.stats}

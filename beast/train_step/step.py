@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from beast.models import PolyakAverager
 from beast.optim import INITIAL_LR
-from beast.train_step import auto, compiler
+from beast.train_step import auto, compiler, package
 from beast.train_step.background import ModulesInUse, compilation_thread
 from beast.train_step.cuda_graph import CudaGraphStep
 from beast.train_step.flat import Layout, OptimizerState, Used, used_parameters
@@ -118,6 +118,7 @@ class TrainStep:
         self._modules_in_use = ModulesInUse()
         self._compiled_steps: dict[Train, Callable[..., tuple[Any, ...]]] = {}  # to adopt
         self._compiled_timings: dict[Train, list[float]] = {}
+        self._built_now: dict[Train, bool] = {}  # CPU: kinds whose package this run built
         self._used: dict[Train, Used | None] = {}
         self._layout: Layout | None = None
         self._state: OptimizerState | None = None
@@ -136,6 +137,9 @@ class TrainStep:
                 self._lr = torch.zeros(len(groups), device=device)
                 self._tau = torch.zeros((), device=device)
                 self._tau_value = 0.0
+                self._graph = StepGraph(
+                    self.program, self._layout, self._state, stepper.grad_norm_clipping
+                )
         # Built after the layout: they list the tensors the parameters now are.
         self._eager_targets = [PolyakAverager(t.target, t.online) for t in targets]
         self._buffer_targets = _BufferAverager(targets)
@@ -236,9 +240,27 @@ class TrainStep:
                 )
                 return
         self._records[kind] = record._replace(eager=eager)
-        compilation = compilation_thread("-".join(kind), self._compile, kind, copied(dict(inputs)))
+        function = functools.partial(self._graph.step, kind=kind, used=self._used.get(kind))
+        arguments = self._arguments(inputs, copies=True)
+        started = time.perf_counter()
+        traced = None
+        if self._device().type == "cpu":
+            # Traced here, in the learner's thread and its step: a trace puts fake tensors
+            # in the modules while it runs, which no other thread may see (a checkpoint
+            # takes the lock the learner's step holds).
+            try:
+                traced = package.trace(function, arguments)
+            except Exception as error:  # an operation no graph holds
+                self._decided[kind] = None
+                self._records.pop(kind)
+                self._failed(error)
+                return
+        compilation = compilation_thread(
+            "-".join(kind), self._compile, kind, function, arguments, traced, started
+        )
         self._compilations[kind] = compilation
         if self.background:
+            compiler.import_compiler()
             self._modules_in_use.compilation_starting()
             compilation.start()
         else:
@@ -263,7 +285,10 @@ class TrainStep:
         self._decided[kind] = compiled
         seconds = self._compiled_seconds[kind]
         record = self._records[kind]
-        cached = " from cached graphs" if record.compile_seconds is not None else ""
+        if kind in self._built_now:
+            cached = "" if self._built_now[kind] else " from its package of an earlier run"
+        else:
+            cached = " from cached graphs" if record.compile_seconds is not None else ""
         self.log(
             f"the learner's update is compiled{cached} ({seconds:.1f} s;"
             f" eager it took {record.eager * 1e3:.2f} ms a step)"
@@ -278,50 +303,69 @@ class TrainStep:
     def _device(self) -> torch.device:
         return self._layout.flat.device if self._layout is not None else torch.device("cpu")
 
-    def _compile(self, kind: Train, inputs: Mapping[str, Any]) -> None:
-        """Compile this kind's step by a dry run on copies of the state and of `inputs`
-        (the run's state is untouched); the result waits in `_compiled_steps` for
-        `_adopt`. The learner's steps wait meanwhile (`_modules_in_use`). A failure is
-        said once, and the steps stay eager."""
+    def _compile(
+        self,
+        kind: Train,
+        function: Callable[..., tuple[Any, ...]],
+        arguments: tuple[Any, ...],
+        traced: package.Trace | None,
+        started: float,
+    ) -> None:
+        """Compile this kind's step (`arguments`: copies of the state and the batch; the
+        dry run that proves the result writes them, never the run's state); the result
+        waits in `_compiled_steps` for `_adopt`. The learner's steps wait meanwhile
+        (`_modules_in_use`). A failure is said once, and the steps stay eager.
+
+        On CPU the step was `traced` and is packaged ahead of time (beast/train_step/
+        package.py: a later run of the same step loads it in milliseconds); on CUDA it is
+        torch.compile's, whose graph `_adopt` captures for replay."""
         compiler.configure_compiler()
-        assert self._layout is not None and self._state is not None
-        graph = StepGraph(self.program, self._layout, self._state, self.stepper.grad_norm_clipping)
-        function = functools.partial(graph.step, kind=kind, used=self._used.get(kind))
-        compiled = torch.compile(
-            function,
-            backend=compiler.BACKEND,
-            fullgraph=True,
-            dynamic=False,
-            **compiler.lean_guards(),
-        )
-        started = time.perf_counter()
         try:
-            # On CPU the graph's wrapper (its calls of every kernel) in C++ too, not Python:
-            # 7-11% off the DQN, PPO and SAC steps measured here.
-            cpp_wrapper = self._device().type == "cpu"
-            with (
-                self._modules_in_use.for_compilation(),
-                compiler.inductor_patch(cpp_wrapper=cpp_wrapper),
-            ):
-                compiled(*self._arguments(inputs, copies=True))
+            if traced is not None:
+                holding = self._modules_in_use.for_compilation
+                compiled = package.PackagedStep(function, traced, holding)
+                self._built_now[kind] = compiled.built_now
+            else:
+                compiled = torch.compile(
+                    function,
+                    backend=compiler.BACKEND,
+                    fullgraph=True,
+                    dynamic=False,
+                    **compiler.lean_guards(),
+                )
+            with self._modules_in_use.for_compilation():
+                compiled(*arguments)  # torch.compile's compilation; a package's proof
         except Exception as error:  # dynamo/inductor errors, a missing C++ compiler
-            if os.environ.get("BEAST_DEBUG_COMPILE"):
-                raise
-            self._decline(
-                f"torch.compile failed ({type(error).__name__}: {compiler.first_line(error)});"
-                " --compile off skips compiling"
-            )
+            self._failed(error)
             return
         seconds = time.perf_counter() - started
         self.compile_seconds += seconds
         self._compiled_seconds[kind] = seconds
         self._compiled_steps[kind] = compiled
 
+    def _failed(self, error: Exception) -> None:
+        """A step that could not be compiled: said once; it runs eagerly."""
+        if os.environ.get("BEAST_DEBUG_COMPILE"):
+            raise error
+        self._decline(
+            f"compiling failed ({type(error).__name__}: {compiler.first_line(error)});"
+            " --compile off skips compiling"
+        )
+
     def _arguments(self, inputs: Mapping[str, Tensor], *, copies: bool) -> tuple[Any, ...]:
         layout, state, lr = self._layout, self._state, self._lr
         assert layout is not None and state is not None and lr is not None
         assert self._tau is not None
-        arguments = (layout.flat, layout.target_flat, state.steps, state.buffers, lr, self._tau)
+        held = self._graph.held
+        arguments = (
+            layout.flat,
+            layout.target_flat,
+            state.steps,
+            state.buffers,
+            lr,
+            self._tau,
+            held,
+        )
         if copies:
             arguments = copied(arguments)
         return (*arguments, dict(inputs))

@@ -1,0 +1,174 @@
+"""Compiled steps as ahead-of-time packages (beast/train_step/__init__.py), the CPU path.
+
+torch.compile re-traces a step's Python with dynamo in every run, cached graphs or not:
+loading a PPO CartPole step from inductor's caches took 5 s of a 16 s race, and a DQN
+step's as long. Here the step is traced once per run at the operator level instead
+(`make_fx` over fake tensors: 0.3 s, no kernel runs), the trace's code names the
+package, and a package already built is a shared library loaded in milliseconds
+(AOTInductor). A new one is exported and compiled by inductor into the same fused C++
+kernels torch.compile makes, then kept in `compile_cache_dir()/steps` for every later
+run whose step traces the same.
+
+The package's name is a hash of everything its code depends on: the traced graph's
+code, the values of the constants the trace kept, every input's shape, dtype and
+strides, torch's version and the CPU's instruction set. So a changed loss, model,
+hyperparameter (they are constants of the graph) or batch shape is a new package, never
+a stale one. What the trace treats as constant is documented in `StepGraph`: every
+parameter and buffer of the modules is an input, read at each step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils._pytree import tree_flatten
+
+from beast.graph_capture import capturing_graph
+from beast.records import compile_cache_dir
+from beast.train_step import compiler
+from beast.train_step.compiler import inductor_patch
+from beast.train_step.graph import copied
+
+__all__ = ["PackagedStep", "Trace", "trace"]
+
+# Bumped when what a package holds or how it is called changes.
+_FORMAT = 1
+
+
+class Trace:
+    """A step traced at the operator level, and where its package is (or will be)."""
+
+    def __init__(self, graph: torch.fx.GraphModule, arguments: tuple[Any, ...]) -> None:
+        self.graph = graph
+        self.arguments = arguments
+        self.path = os.path.join(compile_cache_dir(), "steps", f"{_key(graph, arguments)}.pt2")
+
+    @property
+    def built(self) -> bool:
+        """Whether an earlier run (or this one) built this step's package."""
+        return os.path.exists(self.path)
+
+    def build(self) -> None:
+        """Export the trace (an operator-level re-trace: under a second) and compile it
+        into this trace's package: inductor's kernels and their C++ wrapper in one shared
+        library (tens of seconds). Written under another name and renamed, so runs
+        building the same step at once never read half a file."""
+        exported = torch.export.export(self.graph, self.arguments, strict=False)
+        directory = os.path.dirname(self.path)
+        os.makedirs(directory, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(suffix=".pt2", dir=directory)
+        os.close(handle)
+        try:
+            with warnings.catch_warnings():  # torch's own deprecations, said while pickling
+                warnings.simplefilter("ignore", FutureWarning)
+                torch._inductor.aoti_compile_and_package(exported, package_path=temporary)
+            os.replace(temporary, self.path)
+        finally:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+
+    def load(self) -> Callable[..., Any]:
+        """The built package, callable as the step. Loading compares the machine with
+        the one that built the package (a warning, never a refusal; the package's name
+        already holds the instruction set), and inductor's way of knowing which vector
+        instructions it may use is to compile and load a probe for each, in child
+        processes (1.2 s on this project's machine): told they are usable, it skips that.
+        One caller at a time (a step holds the lock), so no locking around each call."""
+        with inductor_patch(**{"cpp.vec_isa_ok": True}):
+            return torch._inductor.aoti_load_package(self.path, run_single_threaded=True)
+
+
+def trace(function: Callable[..., Any], arguments: tuple[Any, ...]) -> Trace:
+    """`function(*arguments)` traced over fake tensors of the same shapes (no kernel
+    runs, nothing is written), with `capturing()` set for the models it calls. While it
+    runs, the modules the function calls through torch.func.functional_call hold fake
+    tensors in place of their own: call it where no other thread reads them (the
+    learner's thread, in its step, holding the lock a checkpoint takes)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with capturing_graph():
+        # Tensors the loss holds outside its modules (an action space's bounds) are
+        # constants of the graph, as torch.compile makes them.
+        graph = make_fx(function, tracing_mode="fake", _allow_non_fake_inputs=True)(*arguments)
+    return Trace(graph, arguments)
+
+
+class PackagedStep:
+    """A step compiled ahead of time, called with the step's arguments. Each package
+    holds one shape of batch: a batch of another shape gets its own (traced, and loaded
+    or built, in the calling thread, as torch.compile recompiles), never one read past
+    its end.
+
+    Args:
+        function: the step's function.
+        traced: its trace for the first shape of batch (`trace`).
+        holding: held while a package is built (compiling patches torch.nn.Module for
+            the whole process).
+    """
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        traced: Trace,
+        holding: Callable[[], AbstractContextManager[Any]],
+    ) -> None:
+        self.function = function
+        self.holding = holding
+        self.built_now = not traced.built and compiler.BACKEND != "aot_eager"
+        self._runners = {_shapes(traced.arguments[-1]): self._runner(traced)}
+
+    def __call__(self, *arguments: Any) -> Any:
+        shapes = _shapes(arguments[-1])
+        runner = self._runners.get(shapes)
+        if runner is None:
+            runner = self._runners[shapes] = self._runner(trace(self.function, copied(arguments)))
+        return runner(*arguments)
+
+    def _runner(self, traced: Trace) -> Callable[..., Any]:
+        """The trace's package, built first where no run built it before."""
+        if compiler.BACKEND == "aot_eager":
+            # torch's backend that runs the captured graph on eager kernels, with no code
+            # generated (the tests' parity checks): here, the trace itself.
+            return traced.graph
+        with self.holding():
+            if not traced.built:
+                traced.build()
+        return traced.load()
+
+
+def _shapes(inputs: dict[str, Any]) -> tuple[Any, ...]:
+    leaves, spec = tree_flatten(inputs)
+    return (spec, *((leaf.shape, leaf.dtype) for leaf in leaves if isinstance(leaf, Tensor)))
+
+
+def _key(graph: torch.fx.GraphModule, arguments: tuple[Any, ...]) -> str:
+    digest = hashlib.sha256()
+    digest.update(repr((_FORMAT, torch.__version__, _instruction_set())).encode())
+    digest.update(graph.code.encode())
+    for node in graph.graph.nodes:
+        if node.op == "get_attr":  # a constant the trace kept: its value is code too
+            value = getattr(graph, node.target)
+            if isinstance(value, Tensor):
+                digest.update(repr((node.target, value.shape, value.dtype)).encode())
+                digest.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+    leaves, spec = tree_flatten(arguments)
+    digest.update(repr(spec).encode())
+    for leaf in leaves:
+        if isinstance(leaf, Tensor):
+            digest.update(repr((leaf.shape, leaf.dtype, leaf.stride(), leaf.device)).encode())
+        else:
+            digest.update(repr(leaf).encode())
+    return digest.hexdigest()[:32]
+
+
+def _instruction_set() -> str:
+    """The vector instructions inductor's C++ kernels were built for."""
+    return torch.backends.cpu.get_cpu_capability()
