@@ -7,7 +7,6 @@ these as the grid and the random search do, so they live below both.
 from __future__ import annotations
 
 import csv
-import ctypes
 import itertools
 import math
 import os
@@ -24,6 +23,7 @@ import yaml
 
 from beast.algos import ALGORITHMS
 from beast.config import Config, ConfigError, algorithms_of, check_value, config_for
+from beast.threads import signal_when_parent_dies
 
 __all__ = [
     "MONOBEAST",
@@ -60,8 +60,6 @@ _DISTRIBUTIONS = ("uniform", "log_uniform", "int_uniform", "choice")
 _RETURN_WINDOW = 100
 # Seconds runs get to checkpoint and exit after an interrupt before they are killed.
 _STOP_SECONDS = 30.0
-# prctl's option (linux/prctl.h): the signal a process gets when its parent dies.
-_PR_SET_PDEATHSIG = 1
 
 
 class SweepError(ConfigError):
@@ -327,8 +325,7 @@ def _prepare_child(cores: list[int] | None) -> None:
     writing on behind a restarted one."""
     if cores:
         os.sched_setaffinity(0, cores)
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0)
+    signal_when_parent_dies(signal.SIGINT)
 
 
 def stop_runs(running: dict[int, tuple[Run, subprocess.Popen, Any, float]]) -> None:

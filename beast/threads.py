@@ -12,13 +12,14 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 
 from beast.native import QueueClosed
 
-__all__ = ["ThreadGroup", "die_with_fork_server", "process_alive"]
+__all__ = ["ThreadGroup", "die_with_fork_server", "process_alive", "signal_when_parent_dies"]
 
 # The process that imported this module. In a child of the actors' fork server, which
 # imports it when it preloads beast.actor, that is the server.
@@ -72,6 +73,13 @@ def process_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
+def signal_when_parent_dies(signal_number: int) -> None:
+    """Have the kernel send this process `signal_number` when the thread that started it
+    exits (its process dying included): Linux's PR_SET_PDEATHSIG; nothing elsewhere."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal_number, 0, 0, 0)
+
+
 def die_with_fork_server() -> None:
     """Have the kernel SIGKILL this process when the fork server it was forked from dies,
     and die now if that has happened already.
@@ -84,6 +92,6 @@ def die_with_fork_server() -> None:
     server = _IMPORTED_BY
     if server == os.getpid():
         return
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    signal_when_parent_dies(signal.SIGKILL)
     if os.getppid() != server:  # it died before prctl took effect
         os.kill(os.getpid(), signal.SIGKILL)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -379,7 +381,7 @@ def test_a_non_finite_step_is_skipped_in_the_graph_and_counted(fast_backend):
 
 
 def test_a_failed_compilation_is_said_once_and_the_run_goes_on_eagerly(monkeypatch, tmp_path):
-    def broken_build(self):
+    def broken_build(self, exported, stopping=None):
         raise RuntimeError("no C++ compiler found\nmore detail")
 
     monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))  # no package built before
@@ -397,6 +399,29 @@ def test_a_failed_compilation_is_said_once_and_the_run_goes_on_eagerly(monkeypat
     assert "RuntimeError: no C++ compiler found" in logged[0] and "eagerly" in logged[0]
     for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_package_build_under_way_stops_with_the_run(monkeypatch, tmp_path):
+    """A package builds in a child process beside the run; a run that stops stops it
+    (no process left behind) and the build says so with `BuildStopped`, no error."""
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))
+    children = []
+    popen = subprocess.Popen
+
+    def endless_build(argv, **kwargs):  # a build that would outlast the run
+        children.append(popen([sys.executable, "-c", "import time; time.sleep(60)"], **kwargs))
+        return children[-1]
+
+    monkeypatch.setattr(package.subprocess, "Popen", endless_build)
+    traced = package.trace(lambda x: (x * 2.0,), (torch.ones(3),))
+    stopping = threading.Event()
+    threading.Timer(0.5, stopping.set).start()
+    started = time.monotonic()
+    with pytest.raises(package.BuildStopped):
+        traced.build(traced.export(), stopping)
+    assert time.monotonic() - started < 5.0
+    assert len(children) == 1 and children[0].poll() is not None
+    assert not traced.built
 
 
 def test_auto_compiles_only_where_the_run_is_long_enough(monkeypatch, tmp_path):

@@ -26,12 +26,16 @@ __all__ = [
     "worth_compiling",
 ]
 
-# What --compile auto assumes before a step has been compiled on this machine: a first
-# compilation's cost (on 2 cores, SAC's step took 35-76 s and DQN's about 30 s; cached
-# graphs load in 4-10 s), and a compiled step's time over an eager one's: on CPU 0.3-0.5
-# for the MLPs of classic control and MuJoCo (benchmarks/RESULTS.md), 0.8-1.1 for
-# convolutional networks, whose time is their convolutions'; on CUDA 0.1-0.3.
-FIRST_COMPILE_SECONDS = 60.0
+# What --compile auto assumes before a step has been compiled on this machine: what a
+# first compilation costs the run, and a compiled step's time over an eager one's. On CPU
+# the step's package is built in a process beside the run, which goes on eagerly: a DQN
+# CartPole run kept ~70% of its eager rate for the 28 s its first build took on 2 cores
+# (about 8 s lost), and a package built once loads in under a second; networks with
+# convolutions build for longer (R2D2's step, 100 s). On CUDA torch.compile stalls the
+# learner (SAC's step, 35-76 s). The ratios: on CPU 0.3-0.5 for the MLPs of classic
+# control and MuJoCo (benchmarks/RESULTS.md), 0.8-1.1 for convolutional networks, whose
+# time is their convolutions'; on CUDA 0.1-0.3.
+FIRST_COMPILE_SECONDS = {"cpu": 10.0, "cpu convolutions": 30.0, "cuda": 60.0}
 COMPILED_RATIO = {"cpu": 0.6, "cpu convolutions": 0.9, "cuda": 0.3}
 # A compiled step kept only if at least this much faster than the eager one, measured.
 KEEP_COMPILED_BELOW = 0.97
@@ -91,25 +95,26 @@ def hardware(device: torch.device, modules: Iterable[nn.Module]) -> str:
 
 
 def worth_compiling(
-    eager: float, record: StepRecord, steps_left: int | None, prior: float
+    eager: float, record: StepRecord, steps_left: int | None, hardware: str
 ) -> tuple[bool, str]:
     """Whether compiling a step pays over the steps left (--compile auto), and why not;
-    `prior` is the compiled-to-eager time ratio assumed before one was measured."""
+    before a first compilation on this machine, it assumes `hardware`'s cost and
+    compiled-to-eager time ratio (`FIRST_COMPILE_SECONDS`, `COMPILED_RATIO`)."""
     if steps_left is None:
         return True, ""
-    ratio = prior
+    ratio = COMPILED_RATIO[hardware]
     if record.eager and record.compiled:
         ratio = record.compiled / record.eager
     cost = record.compile_seconds
     first = cost is None
     if first:
-        cost = FIRST_COMPILE_SECONDS
+        cost = FIRST_COMPILE_SECONDS[hardware]
     saving = steps_left * eager * (1.0 - ratio)
     if saving > cost:
         return True, ""
     hint = (
-        " (once compiled, cached graphs load in seconds: --compile on compiles it now and"
-        " lets later runs of this config compile by default)"
+        " (once compiled, a step loads in seconds: --compile on compiles it now and lets"
+        " later runs of this config compile by default)"
         if first
         else ""
     )

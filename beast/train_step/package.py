@@ -21,7 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import threading
+import time
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -33,14 +39,17 @@ from torch.utils._pytree import tree_flatten
 
 from beast.graph_capture import capturing_graph
 from beast.records import compile_cache_dir
+from beast.threads import signal_when_parent_dies
 from beast.train_step import compiler
 from beast.train_step.compiler import inductor_patch
 from beast.train_step.graph import copied
 
-__all__ = ["PackagedStep", "Trace", "trace"]
+__all__ = ["BuildStopped", "PackagedStep", "Trace", "trace"]
 
 # Bumped when what a package holds or how it is called changes.
 _FORMAT = 1
+# How often a build's wait looks whether the run is stopping.
+_POLL_SECONDS = 0.1
 
 
 class Trace:
@@ -56,24 +65,50 @@ class Trace:
         """Whether an earlier run (or this one) built this step's package."""
         return os.path.exists(self.path)
 
-    def build(self) -> None:
-        """Export the trace (an operator-level re-trace: under a second) and compile it
-        into this trace's package: inductor's kernels and their C++ wrapper in one shared
-        library (tens of seconds). Written under another name and renamed, so runs
-        building the same step at once never read half a file."""
-        exported = torch.export.export(self.graph, self.arguments, strict=False)
-        directory = os.path.dirname(self.path)
-        os.makedirs(directory, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(suffix=".pt2", dir=directory)
-        os.close(handle)
+    def export(self) -> Any:
+        """The trace as an ExportedProgram, what a package is built from (an
+        operator-level re-trace: under a second; it patches torch.nn.Module for the
+        whole process while it runs)."""
+        return torch.export.export(self.graph, self.arguments, strict=False)
+
+    def build(self, exported: Any, stopping: threading.Event | None = None) -> None:
+        """Compile `exported` into this trace's package (inductor's kernels and their C++
+        wrapper in one shared library: tens of seconds) in a process of its own, so that
+        nothing in this one waits for it but what needs the package (the learner's steps
+        go on eagerly meanwhile). RuntimeError, with the child's last line, if it failed;
+        `BuildStopped` if `stopping` was set first (the child is stopped too, as it is
+        when the thread that started it ends: the kernel signals it)."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
+        # Removed by whichever of the two ends last (a stopped run exits at once).
+        scratch = tempfile.mkdtemp(prefix="beast-step-")
         try:
-            with warnings.catch_warnings():  # torch's own deprecations, said while pickling
-                warnings.simplefilter("ignore", FutureWarning)
-                torch._inductor.aoti_compile_and_package(exported, package_path=temporary)
-            os.replace(temporary, self.path)
+            program = os.path.join(scratch, "program.pt2")
+            torch.export.save(exported, program)
+            with open(os.path.join(scratch, "stderr"), "w+") as stderr:
+                child = subprocess.Popen(
+                    [sys.executable, "-m", __name__, program, self.path, str(os.getpid())],
+                    env=dict(os.environ, PYTHONPATH=path),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                )
+                try:
+                    while not _exited(child):
+                        if stopping is not None and stopping.is_set():
+                            raise BuildStopped("the run stopped before the step's package")
+                finally:
+                    if child.poll() is None:
+                        child.terminate()
+                        child.wait()
+                stderr.seek(0)
+                lines = stderr.read().strip().splitlines()
         finally:
-            if os.path.exists(temporary):
-                os.remove(temporary)
+            shutil.rmtree(scratch, ignore_errors=True)
+        if child.returncode != 0:
+            last = lines[-1] if lines else f"exit code {child.returncode}"
+            raise RuntimeError(f"building the step's package failed: {last}")
 
     def load(self) -> Callable[..., Any]:
         """The built package, callable as the step. Loading compares the machine with
@@ -110,8 +145,9 @@ class PackagedStep:
     Args:
         function: the step's function.
         traced: its trace for the first shape of batch (`trace`).
-        holding: held while a package is built (compiling patches torch.nn.Module for
+        holding: held while the trace is exported (which patches torch.nn.Module for
             the whole process).
+        stopping: set when the run stops: a build under way then stops (`BuildStopped`).
     """
 
     def __init__(
@@ -119,10 +155,12 @@ class PackagedStep:
         function: Callable[..., Any],
         traced: Trace,
         holding: Callable[[], AbstractContextManager[Any]],
+        stopping: threading.Event | None = None,
     ) -> None:
         self.function = function
         self.holding = holding
-        self.built_now = not traced.built and compiler.BACKEND != "aot_eager"
+        self.stopping = stopping
+        self.build_seconds = 0.0  # spent building packages (beside the run's steps)
         self._runners = {_shapes(traced.arguments[-1]): self._runner(traced)}
 
     def __call__(self, *arguments: Any) -> Any:
@@ -138,10 +176,26 @@ class PackagedStep:
             # torch's backend that runs the captured graph on eager kernels, with no code
             # generated (the tests' parity checks): here, the trace itself.
             return traced.graph
-        with self.holding():
-            if not traced.built:
-                traced.build()
+        if not traced.built:
+            with self.holding():
+                exported = traced.export()
+            started = time.perf_counter()
+            traced.build(exported, self.stopping)  # steps go on meanwhile
+            self.build_seconds += time.perf_counter() - started
         return traced.load()
+
+
+class BuildStopped(Exception):
+    """The run stopped while a package was being built; the build was stopped too."""
+
+
+def _exited(child: subprocess.Popen) -> bool:
+    """Whether `child` ended, after waiting up to `_POLL_SECONDS` for it."""
+    try:
+        child.wait(timeout=_POLL_SECONDS)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _shapes(inputs: dict[str, Any]) -> tuple[Any, ...]:
@@ -172,3 +226,32 @@ def _key(graph: torch.fx.GraphModule, arguments: tuple[Any, ...]) -> str:
 def _instruction_set() -> str:
     """The vector instructions inductor's C++ kernels were built for."""
     return torch.backends.cpu.get_cpu_capability()
+
+
+def _build(program: str, destination: str, parent: int) -> None:
+    """The child process of `Trace.build`: the exported `program` compiled into the
+    package at `destination`, written under another name and renamed (runs building the
+    same step at once never read half a file; a stopped build leaves none), and the
+    program's scratch directory removed."""
+    signal_when_parent_dies(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # through the `finally`s below
+    temporary = None
+    try:
+        if os.getppid() != parent:  # the run ended before the kernel knew to tell
+            return
+        compiler.configure_compiler()
+        exported = torch.export.load(program)
+        handle, temporary = tempfile.mkstemp(suffix=".pt2", dir=os.path.dirname(destination))
+        os.close(handle)
+        with warnings.catch_warnings():  # torch's own deprecations, said while pickling
+            warnings.simplefilter("ignore", FutureWarning)
+            torch._inductor.aoti_compile_and_package(exported, package_path=temporary)
+        os.replace(temporary, destination)
+    finally:
+        if temporary is not None and os.path.exists(temporary):
+            os.remove(temporary)
+        shutil.rmtree(os.path.dirname(program), ignore_errors=True)
+
+
+if __name__ == "__main__":
+    _build(sys.argv[1], sys.argv[2], int(sys.argv[3]))

@@ -118,7 +118,8 @@ class TrainStep:
         self._modules_in_use = ModulesInUse()
         self._compiled_steps: dict[Train, Callable[..., tuple[Any, ...]]] = {}  # to adopt
         self._compiled_timings: dict[Train, list[float]] = {}
-        self._built_now: dict[Train, bool] = {}  # CPU: kinds whose package this run built
+        # CPU: the seconds a kind's package took to build in this run (0: loaded).
+        self._build_seconds: dict[Train, float] = {}
         self._used: dict[Train, Used | None] = {}
         self._layout: Layout | None = None
         self._state: OptimizerState | None = None
@@ -231,8 +232,8 @@ class TrainStep:
             auto.signature(self.loss, kind, inputs, params, self._device())
         )
         if self.mode == "auto":
-            prior = auto.COMPILED_RATIO[auto.hardware(self._device(), self.program.modules())]
-            worth, reason = auto.worth_compiling(eager, record, self._steps_left(), prior)
+            hardware = auto.hardware(self._device(), self.program.modules())
+            worth, reason = auto.worth_compiling(eager, record, self._steps_left(), hardware)
             if not worth:
                 self._decided[kind] = None
                 self.log(
@@ -285,15 +286,18 @@ class TrainStep:
         self._decided[kind] = compiled
         seconds = self._compiled_seconds[kind]
         record = self._records[kind]
-        if kind in self._built_now:
-            cached = "" if self._built_now[kind] else " from its package of an earlier run"
+        eager = f"eager it took {record.eager * 1e3:.2f} ms a step"
+        built = self._build_seconds.get(kind)  # None: torch.compile's (CUDA)
+        if built:
+            how = f" ({seconds:.1f} s, its package built beside the learner's eager steps;"
+        elif built is not None:
+            how = f" from its package of an earlier run ({seconds:.1f} s;"
         else:
             cached = " from cached graphs" if record.compile_seconds is not None else ""
-        self.log(
-            f"the learner's update is compiled{cached} ({seconds:.1f} s;"
-            f" eager it took {record.eager * 1e3:.2f} ms a step)"
-        )
-        self._records[kind] = record._replace(compile_seconds=seconds)
+            how = f"{cached} ({seconds:.1f} s;"
+        self.log(f"the learner's update is compiled{how} {eager})")
+        # What it cost the run: the seconds its steps waited (not a build beside them).
+        self._records[kind] = record._replace(compile_seconds=seconds - (built or 0.0))
 
     def _steps_left(self) -> int | None:
         if self.expected_steps is None:
@@ -323,8 +327,8 @@ class TrainStep:
         try:
             if traced is not None:
                 holding = self._modules_in_use.for_compilation
-                compiled = package.PackagedStep(function, traced, holding)
-                self._built_now[kind] = compiled.built_now
+                compiled = package.PackagedStep(function, traced, holding, self.stopping)
+                self._build_seconds[kind] = compiled.build_seconds
             else:
                 compiled = torch.compile(
                     function,
@@ -336,7 +340,8 @@ class TrainStep:
             with self._modules_in_use.for_compilation():
                 compiled(*arguments)  # torch.compile's compilation; a package's proof
         except Exception as error:  # dynamo/inductor errors, a missing C++ compiler
-            self._failed(error)
+            if not (self.stopping is not None and self.stopping.is_set()):
+                self._failed(error)  # (a stopped run has nothing more to say of it)
             return
         seconds = time.perf_counter() - started
         self.compile_seconds += seconds
