@@ -6,8 +6,8 @@ step's as long. Here the step is traced once per run at the operator level inste
 (`make_fx` over fake tensors: 0.3 s, no kernel runs), the trace's code names the
 package, and a package already built is a shared library loaded in milliseconds
 (AOTInductor). A new one is exported and compiled by inductor into the same fused C++
-kernels torch.compile makes, then kept in `compile_cache_dir()/steps` for every later
-run whose step traces the same.
+kernels torch.compile makes, in a child process while the learner goes on eagerly, then
+kept in `compile_cache_dir()/steps` for every later run whose step traces the same.
 
 The package's name is a hash of everything its code depends on: the traced graph's
 code, the values of the constants the trace kept, every input's shape, dtype and
