@@ -557,3 +557,17 @@ def test_a_step_waiting_for_a_compilation_gives_up_when_the_run_stops(monkeypatc
     assert update.train_step.steps_taken == taken
     for compilation in update.train_step._compilations.values():
         compilation.join()
+
+
+def test_a_compilation_thread_is_no_daemon_even_when_a_daemon_starts_it():
+    """The interpreter's exit waits for a compilation (the learner's daemon thread starts
+    it): a daemon would be ended inside torch's C++, which aborts the process."""
+    from beast.train_step.background import compilation_thread
+
+    made = []
+    starter = threading.Thread(
+        target=lambda: made.append(compilation_thread("test", lambda: None)), daemon=True
+    )
+    starter.start()
+    starter.join()
+    assert made and made[0].daemon is False

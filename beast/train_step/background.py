@@ -79,7 +79,10 @@ def compilation_thread(name: str, target: Callable[..., None], *args: Any) -> th
     daemon: the interpreter's exit waits for it rather than freezing it inside torch's
     C++ (which aborts the process); monobeast.py and polybeast.py exit without waiting
     (`beast.cli.exit_process`)."""
-    return threading.Thread(target=target, args=args, name=f"{_THREAD_PREFIX}{name}")
+    # daemon=False said, not left to the default: a thread started from a daemon thread
+    # (the learner's) is one too, and the interpreter's exit then ended it inside torch's
+    # C++ (which aborts the process: "terminate called without an active exception").
+    return threading.Thread(target=target, args=args, name=f"{_THREAD_PREFIX}{name}", daemon=False)
 
 
 def compilations_under_way() -> bool:
