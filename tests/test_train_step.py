@@ -249,6 +249,32 @@ def test_the_trace_runs_in_the_learners_step_and_the_build_beside_it(monkeypatch
     assert threads["trace"] == threading.get_ident() != threads["build"]
 
 
+@pytest.mark.parametrize(
+    "algo, flags",
+    [
+        ("laser", ("--unroll_length", "6", "--batch_size", "4")),
+        ("a2c", ("--unroll_length", "6", "--batch_size", "4", "--no-synchronous")),
+        ("c51", ("--batch_size", "8")),
+        ("rainbow", ("--batch_size", "8")),
+        ("apex", ("--batch_size", "8")),
+        ("ddpg", ("--net_arch", "16,16", "--batch_size", "8")),
+    ],
+)
+def test_every_other_algorithm_compiles_and_matches_eager(fast_backend, algo, flags):
+    """The algorithms the tests above leave out: their steps trace into one graph (no
+    host read, no shape that depends on the data) and take the eager steps."""
+    continuous = algo == "ddpg"
+    spec = PENDULUM if continuous else CARTPOLE
+    if "--unroll_length" in flags:
+        batches = [rollout_batch(6, 4, seed) for seed in range(4)]
+    else:
+        flags = (*flags, "--hidden_size", "16") if not continuous else flags
+        batches = [transition_batch(8, seed, continuous=continuous) for seed in range(5)]
+    eager, compiled, progress = pair(algo, spec, *flags)
+    assert_same_steps(eager, compiled, batches, progress, priorities=algo in ("apex", "rainbow"))
+    assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
+
+
 def test_sequence_replay_r2d2_matches_eager(fast_backend):
     flags = ("--hidden_size", "8", "--model", "mlp", "--batch_size", "4", "--burn_in", "2")
     flags += ("--seq_len", "6", "--seq_overlap", "2", "--n_step", "2")

@@ -42,11 +42,13 @@ def categorical_projection(
     dtype = compute_dtype(returns.returns, returns.discounts, next_probs, support)
     support = support.to(dtype)
     num_atoms = support.shape[0]
-    v_min, v_max = float(support[0]), float(support[-1])
+    # Tensors, not Python floats: the support may be a graph's input (a module buffer),
+    # whose values a compiled step never reads on the host.
+    v_min, v_max = support[0], support[-1]
     delta = (v_max - v_min) / (num_atoms - 1)
     discounts = torch.where(terminal, 0.0, returns.discounts.to(dtype)).unsqueeze(1)
     shifted = returns.returns.to(dtype).unsqueeze(1) + discounts * support.unsqueeze(0)
-    shifted = shifted.clamp(v_min, v_max)
+    shifted = torch.minimum(torch.maximum(shifted, v_min), v_max)
     position = (shifted - v_min) / delta  # [B, N], in [0, N - 1]
     lower = position.floor().clamp(0, num_atoms - 1)
     upper = position.ceil().clamp(0, num_atoms - 1)

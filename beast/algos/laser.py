@@ -175,11 +175,13 @@ def laser_loss(
         distribution=distribution,
     )
     with torch.no_grad():
-        num_valid = max(int(valid.sum()), 1)
+        # Masked sums, not indexing or a host read: no graph holds a shape or a count
+        # that depends on the data.
+        num_valid = valid.sum().clamp(min=1).to(kl.dtype)
         rejected = torch.zeros_like(valid) if keep is None else valid & keep.logical_not()
         stats = {
             **loss.stats,
-            "mean_kl": kl[valid].sum() / num_valid,
+            "mean_kl": torch.where(valid, kl, 0.0).sum() / num_valid,
             "masked_fraction": rejected.to(kl.dtype).sum() / num_valid,
         }
     return LossOutput(total_loss=loss.total_loss, stats=stats)
