@@ -597,3 +597,34 @@ def test_a_compilation_thread_is_no_daemon_even_when_a_daemon_starts_it():
     starter.start()
     starter.join()
     assert made and made[0].daemon is False
+
+
+def test_auto_tries_a_cheap_compilation_again_that_once_measured_no_faster():
+    """A record that says compiled was no faster decides only where compiling costs
+    much (a build); where it costs a package's load, the run compiles and measures again
+    (its keep-or-revert check stays the judge), so one noisy timing is not forever."""
+    slower = auto.StepRecord("s", compile_seconds=0.5, eager=0.010, compiled=0.012)
+    assert auto.worth_compiling(0.010, slower, 100_000, "cpu") == (True, "")
+    costly = slower._replace(compile_seconds=30.0)
+    worth, reason = auto.worth_compiling(0.010, costly, 100_000, "cpu")
+    assert not worth and "would save about -200 s" in reason
+    faster = slower._replace(compiled=0.004)
+    # 50 steps of 10 ms, 60% faster, save 0.3 s: not the 0.5 s a load costs; 100 do.
+    assert auto.worth_compiling(0.010, faster, 50, "cpu")[0] is False
+    assert auto.worth_compiling(0.010, faster, 100, "cpu")[0] is True
+
+
+def test_the_update_settles_only_once_its_compiled_step_is_timed(
+    fast_backend, monkeypatch, tmp_path
+):
+    """The thread tuner changes the thread count once the update settles: not while the
+    first compiled steps are timed against the eager ones, which a change would skew."""
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))
+    _, update, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16")
+    states = []
+    for seed in range(12):
+        update(transition_batch(8, seed, continuous=False))
+        states.append((update.train_step.path, update.train_step.settled))
+    compiled = [settled for path, settled in states if path == "compiled"]
+    assert compiled[: auto.EAGER_PROBES] == [False] * auto.EAGER_PROBES
+    assert compiled[-1] is True

@@ -20,6 +20,7 @@ __all__ = [
     "COMPILED_RATIO",
     "EAGER_PROBES",
     "KEEP_COMPILED_BELOW",
+    "RETRY_BELOW_SECONDS",
     "StepRecord",
     "hardware",
     "signature",
@@ -39,6 +40,10 @@ FIRST_COMPILE_SECONDS = {"cpu": 10.0, "cpu convolutions": 30.0, "cuda": 60.0}
 COMPILED_RATIO = {"cpu": 0.6, "cpu convolutions": 0.9, "cuda": 0.3}
 # A compiled step kept only if at least this much faster than the eager one, measured.
 KEEP_COMPILED_BELOW = 0.97
+# A record that says the compiled step was no faster is put to the test again where
+# compiling costs less than this (a package's load): one timing on a busy machine would
+# otherwise keep every later run of the step eager, with nothing to correct it.
+RETRY_BELOW_SECONDS = 2.0
 # Eager steps of each kind timed before deciding (the first, warming caches, not counted).
 EAGER_PROBES = 4
 
@@ -103,12 +108,13 @@ def worth_compiling(
     if steps_left is None:
         return True, ""
     ratio = COMPILED_RATIO[hardware]
-    if record.eager and record.compiled:
-        ratio = record.compiled / record.eager
     cost = record.compile_seconds
     first = cost is None
     if first:
         cost = FIRST_COMPILE_SECONDS[hardware]
+    measured = record.compiled / record.eager if record.eager and record.compiled else None
+    if measured is not None and (measured < KEEP_COMPILED_BELOW or cost >= RETRY_BELOW_SECONDS):
+        ratio = measured
     saving = steps_left * eager * (1.0 - ratio)
     if saving > cost:
         return True, ""

@@ -160,7 +160,8 @@ class PackagedStep:
         self.function = function
         self.holding = holding
         self.stopping = stopping
-        self.build_seconds = 0.0  # spent building packages (beside the run's steps)
+        # Spent exporting and building packages: what a later run, loading them, skips.
+        self.build_seconds = 0.0
         self._runners = {_shapes(traced.arguments[-1]): self._runner(traced)}
 
     def __call__(self, *arguments: Any) -> Any:
@@ -177,9 +178,9 @@ class PackagedStep:
             # generated (the tests' parity checks): here, the trace itself.
             return traced.graph
         if not traced.built:
+            started = time.perf_counter()
             with self.holding():
                 exported = traced.export()
-            started = time.perf_counter()
             traced.build(exported, self.stopping)  # steps go on meanwhile
             self.build_seconds += time.perf_counter() - started
         return traced.load()

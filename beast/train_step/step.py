@@ -148,8 +148,13 @@ class TrainStep:
     @property
     def settled(self) -> bool:
         """Whether steps take their steady path: not compiling, or a kind of step decided
-        (compiled, or kept eager) and no compilation under way."""
-        return not self._compiling or (bool(self._decided) and not self._compilations)
+        (compiled, or kept eager), no compilation under way and no compiled step still
+        being timed against the eager one (the thread tuner's windows, which change the
+        thread count, wait for that: a compiled step timed at 2 threads beside an actor
+        measured slower than eager, and --compile auto kept eager runs from then on)."""
+        return not self._compiling or (
+            bool(self._decided) and not self._compilations and not self._records
+        )
 
     def describe(self) -> str:
         """The path the last step took, for the log."""
@@ -296,7 +301,8 @@ class TrainStep:
             cached = " from cached graphs" if record.compile_seconds is not None else ""
             how = f"{cached} ({seconds:.1f} s;"
         self.log(f"the learner's update is compiled{how} {eager})")
-        # What it cost the run: the seconds its steps waited (not a build beside them).
+        # What compiling will cost the next run of this step: tracing and loading its
+        # package (a build, this run's alone, is not counted).
         self._records[kind] = record._replace(compile_seconds=seconds - (built or 0.0))
 
     def _steps_left(self) -> int | None:
