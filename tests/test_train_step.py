@@ -165,6 +165,16 @@ def assert_same_steps(eager, compiled, batches, progress_pair, *, priorities=Fal
             torch.testing.assert_close(info_b.priorities, info_a.priorities, rtol=1e-4, atol=1e-5)
 
 
+def step_until_compiled(update, seconds: float = 30.0) -> None:
+    """DQN steps on fresh batches until a background compilation is adopted."""
+    deadline = time.monotonic() + seconds
+    seed = 0
+    while update.train_step.path != "compiled" and time.monotonic() < deadline:
+        update(transition_batch(8, seed, continuous=False))
+        seed += 1
+    assert update.train_step.path == "compiled", update.log_lines
+
+
 def pair(algo, spec, *flags, clipping=0.0):
     model_a, update_a, progress_a = build(algo, spec, "off", *flags, clipping=clipping)
     model_b, update_b, progress_b = build(algo, spec, "on", *flags, clipping=clipping)
@@ -240,12 +250,7 @@ def test_the_trace_runs_in_the_learners_step_and_the_build_beside_it(monkeypatch
     monkeypatch.setattr(package, "trace", recorded_trace)
     monkeypatch.setattr(package.PackagedStep, "_runner", recorded_runner)
     _, update, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16", background=True)
-    deadline = time.monotonic() + 30
-    seed = 0
-    while update.train_step.path != "compiled" and time.monotonic() < deadline:
-        update(transition_batch(8, seed, continuous=False))
-        seed += 1
-    assert update.train_step.path == "compiled", update.log_lines
+    step_until_compiled(update)
     assert threads["trace"] == threading.get_ident() != threads["build"]
 
 
@@ -546,12 +551,7 @@ def test_no_step_runs_while_a_background_compilation_traces(monkeypatch):
         return loss(inputs, kind)
 
     update.train_step.loss = timed_loss
-    deadline = time.monotonic() + 30
-    seed = 0
-    while update.train_step.path != "compiled" and time.monotonic() < deadline:
-        update(transition_batch(8, seed, continuous=False))
-        seed += 1
-    assert update.train_step.path == "compiled", update.log_lines
+    step_until_compiled(update)
     assert len(window) == 2 and steps
     assert not [t for t in steps if window[0] <= t <= window[1]]
 
