@@ -207,14 +207,15 @@ class Batch(NamedTuple):
             return [self]
         parts = self.parts
 
-        def piece(tensor: Tensor, i: int) -> Tensor:
-            dim = 0 if tensor.dim() == 1 else 1
-            return tensor.chunk(parts, dim=dim)[i]
+        def pieces(tensor: Tensor) -> tuple[Tensor, ...]:
+            return tensor.chunk(parts, dim=0 if tensor.dim() == 1 else 1)
 
+        data = {key: pieces(value) for key, value in self.data.items()}
+        weights = None if self.weights is None else pieces(self.weights)
         return [
             Batch(
-                data={key: piece(value, i) for key, value in self.data.items()},
-                weights=None if self.weights is None else piece(self.weights, i),
+                data={key: value[i] for key, value in data.items()},
+                weights=None if weights is None else weights[i],
             )
             for i in range(parts)
         ]

@@ -151,6 +151,10 @@ def _output_in_float32(stream: nn.Sequential, x: Tensor) -> Tensor:
     bf16 where the CPU or GPU has it, and the Q-values keep the resolution their targets
     need (bf16's 8 bits are 0.016 at Q = 3, as fine as late TD errors). The recurrent
     core runs in float32 too: its state carries rounding from step to step."""
-    hidden = stream[:-1](x)
-    with _float32(hidden):
-        return stream[-1](hidden.float())
+    *hidden_layers, last = stream  # (slicing a Sequential builds a new one: 15 us a call)
+    for layer in hidden_layers:
+        x = layer(x)
+    if not torch.is_autocast_enabled(x.device.type):  # an actor's float32 forward
+        return last(x.float())
+    with _float32(x):
+        return last(x.float())
