@@ -48,7 +48,7 @@ def categorical_projection(
     delta = (v_max - v_min) / (num_atoms - 1)
     discounts = torch.where(terminal, 0.0, returns.discounts.to(dtype)).unsqueeze(1)
     shifted = returns.returns.to(dtype).unsqueeze(1) + discounts * support.unsqueeze(0)
-    shifted = torch.minimum(torch.maximum(shifted, v_min), v_max)
+    shifted = shifted.clamp(v_min, v_max)
     position = (shifted - v_min) / delta  # [B, N], in [0, N - 1]
     lower = position.floor().clamp(0, num_atoms - 1)
     upper = position.ceil().clamp(0, num_atoms - 1)

@@ -4,6 +4,7 @@ head, with one value or a distribution over atoms per action.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -140,8 +141,12 @@ class QNet(_Trunk):
         return QOutput(q.view(T, B, self.num_actions)), core_state
 
 
-def _float32(x: Tensor) -> torch.autocast:
-    """No autocast inside (a bf16 learner's, --precision): float32 arithmetic."""
+def _float32(x: Tensor) -> contextlib.AbstractContextManager:
+    """No autocast inside (a bf16 learner's, --precision): float32 arithmetic. Where
+    autocast is off already (actors, fp32 learners), nothing: even a disabled autocast
+    costs its enter and exit on every forward pass."""
+    if not torch.is_autocast_enabled(x.device.type):
+        return contextlib.nullcontext()
     return torch.autocast(x.device.type, enabled=False)
 
 
@@ -154,7 +159,5 @@ def _output_in_float32(stream: nn.Sequential, x: Tensor) -> Tensor:
     *hidden_layers, last = stream  # (slicing a Sequential builds a new one: 15 us a call)
     for layer in hidden_layers:
         x = layer(x)
-    if not torch.is_autocast_enabled(x.device.type):  # an actor's float32 forward
-        return last(x.float())
     with _float32(x):
         return last(x.float())
