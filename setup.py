@@ -45,6 +45,8 @@ setup(
     extras_require={
         "test": [
             "pytest>=7",
+            # The default suite runs on 2 workers (pyproject.toml: -n 2); -n 0 runs it in one.
+            "pytest-xdist>=3.5",
             "ruff>=0.5",
             "imageio>=2.30",
             "imageio-ffmpeg>=0.4.9",

@@ -84,7 +84,20 @@ def wait_until_gone(marker: str, timeout: float = 5.0) -> list[int]:
 def shm_entries() -> set[str]:
     """The /dev/shm entries no live process holds (maps or has open): what a run that has
     exited left behind. Entries held by other processes on the machine (other runs'
-    multiprocessing semaphores, alive while their run is) are not leaks."""
+    multiprocessing semaphores, alive while their run is) are not leaks.
+
+    A named semaphore being created is unheld for a moment under its own name: glibc maps
+    it under a temporary name and links it into place, and multiprocessing unlinks it
+    right after. Another run on the machine (the suite's other xdist worker) can be at
+    that point, so an entry counts only if it is still there, unheld, 0.2 s later."""
+    unheld = _unheld_shm_entries()
+    if unheld:
+        time.sleep(0.2)
+        unheld &= _unheld_shm_entries()
+    return unheld
+
+
+def _unheld_shm_entries() -> set[str]:
     if not os.path.isdir("/dev/shm"):
         return set()
     entries = set(os.listdir("/dev/shm"))
