@@ -225,7 +225,8 @@ def test_a_step_reads_the_modules_buffers_as_they_are_now(fast_backend):
     # would hold a copy of.
     buffers = {b.data_ptr() for b in compiled[0].buffers()}
     (step,) = [s for s in compiled[1].train_step._decided.values() if s is not None]
-    for graph in step._runners.values():
+    for runner in step._runners.values():
+        graph = runner.graph
         constants = [getattr(graph, n.target) for n in graph.graph.nodes if n.op == "get_attr"]
         assert not buffers & {c.data_ptr() for c in constants if isinstance(c, torch.Tensor)}
 
@@ -340,6 +341,16 @@ def test_inductor_compiles_a_dqn_step_that_matches_eager(monkeypatch, tmp_path):
         assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
         assert any(said in line for line in compiled[1].log_lines), compiled[1].log_lines
     assert len(os.listdir(tmp_path / "steps")) == 1
+    # A run's learner (compiling in the background) loads a package built already in its
+    # own thread, in the step that decides: no thread, and no compiler import for one.
+    loaded = []
+    load = package.Trace.load
+    monkeypatch.setattr(package.Trace, "load", lambda t: loaded.append(t.path) or load(t))
+    monkeypatch.setattr(compiler, "import_compiler", lambda: pytest.fail("imported"))
+    _, update, _ = build("dqn", CARTPOLE, "on", *flags, background=True)
+    decided = update.train_step.steps_taken + auto.EAGER_PROBES + 1
+    step_until_compiled(update)
+    assert update.train_step.steps_taken == decided and len(loaded) == 1
 
 
 def test_checkpoints_hold_the_same_state_on_either_path(fast_backend):

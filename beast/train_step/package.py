@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_loads
 
 from beast.graph_capture import capturing_graph
 from beast.records import compile_cache_dir
@@ -44,7 +44,7 @@ from beast.train_step import compiler
 from beast.train_step.compiler import inductor_patch
 from beast.train_step.graph import copied
 
-__all__ = ["BuildStopped", "PackagedStep", "Trace", "trace"]
+__all__ = ["BuildStopped", "PackagedStep", "Trace", "loads_only", "trace"]
 
 # Bumped when what a package holds or how it is called changes.
 _FORMAT = 1
@@ -110,15 +110,25 @@ class Trace:
             last = lines[-1] if lines else f"exit code {child.returncode}"
             raise RuntimeError(f"building the step's package failed: {last}")
 
-    def load(self) -> Callable[..., Any]:
-        """The built package, callable as the step. Loading compares the machine with
-        the one that built the package (a warning, never a refusal; the package's name
-        already holds the instruction set), and inductor's way of knowing which vector
-        instructions it may use is to compile and load a probe for each, in child
-        processes (1.2 s on this project's machine): told they are usable, it skips that.
-        One caller at a time (a step holds the lock), so no locking around each call."""
+    def load(self) -> Runner:
+        """The built package, called with the step's arguments and their tensors
+        (`Runner`). Loading compares the machine with the one that built the package (a
+        warning, never a refusal; the package's name already holds the instruction set),
+        and inductor's way of knowing which vector instructions it may use is to compile
+        and load a probe for each, in child processes (1.2 s on this project's machine):
+        told they are usable, it skips that. One caller at a time (a step holds the
+        lock), so no locking around each call."""
         with inductor_patch(**{"cpp.vec_isa_ok": True}):
-            return torch._inductor.aoti_load_package(self.path, run_single_threaded=True)
+            model = torch._inductor.aoti_load_package(self.path, run_single_threaded=True)
+        loader = model.loader
+        out_spec = treespec_loads(loader.get_call_spec()[1])
+        return lambda arguments, tensors: tree_unflatten(loader.boxed_run(tensors), out_spec)
+
+
+def loads_only(traced: Trace | None) -> bool:
+    """Whether compiling `traced` is only loading its package: an earlier run built it,
+    and the backend is inductor's (the tests' eager backend runs the trace itself)."""
+    return traced is not None and compiler.BACKEND != "aot_eager" and traced.built
 
 
 def trace(function: Callable[..., Any], arguments: tuple[Any, ...]) -> Trace:
@@ -134,6 +144,14 @@ def trace(function: Callable[..., Any], arguments: tuple[Any, ...]) -> Trace:
         # constants of the graph, as torch.compile makes them.
         graph = make_fx(function, tracing_mode="fake", _allow_non_fake_inputs=True)(*arguments)
     return Trace(graph, arguments)
+
+
+# A loaded step: called with the step's arguments and the tensors among their leaves,
+# flattened once by the caller. The package's own `__call__` parses its call specs from
+# JSON and flattens the arguments again at every call, and the caller flattened them
+# already to find the package for their shapes: together 20-25% of a compiled PPO
+# CartPole minibatch step.
+Runner = Callable[[tuple[Any, ...], list[Tensor]], Any]
 
 
 class PackagedStep:
@@ -162,21 +180,21 @@ class PackagedStep:
         self.stopping = stopping
         # Spent exporting and building packages: what a later run, loading them, skips.
         self.build_seconds = 0.0
-        self._runners = {_shapes(traced.arguments[-1]): self._runner(traced)}
+        self._runners = {_tensors_and_shapes(traced.arguments)[1]: self._runner(traced)}
 
     def __call__(self, *arguments: Any) -> Any:
-        shapes = _shapes(arguments[-1])
+        tensors, shapes = _tensors_and_shapes(arguments)
         runner = self._runners.get(shapes)
         if runner is None:
             runner = self._runners[shapes] = self._runner(trace(self.function, copied(arguments)))
-        return runner(*arguments)
+        return runner(arguments, tensors)
 
-    def _runner(self, traced: Trace) -> Callable[..., Any]:
+    def _runner(self, traced: Trace) -> Runner:
         """The trace's package, built first where no run built it before."""
         if compiler.BACKEND == "aot_eager":
             # torch's backend that runs the captured graph on eager kernels, with no code
             # generated (the tests' parity checks): here, the trace itself.
-            return traced.graph
+            return _GraphRunner(traced.graph)
         if not traced.built:
             started = time.perf_counter()
             with self.holding():
@@ -184,6 +202,16 @@ class PackagedStep:
             traced.build(exported, self.stopping)  # steps go on meanwhile
             self.build_seconds += time.perf_counter() - started
         return traced.load()
+
+
+class _GraphRunner:
+    """A trace run as it is, on eager kernels (`Runner`)."""
+
+    def __init__(self, graph: torch.fx.GraphModule) -> None:
+        self.graph = graph
+
+    def __call__(self, arguments: tuple[Any, ...], tensors: list[Tensor]) -> Any:
+        return self.graph(*arguments)
 
 
 class BuildStopped(Exception):
@@ -199,9 +227,12 @@ def _exited(child: subprocess.Popen) -> bool:
     return True
 
 
-def _shapes(inputs: dict[str, Any]) -> tuple[Any, ...]:
-    leaves, spec = tree_flatten(inputs)
-    return (spec, *((leaf.shape, leaf.dtype) for leaf in leaves if isinstance(leaf, Tensor)))
+def _tensors_and_shapes(arguments: tuple[Any, ...]) -> tuple[list[Tensor], tuple[Any, ...]]:
+    """The tensors among the arguments' leaves, in the order a package takes them, and
+    what picks the package: the arguments' structure, and each tensor's shape and dtype."""
+    leaves, spec = tree_flatten(arguments)
+    tensors = [leaf for leaf in leaves if isinstance(leaf, Tensor)]
+    return tensors, (spec, *((tensor.shape, tensor.dtype) for tensor in tensors))
 
 
 def _key(graph: torch.fx.GraphModule, arguments: tuple[Any, ...]) -> str:
