@@ -41,9 +41,13 @@ COMPILED_RATIO = {"cpu": 0.6, "cpu convolutions": 0.9, "cuda": 0.3}
 # A compiled step kept only if at least this much faster than the eager one, measured.
 KEEP_COMPILED_BELOW = 0.97
 # A record that says the compiled step was no faster is put to the test again where
-# compiling costs less than this (a package's load): one timing on a busy machine would
-# otherwise keep every later run of the step eager, with nothing to correct it.
-RETRY_BELOW_SECONDS = 2.0
+# compiling costs less than this (a package's load, the trace before it included: 0.1-
+# 0.5 s alone, 2.3 s in a SAC HalfCheetah run on 2 busy cores; a build takes 10 s and
+# more): one timing on a busy machine would otherwise keep every later run of the step
+# eager, with nothing to correct it (a record of compiled SAC at 25 ms against 17.7
+# eager, after a 2.3 s load, kept 5,000-step HalfCheetah runs eager at 60-75 env steps/s;
+# compiled, the same run went 104-111).
+RETRY_BELOW_SECONDS = 5.0
 # Eager steps of each kind timed before deciding (the first, warming caches, not counted).
 EAGER_PROBES = 4
 
