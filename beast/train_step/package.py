@@ -169,9 +169,8 @@ def trace(function: Callable[..., Any], arguments: tuple[Any, ...]) -> Trace:
 
 # A loaded step: called with the step's arguments and the tensors among their leaves,
 # flattened once by the caller. The package's own `__call__` parses its call specs from
-# JSON and flattens the arguments again at every call, and the caller flattened them
-# already to find the package for their shapes: together 20-25% of a compiled PPO
-# CartPole minibatch step.
+# JSON and flattens the arguments again at every call, after the caller flattened them to
+# find the package for their shapes: 38-40 us a call, of PPO CartPole's 0.5 ms kernels.
 Runner = Callable[[tuple[Any, ...], list[Tensor]], Any]
 
 
