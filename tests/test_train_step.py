@@ -536,16 +536,19 @@ def test_compiled_graphs_go_to_beasts_cache_unless_the_user_chose_one(monkeypatc
 
 def test_no_step_runs_while_a_background_compilation_traces(monkeypatch):
     """torch.fx patches nn.Module.__call__ for the whole process while it traces: the
-    learner's steps wait for a compilation in the background (one of a PPO run's eager
-    steps, run meanwhile, died in the tracer), and go on after it."""
+    learner's steps wait while a compilation in the background holds the modules (one of
+    a PPO run's eager steps, run meanwhile, died in the tracer), and go on after it. The
+    window is the hold (an export's, `PackagedStep._runner`): the step that started the
+    compilation finishes eagerly first, which may be after the thread started."""
     window = []
     runner = package.PackagedStep._runner
 
     def slow_runner(self, traced):
-        window.append(time.monotonic())
-        time.sleep(0.5)
-        built = runner(self, traced)
-        window.append(time.monotonic())
+        with self.holding():
+            window.append(time.monotonic())
+            time.sleep(0.5)
+            built = runner(self, traced)
+            window.append(time.monotonic())
         return built
 
     monkeypatch.setattr(compiler, "BACKEND", "aot_eager")
