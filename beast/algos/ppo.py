@@ -463,10 +463,10 @@ class PolicyGradientUpdate(OptimizerUpdate):
         targets = self.targets(data)
         clip_range = self.current_clip_range()
         inputs = self._step_inputs(data, targets)
-        if clip_range is not None:
-            inputs["clip_range"] = torch.tensor(clip_range, device=targets.valid.device)
-        count = targets.valid.shape[1] if self.recurrent else targets.valid.numel()
         device = targets.valid.device
+        if clip_range is not None:
+            inputs["clip_range"] = torch.tensor(clip_range, device=device)
+        count = targets.valid.shape[1] if self.recurrent else targets.valid.numel()
         # One minibatch is the whole batch, whose order no term of the loss depends on.
         whole = torch.arange(count, device=device) if self.num_minibatches == 1 else None
         # Each step's statistics in one row (copied: a CUDA graph's outputs are rewritten
