@@ -129,18 +129,28 @@ def test_a_user_model_learns_cartpole(tmp_path):
     assert best_mean_of_100(tmp_path / "user") >= 200
 
 
-def children(pid: int) -> dict[int, str]:
-    """The command names of the children of every thread of `pid`, by pid, from /proc."""
+def children(pid: int) -> dict[int, list[str]]:
+    """The command lines of the children of every thread of `pid`, by pid, from /proc."""
     found = {}
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{tid}/children") as f:
                 for child in f.read().split():
-                    with open(f"/proc/{child}/comm") as comm:
-                        found[int(child)] = comm.read().strip()
+                    with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                        found[int(child)] = cmdline.read().decode().split("\0")[:-1]
     except OSError:  # it (or a child) exited meanwhile
         pass
     return found
+
+
+def is_a_worker(argv: list[str]) -> bool:
+    """Whether a child's command line is a process of the run's own: not one of the run
+    log's `git` calls, and not the builder of a compiled step's package (`python -m
+    beast.train_step.package`, started where --compile auto decides that compiling pays;
+    it is one process and the run's learner waits for nothing from it)."""
+    if argv and os.path.basename(argv[0]) == "git":
+        return False
+    return argv[1:3] != ["-m", "beast.train_step.package"]
 
 
 @pytest.mark.parametrize(
@@ -153,8 +163,9 @@ def children(pid: int) -> dict[int, str]:
 def test_serial_learns_cartpole_in_one_process(tmp_path, total_steps, floor):
     """--serial: the actor's envs and the learner take turns in the main thread; no
     worker process is ever started (checked every 50 ms while it runs: the only children
-    are the run log's short `git` calls for the run's metadata; a child seen for 0.5 s
-    that is not git would be a worker). One process and one torch thread make the run
+    are the run log's short `git` calls for the run's metadata and, where --compile auto
+    compiles, the package builder; a child seen for 0.5 s that is neither would be a
+    worker). One process and one torch thread make the run
     repeatable: best means of 100 episodes at 200k steps were 302, 305 and 337 (seeds
     1-3), in 12 s each; 236, 302 and 296 with fused Adam. Seed 1 had 159.5 at 100k."""
     marker = uuid.uuid4().hex
@@ -176,18 +187,18 @@ def test_serial_learns_cartpole_in_one_process(tmp_path, total_steps, floor):
         ],
         marker,
     )
-    # pid -> (command name, first and last time seen). GitPython's `git` calls are forks
-    # of the run's process: until their exec they are named "python" too, for a moment.
-    seen: dict[int, tuple[str, float, float]] = {}
+    # pid -> (its latest command line, first and last time seen). GitPython's `git` calls
+    # are forks of the run's process: until their exec they have the run's command line.
+    seen: dict[int, tuple[list[str], float, float]] = {}
     while proc.poll() is None:
         now = time.monotonic()
-        for pid, name in children(proc.pid).items():
-            seen[pid] = (name, seen.get(pid, (name, now))[1], now)
+        for pid, argv in children(proc.pid).items():
+            seen[pid] = (argv, seen.get(pid, (argv, now))[1], now)
         time.sleep(0.05)
     out, err = proc.communicate()
     assert proc.returncode == 0, err
-    workers = {pid: name for pid, (name, first, last) in seen.items() if last - first >= 0.5}
-    workers = {pid: name for pid, name in workers.items() if name != "git"}
+    workers = {pid: argv for pid, (argv, first, last) in seen.items() if last - first >= 0.5}
+    workers = {pid: argv for pid, argv in workers.items() if is_a_worker(argv)}
     assert workers == {}, workers
     assert "2 actors" not in out and "1 actors x 4 envs" in out
     assert best_mean_of_100(tmp_path / "serial") >= floor
