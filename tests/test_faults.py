@@ -227,10 +227,17 @@ class Faults:
         self._log = log
         self.seen: set[int] = set()  # every process of the run it saw (actors, servers)
         self.killed: set[int] = set()
+        # Set when the run has returned: what the thread waits for will not come, and a
+        # Ctrl-C from it would interrupt whatever the test process runs next.
+        self.run_over = threading.Event()
+
+    def _still_running(self, waiting_for: str) -> None:
+        assert not self.run_over.is_set(), f"the run ended while waiting for {waiting_for}"
 
     def _pool(self) -> ActorPool:
         deadline = time.monotonic() + PROGRESS_SECONDS
         while not self._pools:
+            self._still_running("its actor pool")
             assert time.monotonic() < deadline, "the run built no actor pool"
             time.sleep(0.05)
         return self._pools[-1]
@@ -244,6 +251,7 @@ class Faults:
             if None not in pids and not set(pids) & other_than:
                 self.seen.update(pids)
                 return pids
+            self._still_running(f"its actors to (re)start: {pids}")
             assert time.monotonic() < deadline, f"actors not all (re)started: {pids}"
             time.sleep(0.05)
 
@@ -257,6 +265,7 @@ class Faults:
     def wait_for_rows(self, count: int) -> None:
         deadline = time.monotonic() + PROGRESS_SECONDS
         while self.rows() < count:
+            self._still_running(f"{count} rows in {self._log}")
             assert time.monotonic() < deadline, f"{self._log} did not reach {count} rows"
             time.sleep(0.05)
 
@@ -297,7 +306,8 @@ def run_with_faults(
             inject(faults)
         except BaseException as error:
             failure.append(error)
-            Faults.stop_run()
+            if not faults.run_over.is_set():
+                Faults.stop_run()
 
     # The run swaps in its own SIGINT handler and puts this one back when it ends: a stop
     # that lands after that must not interrupt the test.
@@ -305,13 +315,17 @@ def run_with_faults(
     injector = threading.Thread(target=thread, name="faults", daemon=True)
     try:
         injector.start()
-        result = main(argv)
+        try:
+            result = main(argv)
+        finally:
+            faults.run_over.set()
         injector.join(PROGRESS_SECONDS)
     finally:
         signal.signal(signal.SIGINT, previous)
+    # A run that died first says why here, where the thread would only say it ended.
+    assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
     if failure:
         raise failure[0]
-    assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
     deadline = time.monotonic() + 5
     while (alive := [pid for pid in faults.seen if process_alive(pid)]) and (
         time.monotonic() < deadline

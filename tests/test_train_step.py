@@ -534,12 +534,15 @@ def test_compiled_graphs_go_to_beasts_cache_unless_the_user_chose_one(monkeypatc
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
 
 
-def test_no_step_runs_while_a_background_compilation_traces(monkeypatch):
-    """torch.fx patches nn.Module.__call__ for the whole process while it traces: the
-    learner's steps wait while a compilation in the background holds the modules (one of
-    a PPO run's eager steps, run meanwhile, died in the tracer), and go on after it. The
-    window is the hold (an export's, `PackagedStep._runner`): the step that started the
-    compilation finishes eagerly first, which may be after the thread started."""
+@pytest.mark.parametrize("whose", ["its own", "another update's"])
+def test_no_step_runs_while_a_background_compilation_traces(monkeypatch, whose):
+    """torch.fx patches nn.Module.__call__ for the whole process while it traces, and
+    torch.export raises a process-wide flag: the steps of every update in the process wait
+    while a compilation in the background holds the modules (one of a PPO run's eager
+    steps, run meanwhile, died in the tracer; a DQN step beside another update's export,
+    of KeyError: 'custom'), and go on after it. The window is the hold (an export's,
+    `PackagedStep._runner`): the step that started the compilation finishes eagerly
+    first, which may be after the thread started."""
     window = []
     runner = package.PackagedStep._runner
 
@@ -555,17 +558,33 @@ def test_no_step_runs_while_a_background_compilation_traces(monkeypatch):
     monkeypatch.setattr(package.PackagedStep, "_runner", slow_runner)
     monkeypatch.setattr(auto, "EAGER_PROBES", 2)
     _, update, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16", background=True)
+    _, other, _ = build("dqn", CARTPOLE, "off", "--hidden_size", "16")
+    watched = update if whose == "its own" else other
     learner_thread = threading.get_ident()
-    loss = update.train_step.loss
+    loss = watched.train_step.loss
     steps = []
 
     def timed_loss(inputs, kind):
-        if threading.get_ident() == learner_thread:
+        if watched is other or threading.get_ident() == learner_thread:
             steps.append(time.monotonic())
         return loss(inputs, kind)
 
-    update.train_step.loss = timed_loss
-    step_until_compiled(update)
+    watched.train_step.loss = timed_loss
+    compiled = threading.Event()
+
+    def step_the_other() -> None:
+        seed = 0
+        while not compiled.is_set():
+            other(transition_batch(8, seed, continuous=False))
+            seed += 1
+
+    stepping = threading.Thread(target=step_the_other)
+    stepping.start()
+    try:
+        step_until_compiled(update)
+    finally:
+        compiled.set()
+        stepping.join()
     assert len(window) == 2 and steps
     assert not [t for t in steps if window[0] <= t <= window[1]]
 

@@ -9,7 +9,13 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["ModulesInUse", "StepAbandoned", "compilation_thread", "compilations_under_way"]
+__all__ = [
+    "MODULES_IN_USE",
+    "ModulesInUse",
+    "StepAbandoned",
+    "compilation_thread",
+    "compilations_under_way",
+]
 
 # How often a step waiting for a compilation looks whether the run is stopping.
 _STOP_POLL_SECONDS = 0.1
@@ -23,10 +29,15 @@ class StepAbandoned(Exception):
 
 
 class ModulesInUse:
-    """Who may call the algorithm's modules: one step at a time, or a compilation for as
-    long as it runs. torch.fx patches nn.Module.__call__ for the whole process while it
-    traces, so a module called from the learner's thread meanwhile would be traced, not
-    run (a PPO run's eager step died of "module is not installed as a submodule")."""
+    """Who may run torch code of the learner's: one step at a time, or a compilation for
+    as long as it runs. What a compilation does is seen by the whole process: torch.fx
+    patches nn.Module.__call__ while it traces, so a module called from the learner's
+    thread meanwhile would be traced, not run (a PPO run's eager step died of "module is
+    not installed as a submodule"); and torch.export raises a process-wide flag under
+    which every optimizer call annotates one global dict that the export's tracer
+    annotates too (a DQN step's `zero_grad`, in a process where another update's
+    compilation exported, died of KeyError: 'custom'). So there is one, `MODULES_IN_USE`,
+    for every update in the process."""
 
     def __init__(self) -> None:
         # Held by every step and by a compilation for as long as it runs.
@@ -63,6 +74,10 @@ class ModulesInUse:
                 yield
         finally:
             self._compilation_holds.set()  # whatever happened: never a stuck learner
+
+
+# Every update's steps and compilations in this process take turns through it.
+MODULES_IN_USE = ModulesInUse()
 
 
 def _wait_for(attempt: Callable[[float], bool], stopping: threading.Event | None) -> bool:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from beast.models import PolyakAverager
 from beast.optim import INITIAL_LR
 from beast.train_step import auto, compiler, package
-from beast.train_step.background import ModulesInUse, compilation_thread
+from beast.train_step.background import MODULES_IN_USE, compilation_thread
 from beast.train_step.cuda_graph import CudaGraphStep
 from beast.train_step.flat import Layout, OptimizerState, Used, used_parameters
 from beast.train_step.graph import Program, StepGraph, copied
@@ -113,9 +113,10 @@ class TrainStep:
         self._records: dict[Train, auto.StepRecord] = {}  # kinds whose compiled steps are timed
         self._compiled_seconds: dict[Train, float] = {}
         self._compilations: dict[Train, threading.Thread] = {}  # under way (or done)
-        # Steps and compilations take turns; the learner waits for a compilation in the
-        # background, the rest of the run does not.
-        self._modules_in_use = ModulesInUse()
+        # Steps and compilations take turns, this update's and any other's in the process;
+        # the learner waits for a compilation in the background, the rest of the run
+        # does not.
+        self._modules_in_use = MODULES_IN_USE
         self._compiled_steps: dict[Train, Callable[..., tuple[Any, ...]]] = {}  # to adopt
         self._compiled_timings: dict[Train, list[float]] = {}
         # CPU: the seconds a kind's package took to build in this run (0: loaded).
