@@ -5,6 +5,7 @@ process on the machine may still carry that marker (actors, forkserver),
 and /dev/shm must hold no new segment.
 """
 
+import contextlib
 import csv
 import json
 import multiprocessing as mp
@@ -86,10 +87,12 @@ def shm_entries() -> set[str]:
     exited left behind. Entries held by other processes on the machine (other runs'
     multiprocessing semaphores, alive while their run is) are not leaks.
 
-    A named semaphore being created is unheld for a moment under its own name: glibc maps
-    it under a temporary name and links it into place, and multiprocessing unlinks it
-    right after. Another run on the machine (the suite's other xdist worker) can be at
-    that point, so an entry counts only if it is still there, unheld, 0.2 s later."""
+    Held is by inode, not by name: glibc creates a named semaphore under a temporary
+    name, maps it, links it into place and unlinks the temporary name, so its mapping
+    reads "/dev/shm/sem.XXXXXX (deleted)" for as long as it lives; and multiprocessing's
+    semaphores of the forkserver context keep their names as long (the suite's other
+    xdist worker's in-process runs). A semaphore being created is unheld for a moment,
+    so an entry counts only if it is still there, unheld, 0.2 s later."""
     unheld = _unheld_shm_entries()
     if unheld:
         time.sleep(0.2)
@@ -100,21 +103,22 @@ def shm_entries() -> set[str]:
 def _unheld_shm_entries() -> set[str]:
     if not os.path.isdir("/dev/shm"):
         return set()
-    entries = set(os.listdir("/dev/shm"))
-    held = set()
+    entries = {}
+    for name in os.listdir("/dev/shm"):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            entries[name] = os.stat(f"/dev/shm/{name}").st_ino
+    held = set()  # inodes
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/maps") as f:
-                held.update(
-                    line.rsplit("/dev/shm/", 1)[1].strip() for line in f if "/dev/shm/" in line
-                )
+                # address perms offset device inode path
+                held.update(int(line.split()[4]) for line in f if "/dev/shm/" in line)
             for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("/dev/shm/"):
-                    held.add(target.removeprefix("/dev/shm/"))
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
+                    held.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
         except OSError:  # gone meanwhile, or not ours to read
             continue
-    return entries - held
+    return {name for name, inode in entries.items() if inode not in held}
 
 
 def start(argv, marker, script=MONOBEAST, stderr=subprocess.PIPE):
