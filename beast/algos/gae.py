@@ -28,6 +28,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from beast.algos.backward_scan import discounted_backward_scan
 from beast.algos.dtypes import compute_dtype
 
 __all__ = ["GAE", "generalized_advantages"]
@@ -80,10 +81,7 @@ def generalized_advantages(
     continues = terminated.logical_not().to(dtype)  # [T, B]
     valid = truncated[:-1].logical_not().to(dtype)  # step t is a transition
     deltas = (rewards + discount * continues * values[1:] - values[:-1]) * valid
-    trace = discount * lambda_ * continues
-    advantages = torch.empty_like(deltas)
-    next_advantage = torch.zeros_like(deltas[0])
-    for t in range(T - 1, -1, -1):
-        next_advantage = deltas[t] + trace[t] * next_advantage * valid[t]
-        advantages[t] = next_advantage
+    # A_t = delta_t + (gamma lambda (1 - terminated_t) valid_t) A_{t+1}: the trace is cut
+    # where the episode ended and where step t is no transition.
+    advantages = discounted_backward_scan(discount * lambda_ * continues * valid, deltas)
     return GAE(advantages=advantages, returns=advantages + values[:-1])

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from beast.algos.backward_scan import discounted_backward_scan
 from beast.algos.dtypes import compute_dtype
 
 __all__ = [
@@ -141,34 +142,6 @@ def action_log_probs(policy_logits: Tensor, actions: Tensor) -> Tensor:
     return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
 
 
-def _discounted_backward_scan(coefs: Tensor, deltas: Tensor) -> Tensor:
-    """All ``x_s = deltas_s + coefs_s x_{s+1}`` with ``x_T = 0``, i.e.
-    ``x_s = sum_{t>=s} (prod_{i=s}^{t-1} coefs_i) deltas_t``.
-
-    A Hillis-Steele doubling scan: ``ceil(log2 T)`` rounds of whole-tensor ops
-    instead of T Python-level steps. Exact in the sense that it only adds and
-    multiplies (no division, no logs), so ``coefs`` of exactly 0 (episode
-    ends, ``lambda = 0``) cut the sum as they must; only the order of the
-    floating-point operations differs from the reverse loop.
-
-    Invariant before the round with span ``m``: ``x_s`` holds the sum over
-    ``t`` in ``[s, s+m)`` (clipped to ``T``) and ``a_s = prod_{i=s}^{s+m-1}
-    coefs_i`` for every ``s < T - m``, the only ones still needed.
-    """
-    num_steps = deltas.shape[0]
-    x = deltas.clone()
-    a = coefs
-    span = 1
-    while span < num_steps:
-        # The product is materialised before the in-place add, so reading
-        # x[span:] while writing x[:-span] does not alias.
-        x[: num_steps - span] += a[: num_steps - span] * x[span:]
-        if 2 * span < num_steps:
-            a = a[: num_steps - 2 * span] * a[span : num_steps - span]
-        span *= 2
-    return x
-
-
 @torch.no_grad()
 def from_importance_weights(
     log_rhos: Tensor,
@@ -228,7 +201,7 @@ def from_importance_weights(
     # V(x_{t+1}) for t = 0..T-1.
     values_tp1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])
     deltas = clipped_rhos * (rewards + discounts * values_tp1 - values)
-    vs = values + _discounted_backward_scan(discounts * cs, deltas)
+    vs = values + discounted_backward_scan(discounts * cs, deltas)
 
     # v_{s+1} for s = 0..T-1, with v_T = V(x_T).
     vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)])
