@@ -335,8 +335,6 @@ class Learner(ThreadGroup):
                     stats = self.step(batch, clock)
                 except StepAbandoned:  # stopping while a compilation ran: not trained on
                     return
-                if self.thread_tuner is not None:
-                    self.thread_tuner.after_update(progress.step, self.updates_ready())
                 if progress.step >= self.total_steps:
                     self.finished.set()
             self.on_update(stats)
@@ -370,6 +368,8 @@ class Learner(ThreadGroup):
         losses["skipped_updates"] = progress.skipped_updates
         losses.update(source.stats())
         losses.update(batch.stats)
+        if self.thread_tuner is not None:
+            self.thread_tuner.after_update(progress.step, self.updates_ready())
         return UpdateStats(
             step=progress.step,
             num_updates=progress.num_updates,

@@ -4,7 +4,9 @@ What a second intra-op thread is worth depends on everything else the run does o
 machine: it halves a large update's time on an idle core, and slows a small one whose
 actor wakes up between its parallel regions (each preemption stalls the other thread at
 the region's barrier). `ThreadTuner` therefore measures it in the run (beast/engine.py
-starts it where `--num_threads` is unset on a CPU learner with several cores).
+starts it where `--num_threads` is unset on a CPU learner with several cores; the
+learner's `step` calls it after each update, in the learner's threads and under
+--serial alike).
 
 Measuring costs: the windows at the losing count run slower (a DQN CartPole run went
 from 1,600 to 750-900 agent steps/s in its 2-thread windows, about 3 s of a 25 s race).

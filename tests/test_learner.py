@@ -294,6 +294,19 @@ def test_threads_wait_for_min_replay_size_and_still_count_steps():
     assert records == [] and learner.progress.step == 50 and learner.error is None
 
 
+def test_every_update_reaches_the_thread_tuner_in_threads_or_serially():
+    """`Learner.step` itself tells the tuner of each update (the run's agent step, and
+    whether the update has settled), so --serial, which calls it from its own loop
+    with no learner thread, measures its thread count as a threaded run does."""
+    learner, _ = make_learner(False)
+    seen = []
+    learner.thread_tuner = SimpleNamespace(after_update=lambda *args: seen.append(args))
+    learner.source.sink.env_steps[0] = 50
+    with learner.lock:
+        stats = learner.step(sample(learner, torch.Generator().manual_seed(0)))
+    assert seen == [(stats.step, learner.updates_ready())] and stats.step == 50
+
+
 def test_the_thread_tuner_keeps_the_count_that_ran_the_run_faster():
     """After the warm-up, windows at 1 and 2 threads alternate; the run's agent steps/s in
     each decide, a larger count needing a 5% margin; the choice is set and said once."""
