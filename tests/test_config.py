@@ -453,3 +453,27 @@ def test_help_lists_every_flag(algo):
     text = build_parser("monobeast.py", config_for(algo)).format_help()
     for f in dataclasses.fields(config_for(algo)):
         assert f"--{f.name}" in text
+
+
+@pytest.mark.parametrize(
+    "flags, serial",
+    [
+        ([], True),  # the SAC configs' own setting: one actor, one env, local acting
+        (["--policy", "central"], False),
+        (["--num_envs_per_actor", "4"], False),
+        (["--num_actors", "2"], False),
+        (["--no-serial"], False),
+        (["--serial", "--num_envs_per_actor", "4"], True),  # asked for: it decides
+    ],
+)
+def test_a_config_files_serial_gives_way_to_flags_that_need_actor_processes(flags, serial):
+    """configs/sac/*.yaml set `serial: true` for one actor with one env (taking turns is
+    faster there); flags asking for more actors or envs or for central inference turn it
+    off, as --no-serial does, and polybeast never takes it."""
+    from beast.poly.config import parse_poly_args
+
+    for env in ("Pendulum-v1", "HalfCheetah-v5"):
+        assert parse_args(["--algo", "sac", "--env", env, *flags]).serial is serial
+    assert not parse_poly_args(["--algo", "sac", "--env", "Pendulum-v1"]).serial
+    # An algorithm whose file does not set it stays parallel.
+    assert not parse_args(["--algo", "td3", "--env", "Pendulum-v1"]).serial

@@ -15,7 +15,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from beast.algos import ALGORITHMS, algorithm_class
 
@@ -85,6 +85,10 @@ def flag(default: Any, help: str, **kwargs: Any) -> Any:
 
 @dataclass(frozen=True)
 class Config:
+    # Whether runs of this class can be --serial (polybeast's cannot): a config file's
+    # `serial: true` is dropped where they cannot (beast/config/parsing.py).
+    serial_capable: ClassVar[bool] = True
+
     # What to run.
     env: str = flag(
         "PongNoFrameskip-v4",
@@ -121,8 +125,9 @@ class Config:
     serial: bool = flag(
         False,
         "Run the learner and one actor's envs in this one process, taking turns, with no"
-        " worker process or thread: for breakpoint() in an env or a model. Slower; the"
-        " same algorithm.",
+        " worker process or thread: for breakpoint() in an env or a model, and faster"
+        " where one env feeds an update per step (the SAC configs set it for one actor"
+        " with one env and local acting). The same algorithm.",
     )
 
     # Acting.

@@ -156,6 +156,20 @@ def _validated(
     return config
 
 
+def _serial_fits(run_class: type[Config], values: Mapping[str, Any]) -> bool:
+    """Whether a config file's `serial: true` holds for a run: it is the file's choice for
+    its own setting (one actor with one env, acting with the learner's model, as the SAC
+    configs have it: taking turns there is faster, benchmarks/RESULTS.md), and gives way
+    to flags asking for more actors or envs, central inference, or polybeast. --serial
+    or --no-serial on the command line decides instead."""
+    return (
+        run_class.serial_capable
+        and values["num_actors"] == 1
+        and values["num_envs_per_actor"] == 1
+        and values["policy"] != "central"
+    )
+
+
 def parse_args(
     argv: Sequence[str] | None = None,
     prog: str | None = None,
@@ -188,6 +202,8 @@ def parse_args(
     print_config = values.pop("print_config")
     values["config"] = path
     given = {arg[2:].split("=")[0] for arg in argv if arg.startswith("--")}
+    if file_values.get("serial") and not {"serial", "no-serial"} & given:
+        values["serial"] = _serial_fits(run_class, values)
     config = _validated(run_class(**values), path, file_values, given)
     if print_config:
         # Before finalize(): derived values stay unset, so the output works as a

@@ -32,6 +32,7 @@ __all__ = ["PolyConfig", "parse_poly_args"]
 
 @dataclass(frozen=True)
 class PolyConfig(Config):
+    serial_capable: ClassVar[bool] = False
     parser_description: ClassVar[str] = (
         "beast: deep RL across machines on Ray (PolyBeast): env servers as Ray actors,"
         " one or more learners."
