@@ -113,10 +113,6 @@ class TrainStep:
         self._records: dict[Train, auto.StepRecord] = {}  # kinds whose compiled steps are timed
         self._compiled_seconds: dict[Train, float] = {}
         self._compilations: dict[Train, threading.Thread] = {}  # under way (or done)
-        # Steps and compilations take turns, this update's and any other's in the process;
-        # the learner waits for a compilation in the background, the rest of the run
-        # does not.
-        self._modules_in_use = MODULES_IN_USE
         self._compiled_steps: dict[Train, Callable[..., tuple[Any, ...]]] = {}  # to adopt
         self._compiled_timings: dict[Train, list[float]] = {}
         # CPU: the seconds a kind's package took to build in this run (0: loaded).
@@ -179,7 +175,7 @@ class TrainStep:
         """One optimizer step on `inputs` over the groups named in `train`, then, if it was
         applied and `tau` is given, every target network moved `tau` of the way. It waits
         while a compilation runs, unless the run stops (StepAbandoned)."""
-        with self._modules_in_use.for_step(self.stopping):
+        with MODULES_IN_USE.for_step(self.stopping):
             return self._step(tuple(train), inputs, tau)
 
     def _step(self, kind: Train, inputs: Mapping[str, Any], tau: float | None) -> StepResult:
@@ -272,7 +268,7 @@ class TrainStep:
         # the learner's time, every run, for what only a build needs).
         if self.background and not package.loads_only(traced):
             compiler.import_compiler()
-            self._modules_in_use.compilation_starting()
+            MODULES_IN_USE.compilation_starting()
             compilation.start()
         else:
             compilation.run()
@@ -328,8 +324,9 @@ class TrainStep:
     ) -> None:
         """Compile this kind's step (`arguments`: copies of the state and the batch; the
         dry run that proves the result writes them, never the run's state); the result
-        waits in `_compiled_steps` for `_adopt`. The learner's steps wait meanwhile
-        (`_modules_in_use`). A failure is said once, and the steps stay eager.
+        waits in `_compiled_steps` for `_adopt`. The steps of every update in the process
+        wait meanwhile (`MODULES_IN_USE`). A failure is said once, and the steps stay
+        eager.
 
         On CPU the step was `traced` and is packaged ahead of time (beast/train_step/
         package.py: a later run of the same step loads it in milliseconds); on CUDA it is
@@ -337,7 +334,7 @@ class TrainStep:
         compiler.configure_compiler()
         try:
             if traced is not None:
-                holding = self._modules_in_use.for_compilation
+                holding = MODULES_IN_USE.for_compilation
                 compiled = package.PackagedStep(function, traced, holding, self.stopping)
                 self._build_seconds[kind] = compiled.build_seconds
             else:
@@ -348,7 +345,7 @@ class TrainStep:
                     dynamic=False,
                     **compiler.lean_guards(),
                 )
-            with self._modules_in_use.for_compilation():
+            with MODULES_IN_USE.for_compilation():
                 compiled(*arguments)  # torch.compile's compilation; a package's proof
         except Exception as error:  # dynamo/inductor errors, a missing C++ compiler
             if not (self.stopping is not None and self.stopping.is_set()):
