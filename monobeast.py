@@ -16,6 +16,12 @@ PROG = "monobeast.py"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import sys
+
+    from beast import fork_server
+
+    # First: the actors' fork server imports torch on the other core meanwhile.
+    fork_server.start_for(sys.argv[1:] if argv is None else argv)
     from beast.cli import run_entry_point
     from beast.config import parse_args
 

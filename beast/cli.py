@@ -7,6 +7,7 @@ that had to stop (TrainingError, CheckpointError), 130 after Ctrl-C, 0 otherwise
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Callable
@@ -26,6 +27,10 @@ def exit_process(code: int) -> NoReturn:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    # The interpreter's last garbage collection walks every object the run made and the
+    # compiler's modules hold (0.9 s after a compiled DQN run): frozen, they are left to
+    # the process's end, which frees them at once. Exit handlers still run.
+    gc.freeze()
     sys.exit(code)
 
 

@@ -50,7 +50,7 @@ from beast.checkpoint import (
     save_checkpoint,
     save_replay_file,
 )
-from beast.config import Config, ConfigError
+from beast.config import RUN_NAMING_FLAGS, Config, ConfigError
 from beast.envs.batch import check_backend
 from beast.fields import Field, core_state_shapes
 from beast.learner import Learner, Stepper, TrainingProgress, UpdateStats
@@ -61,6 +61,7 @@ from beast.replay_sink import ReplaySink, ReplaySource, SequenceSink
 from beast.rollout_replay import RolloutReplay
 from beast.rollout_source import RolloutSource
 from beast.thread_tuner import learner_threads, thread_tuner_for
+from beast.train_step import MODULES_IN_USE, compilations_under_way, wait_for_compilations
 from beast.transition_replay import RingReplay, TransitionSink, ring_footprint, step_spec
 
 __all__ = [
@@ -197,6 +198,11 @@ def prepare(config: Config) -> tuple[Config, envs.EnvSpec, torch.device, str]:
     """Seed torch, probe the env's spec and --env_backend, check the model, pick device
     and precision, measure an "auto" actor layout (beast/autosize.py), set torch threads.
     Returns the config with the layout resolved."""
+    # Another run in this process (the Python API, the tests) may have left a compilation
+    # exporting: torch's seeding and optimizers race with it (ModulesInUse).
+    if compilations_under_way():
+        print("[beast] waiting for another run's compilation in this process", flush=True)
+        wait_for_compilations()
     torch.manual_seed(config.seed)
     probe = envs.make(config.env, seed=config.seed, episodic_life=config.episodic_life)
     try:
@@ -455,18 +461,20 @@ class Run:
                 return False
             progress = dataclasses.asdict(self.progress)
             progress["step"] *= step_multiplier
-            payload = {
-                "model_state_dict": self.model.state_dict(),
-                "algorithm_state": self.update.state_dict(),
-                "reward_scaler": (
-                    self.reward_scaler.state_dict() if self.reward_scaler is not None else None
-                ),
-                "config": config.to_dict(),
-                "progress": progress,
-                "torch_rng_state": torch.get_rng_state(),
-                # Kept at the top level for tools that only want the step.
-                "step": progress["step"],
-            }
+            # Held too: the optimizers' state_dict races a compilation's export (ModulesInUse).
+            with MODULES_IN_USE.held():
+                payload = {
+                    "model_state_dict": self.model.state_dict(),
+                    "algorithm_state": self.update.state_dict(),
+                    "reward_scaler": (
+                        self.reward_scaler.state_dict() if self.reward_scaler is not None else None
+                    ),
+                    "config": config.to_dict(),
+                    "progress": progress,
+                    "torch_rng_state": torch.get_rng_state(),
+                    # Kept at the top level for tools that only want the step.
+                    "step": progress["step"],
+                }
             if config.checkpoint_replay:
                 token = uuid.uuid4().hex
                 write = functools.partial(_write_replay, config.run_dir, token)
@@ -481,6 +489,28 @@ class Run:
 
 def _write_replay(run_dir: str, token: str, tensors: dict[str, torch.Tensor]) -> None:
     save_replay_file(run_dir, {"token": token, "tensors": tensors})
+
+
+# Settings none of which the learner's step reads: a run differing from an earlier one
+# only in these loads that run's compiled step without tracing it (`step_identity`).
+# Not total_steps: a schedule is an input of the step today, but nothing promises it.
+_OUTSIDE_THE_STEP = RUN_NAMING_FLAGS | {"profile"}
+
+
+def step_identity(config: Config, spec: envs.EnvSpec, precision: str) -> str | None:
+    """What the learner's compiled step is made from besides beast's code and its
+    arguments: every setting but those `_OUTSIDE_THE_STEP`, the precision the run
+    resolved, and the env's spaces (an action space's bounds are constants of the
+    graph). None for a user's model (--model package.module:Name), whose code beast
+    cannot see: its steps are always traced."""
+    if is_user_model(config.model):
+        return None
+    settings = [
+        (field.name, getattr(config, field.name))
+        for field in dataclasses.fields(config)
+        if field.name not in _OUTSIDE_THE_STEP
+    ]
+    return repr((type(config).__name__, settings, precision, spec))
 
 
 def build_run(
@@ -531,6 +561,7 @@ def build_run(
         optimizer_steps=algorithm.optimizer_steps(total_steps),
         compile_in_background=True,
         stopping=threading.Event(),
+        step_identity=step_identity(config, spec, precision),
     )
     observers = []
     if reward_scaler is not None:

@@ -59,6 +59,7 @@ from beast.config import Config, config_from_dict
 from beast.engine import Run, build_algorithm, build_checked_model
 from beast.error_board import ErrorBoard, post_traceback
 from beast.eval_result import EvalResult
+from beast.fork_server import actor_context
 from beast.inference import LocalPolicy
 from beast.learner import UpdateStats
 from beast.models import copy_weights
@@ -67,11 +68,11 @@ from beast.supervisor import (
     ForkServerError,
     RestartWindow,
     WorkerProcess,
-    actor_context,
     start_worker,
     stop_workers,
 )
 from beast.threads import die_with_fork_server, process_alive
+from beast.train_step import MODULES_IN_USE
 
 if TYPE_CHECKING:
     from beast.logs import RunLog
@@ -159,7 +160,8 @@ class EvalWorker:
         # The policy draws its random numbers (Q-networks' epsilon) from a generator seeded
         # from torch's; torch's own state is put back after (--serial evaluates in the
         # training process, whose random streams must not restart at every evaluation).
-        with torch.random.fork_rng(devices=[]):
+        # There a compilation may be exporting, which torch's seeding races (ModulesInUse).
+        with MODULES_IN_USE.held(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             policy = LocalPolicy(self.model, self.policy, num_envs=1)
         episodes = play_episodes(self.env, self.spec, policy, self.num_episodes, seed=self.seed)

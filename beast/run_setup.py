@@ -38,6 +38,7 @@ __all__ = [
     "actor_settings",
     "learner_failure",
     "open_run_log",
+    "raise_if_stop_requested",
     "raise_keyboard_interrupt",
     "report",
     "start_evaluation",
@@ -50,8 +51,25 @@ class TrainingError(RuntimeError):
     """A run that had to stop; the message says why in one line."""
 
 
+# Set by a stop signal's handler. Its KeyboardInterrupt is raised wherever the main thread
+# is, which can be a finalizer (multiprocessing's, closing a dead actor's pipes during a
+# garbage collection): Python prints "Exception ignored" there and drops it, and a run
+# with no end would train on. So the runs' loops look here too (`raise_if_stop_requested`).
+_STOP_REQUESTED = threading.Event()
+
+
 def raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    _STOP_REQUESTED.set()
     raise KeyboardInterrupt
+
+
+def raise_if_stop_requested() -> None:
+    """KeyboardInterrupt if a stop signal came since `stop_on_signals`, though the
+    interrupt it raised was dropped (`_STOP_REQUESTED`): a run's loop calls it each pass.
+    Only in the main thread, whose run installed the handlers: a run in another thread
+    keeps the process's own, and a stop an earlier run took is not its own."""
+    if _STOP_REQUESTED.is_set() and threading.current_thread() is threading.main_thread():
+        raise KeyboardInterrupt
 
 
 def stop_on_signals() -> dict[int, Any]:
@@ -64,6 +82,7 @@ def stop_on_signals() -> dict[int, Any]:
     """
     if threading.current_thread() is not threading.main_thread():
         return {}
+    _STOP_REQUESTED.clear()  # a stop an earlier run in this process took
     return {
         signum: signal.signal(signum, raise_keyboard_interrupt)
         for signum in (signal.SIGINT, signal.SIGTERM)

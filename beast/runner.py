@@ -29,6 +29,7 @@ import traceback
 
 import torch
 
+from beast import fork_server
 from beast.checkpoint import CheckpointError
 from beast.config import Config
 from beast.engine import (
@@ -47,13 +48,14 @@ from beast.run_setup import (
     end_of_run,
     learner_failure,
     open_run_log,
+    raise_if_stop_requested,
     raise_keyboard_interrupt,
     report,
     start_evaluation,
     start_run,
     stop_on_signals,
 )
-from beast.supervisor import ActorPool, ForkServerError, start_actor_server
+from beast.supervisor import ActorPool, ForkServerError
 
 __all__ = [
     "TrainingError",
@@ -119,9 +121,10 @@ def train(config: Config) -> None:
     if config.serial:
         from beast.serial import train_serial
 
+        fork_server.stop()  # started by monobeast.py in case the run had actors
         train_serial(config)
         return
-    start_actor_server()
+    fork_server.start()
     run, log = start_run(config)
     config = run.config
     if run.progress.step >= run.learner.total_steps:
@@ -224,6 +227,7 @@ def _monitor(
     config, learner = run.config, run.learner
     last_line = last_checkpoint = time.monotonic()
     while not learner.finished.wait(_MONITOR_SECONDS):
+        raise_if_stop_requested()
         failure = actors.check() or (evaluator.check() if evaluator is not None else None)
         if failure:
             return failure

@@ -40,6 +40,7 @@ from beast.run_setup import (
     TrainingError,
     actor_settings,
     end_of_run,
+    raise_if_stop_requested,
     report,
     start_evaluation,
     start_run,
@@ -105,6 +106,7 @@ def train_serial(config: Config) -> None:
                     if not actor.step():
                         break
                 progress.step += source.pending_steps()
+            raise_if_stop_requested()
             now = time.monotonic()
             if now - last_line >= config.log_interval:
                 report(run, log)

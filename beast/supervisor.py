@@ -36,7 +36,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import multiprocessing as mp
-import multiprocessing.forkserver
 import os
 import select
 import signal
@@ -49,6 +48,7 @@ import torch
 
 from beast.actor import ActorSettings, run_actor
 from beast.error_board import ErrorBoard
+from beast.fork_server import actor_context
 from beast.inference import InferenceTable
 from beast.profile import ACTOR_PHASES, shared_counters
 from beast.threads import process_alive
@@ -59,7 +59,6 @@ __all__ = [
     "RESTART_WINDOW_SECONDS",
     "RestartWindow",
     "WorkerProcess",
-    "start_actor_server",
     "start_worker",
     "stop_workers",
 ]
@@ -101,22 +100,6 @@ class RestartWindow:
             f" {RESTART_WINDOW_SECONDS:.0f} s (--max_actor_restarts {self.max_restarts}),"
             " so the run stops"
         )
-
-
-def actor_context() -> mp.context.ForkServerContext:
-    """Actors fork from a server process that imported beast.actor (and torch) once: fast
-    restarts, and no fork of the multi-threaded learner process."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["beast.actor"])
-    return ctx
-
-
-def start_actor_server() -> None:
-    """Start the actors' fork server now, so that its imports (1.4 s on the 2-core VM)
-    overlap the run's own set-up (building the model and optimizers, whose first
-    torch.optim call imports torch._dynamo: 1.1 s) instead of following it."""
-    actor_context()
-    multiprocessing.forkserver.ensure_running()
 
 
 class ForkServerError(RuntimeError):

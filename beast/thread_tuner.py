@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from beast.config import Config
+from beast.config import RUN_NAMING_FLAGS, Config
 from beast.records import read_record, record_path, write_record
 
 __all__ = [
@@ -43,30 +43,7 @@ __all__ = [
 RECORD_FILE = "beast_threads.json"
 # Flags that name or bound a run but do not change what its learner and actors do per
 # step: runs differing only in these share a remembered thread count.
-_RUN_IDENTITY = frozenset(
-    {
-        "config",
-        "mode",
-        "xpid",
-        "savedir",
-        "seed",
-        "total_steps",
-        "stop_step",
-        "log_interval",
-        "checkpoint_interval",
-        "checkpoint",
-        "resume",
-        "record_video",
-        "wandb",
-        "wandb_project",
-        "wandb_entity",
-        "wandb_group",
-        "wandb_tags",
-        "wandb_mode",
-        "max_actor_restarts",
-        "max_nonfinite_updates",
-    }
-)
+_RUN_IDENTITY = RUN_NAMING_FLAGS | {"config", "total_steps", "stop_step", "max_nonfinite_updates"}
 
 
 def _cpu_name() -> str:

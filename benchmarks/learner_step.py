@@ -18,9 +18,9 @@ beside acting as a run has it. Timings are wall-clock; on CUDA each timing ends 
 synchronisation.
 
 Cases: dqn (256-256, batch 64), ppo_cartpole (64-64 separate MLPs, the 256-step
-minibatch), ppo_halfcheetah, sac_halfcheetah (256-256, batch 256), impala_atari (T=80,
-B=8), ppo_atari, r2d2_atari, rainbow_atari, user_model (DQN on CartPole with
-`UserQNetwork` below, as `--model benchmarks.learner_step:UserQNetwork`).
+minibatch), ppo_halfcheetah, sac_halfcheetah and sac_pendulum (256-256, batch 256),
+impala_atari (T=80, B=8), ppo_atari, r2d2_atari, rainbow_atari, user_model (DQN on
+CartPole with `UserQNetwork` below, as `--model benchmarks.learner_step:UserQNetwork`).
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ CASES = {
         Case("ppo_cartpole", ("--algo", "ppo", "--env", "CartPole-v1"), "CartPole-v1"),
         Case("ppo_halfcheetah", ("--algo", "ppo", "--env", "HalfCheetah-v5"), "HalfCheetah-v5"),
         Case("sac_halfcheetah", ("--algo", "sac", "--env", "HalfCheetah-v5"), "HalfCheetah-v5"),
+        Case("sac_pendulum", ("--algo", "sac", "--env", "Pendulum-v1"), "Pendulum-v1"),
         Case("impala_atari", ("--env", "PongNoFrameskip-v4"), "PongNoFrameskip-v4"),
         Case(
             "ppo_atari",

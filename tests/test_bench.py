@@ -411,7 +411,9 @@ def test_marked_rate_counts_the_steps_between_the_records_found():
     assert qpg.marked_rate(marks, 2000, 5000) == pytest.approx(2994 / 30)
 
 
-def test_learner_threads_reads_beast_start_line():
+def test_learner_threads_reads_the_tuners_choice_or_the_start_line():
     line = "run x in /tmp/x: env CartPole-v1, learner on cpu in fp32 with 1 thread(s); lr 1e-3"
     assert learner_threads(f"starting\n{line}\n") == 1
     assert learner_threads("no such line") is None
+    tuned = "[beast] learner threads: 2 (agent steps/s 81 with 1, 126 with 2, measured ...)"
+    assert learner_threads(f"{line}\n{tuned}\n") == 2  # the tuner's choice, once made

@@ -386,3 +386,36 @@ def test_the_thread_tuners_choice_is_remembered_for_the_same_setup(tmp_path, mon
     fresh = ThreadTuner([1, 2], lines.append, record_key=setup_key(more_actors, [1, 2]))
     fresh.after_update(0, updates_ready=True)
     assert fresh.chosen is None
+
+
+def test_optimizers_import_no_dynamo_until_something_else_does():
+    """beast.optim runs torch.optim's dynamo-disabled functions plainly until dynamo is
+    imported (1 s of a run's start otherwise), and as torch would from then on."""
+    probe = """
+import sys, torch
+from types import SimpleNamespace
+from beast.optim import build_optimizer
+model = torch.nn.Linear(3, 2)
+for name in ("adam", "rmsprop"):
+    config = SimpleNamespace(
+        optimizer=name, learning_rate=0.01, epsilon=1e-5, alpha=0.99, momentum=0.0
+    )
+    optimizer = build_optimizer(config, model)
+    optimizer.zero_grad()
+    optimizer.load_state_dict(optimizer.state_dict())
+print("dynamo before a step:", "torch._dynamo" in sys.modules)
+model(torch.ones(1, 3)).sum().backward()
+optimizer.step()  # torch.optim's step imports dynamo itself
+print("dynamo after a step:", "torch._dynamo" in sys.modules)
+optimizer.zero_grad()
+wrapped = torch.optim.Optimizer.zero_grad.__wrapped__.__dynamo_disable
+print("torch's own wrapper now:", type(wrapped).__name__ != "_DynamoDisabledOnceImported")
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "dynamo before a step: False" in done.stdout
+    assert "dynamo after a step: True" in done.stdout
+    assert "torch's own wrapper now: True" in done.stdout

@@ -13,6 +13,7 @@ package itself.
 
 from __future__ import annotations
 
+import collections
 import copy
 import os
 import subprocess
@@ -23,6 +24,8 @@ import time
 import numpy as np
 import pytest
 import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from beast.algos.base import Batch, LearnerContext
 from beast.config import parse_args
@@ -38,6 +41,7 @@ from beast.train_step import (
     compiler,
     package,
 )
+from beast.train_step.flat import Layout, used_from_reached, used_parameters
 
 CARTPOLE = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), num_actions=2)
 PENDULUM = EnvSpec(
@@ -65,8 +69,10 @@ def build(
     clipping: float = 0.0,
     background: bool = False,
     device: str = "cpu",
+    identity: str | None = None,
 ):
-    """An algorithm's update on a tiny network, seeded: two builds start identical."""
+    """An algorithm's update on a tiny network, seeded: two builds start identical.
+    `identity`: the run's step identity (beast/engine.py `step_identity`)."""
     env = "Pendulum-v1" if spec.continuous else "CartPole-v1"
     config = parse_args(["--algo", algo, "--env", env, *flags])
     torch.manual_seed(0)
@@ -89,6 +95,7 @@ def build(
         compile=compile,
         log=lines.append,
         compile_in_background=background,
+        step_identity=identity,
     )
     update = algorithm.learner(model, context)
     update.log_lines = lines  # what the step said: why it is not compiled, if it is not
@@ -175,9 +182,11 @@ def step_until_compiled(update, seconds: float = 30.0) -> None:
     assert update.train_step.path == "compiled", update.log_lines
 
 
-def pair(algo, spec, *flags, clipping=0.0):
+def pair(algo, spec, *flags, clipping=0.0, identity=None):
     model_a, update_a, progress_a = build(algo, spec, "off", *flags, clipping=clipping)
-    model_b, update_b, progress_b = build(algo, spec, "on", *flags, clipping=clipping)
+    model_b, update_b, progress_b = build(
+        algo, spec, "on", *flags, clipping=clipping, identity=identity
+    )
     return (model_a, update_a), (model_b, update_b), (progress_a, progress_b)
 
 
@@ -351,6 +360,71 @@ def test_inductor_compiles_a_dqn_step_that_matches_eager(monkeypatch, tmp_path):
     decided = update.train_step.steps_taken + auto.EAGER_PROBES + 1
     step_until_compiled(update)
     assert update.train_step.steps_taken == decided and len(loaded) == 1
+
+
+def test_a_package_an_earlier_run_recorded_is_its_first_step_untraced(monkeypatch, tmp_path):
+    """A run whose step an earlier run traced and packaged, with the same settings (its
+    `identity`), code and shapes, runs that package from its very first step: no eager
+    step, no trace. A change to any of these traces again."""
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))
+    flags = ("--hidden_size", "16", "--batch_size", "8", "--target_update_period", "2")
+    # Enough steps for the first run to time its compiled step too (what --compile auto
+    # weighs in the next run).
+    batches = [transition_batch(8, seed, continuous=False) for seed in range(12)]
+    eager, compiled, progress = pair("dqn", CARTPOLE, *flags, identity="settings")
+    assert_same_steps(eager, compiled, batches, progress)
+    assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
+
+    traces = []
+    real_trace = package.trace
+    monkeypatch.setattr(package, "trace", lambda *a: traces.append(a) or real_trace(*a))
+    eager, compiled, progress = pair("dqn", CARTPOLE, *flags, identity="settings")
+    assert_same_steps(eager, compiled, batches[:1], progress)
+    update = compiled[1]
+    assert update.train_step.path == "compiled" and update.train_step.steps_taken == 1
+    assert any("untraced" in line for line in update.log_lines), update.log_lines
+    assert_same_steps(eager, compiled, batches[1:4], progress)  # and on, step for step
+    assert traces == []
+
+    def traced(identity: str | None) -> bool:
+        traces.clear()
+        _, update, _ = build("dqn", CARTPOLE, "on", *flags, identity=identity)
+        step_until_compiled(update)
+        return bool(traces)
+
+    assert traced("other settings")
+    assert traced(None)  # a user's model: no identity
+    arguments = (torch.zeros(8, 4), {"obs": torch.zeros(8, 2)})
+    key = package.known_step_key("settings", arguments)
+    for other in (
+        (torch.zeros(4, 4), {"obs": torch.zeros(8, 2)}),  # another shape
+        (torch.zeros(8, 4, dtype=torch.float64), {"obs": torch.zeros(8, 2)}),
+        (torch.zeros(4, 8).t(), {"obs": torch.zeros(8, 2)}),  # other strides
+        (torch.zeros(8, 4), {"action": torch.zeros(8, 2)}),
+    ):
+        assert package.known_step_key("settings", other) != key
+    assert package.known_step_key("settings", copy.deepcopy(arguments)) == key
+    monkeypatch.setattr(package, "_source_digest", lambda: b"beast's code, edited")
+    assert traced("settings")
+
+
+def test_the_parameters_a_step_reaches_are_recorded_as_they_were_found():
+    """`Used` rebuilt from a record's flags (a package loaded untraced) is the `Used` an
+    eager backward found."""
+    trunk, head, spare = nn.Linear(3, 4), nn.Linear(4, 2), nn.Linear(4, 1)
+    group = ParameterGroup(
+        "model", torch.optim.Adam([*trunk.parameters(), *head.parameters(), *spare.parameters()])
+    )
+    layout = Layout([group], [])
+    head(trunk(torch.randn(5, 3))).sum().backward()  # `spare` receives no gradient
+    found = used_parameters(layout, range(len(layout.params)))
+    assert found is not None
+    rebuilt = used_from_reached(layout, found.params.tolist())
+    assert torch.equal(rebuilt.elements, found.elements)
+    assert torch.equal(rebuilt.params, found.params)
+    assert used_from_reached(layout, [True] * len(layout.params)) is None
+    with pytest.raises(ValueError, match="flags for"):
+        used_from_reached(layout, [True])
 
 
 def test_checkpoints_hold_the_same_state_on_either_path(fast_backend):
@@ -632,6 +706,44 @@ def test_a_compilation_thread_is_no_daemon_even_when_a_daemon_starts_it():
     assert made and made[0].daemon is False
 
 
+def test_a_runs_set_up_and_its_checkpoints_wait_while_a_compilation_exports(tmp_path):
+    """An export sets a process-wide flag under which torch's seeding and the optimizers'
+    state_dict annotate one global dict that the export's tracer swaps: CI saw a run's
+    `torch.manual_seed` die of KeyError: 'custom' while an earlier in-process run's
+    compilation exported. A run's set-up waits for an earlier run's compilation to end;
+    a checkpoint waits while a compilation holds the modules."""
+    from beast.run_setup import start_run
+    from beast.train_step import MODULES_IN_USE
+    from beast.train_step.background import compilation_thread
+
+    ended = []
+    earlier = compilation_thread("earlier", lambda: (time.sleep(0.5), ended.append("compile")))
+    earlier.start()
+    argv = ["--algo", "dqn", "--env", "CartPole-v1", "--num_actors", "1"]
+    argv += ["--num_envs_per_actor", "1", "--savedir", str(tmp_path), "--xpid", "x"]
+    run, log = start_run(parse_args(argv))
+    try:
+        assert ended == ["compile"]  # before start_run went on
+        holds, release = threading.Event(), threading.Event()
+
+        def exporting() -> None:
+            with MODULES_IN_USE.for_compilation():
+                holds.set()
+                release.wait(10)
+                ended.append("export")
+
+        thread = compilation_thread("export", exporting)
+        thread.start()
+        assert holds.wait(10)
+        threading.Timer(0.3, release.set).start()
+        assert run.save() is True
+        assert ended == ["compile", "export"]  # the checkpoint waited for it
+        thread.join()
+    finally:
+        log.close()
+        run.source.close()
+
+
 def test_auto_tries_a_cheap_compilation_again_that_once_measured_no_faster():
     """A record that says compiled was no faster decides only where compiling costs
     much (a build); where it costs a package's load, the run compiles and measures again
@@ -681,3 +793,104 @@ def test_the_traces_tanh_is_tanh_to_float32_precision():
     error = (package._tanh(x).double() - exact).abs()
     assert error.max() <= 3e-7
     assert (error / exact.abs().clamp_min(1e-300)).max() <= 1e-6
+
+
+@pytest.mark.parametrize("faster", [True, False])
+@pytest.mark.parametrize("members", [None, 2], ids=["mm", "bmm"])
+def test_a_product_the_blas_takes_faster_transposed_is_traced_transposed(
+    monkeypatch, faster, members
+):
+    """A first layer's weight gradient, gᵀ @ x with x of few columns, is what the BLAS
+    computes fastest as (xᵀ @ g)ᵀ, for one network or an ensemble's stacked members:
+    where the measurement (`package._transposed_faster`, stubbed here) says so, the trace
+    takes it that way, contiguous again for the ops that view it, with the same values;
+    where not, the trace keeps the product as it was."""
+    measured = []
+    monkeypatch.setattr(
+        package, "_transposed_faster", lambda *layout: measured.append(layout) or faster
+    )
+
+    def weight_gradient(g, x):
+        return (g.mT @ x).reshape(-1) * 2.0  # a view after the product, as a flat gradient
+
+    batch = () if members is None else (members,)
+    g, x = torch.randn(*batch, 256, 64), torch.randn(*batch, 256, 4)
+    traced = package.trace(weight_gradient, (g, x))
+    target = torch.ops.aten.mm.default if members is None else torch.ops.aten.bmm.default
+    (product,) = [n for n in traced.graph.graph.nodes if n.target is target]
+    # The product's layouts were measured: gᵀ [64, 256] (column-major) by x [256, 4].
+    (layout,) = measured
+    assert layout[0] == (*batch, 64, 256) and layout[1][-2:] == (1, 64)
+    assert layout[2] == (*batch, 256, 4)
+    first = product.args[0]
+    assert (first.target is torch.ops.aten.permute.default) is faster
+    # The same sums in another order: float32 rounding of 256-term sums of size ~16.
+    torch.testing.assert_close(traced.graph(g, x), weight_gradient(g, x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "rows, inner, columns, kept",
+    [(256, 256, 1, False), (256, 1, 256, False), (1, 256, 4, False), (256, 256, 4, True)],
+    ids=["output-layer", "outer-product", "row", "product"],
+)
+def test_a_batched_product_with_a_dimension_of_one_is_traced_as_products_and_a_sum(
+    rows, inner, columns, kept
+):
+    """An ensemble's product with M, K or N of 1 (its scalar output layer, that layer's
+    gradient) is traced as products and a sum (package._bmm), with bmm's and baddbmm's
+    values; others stay products."""
+    a, b = torch.randn(2, rows, inner), torch.randn(2, inner, columns)
+    bias = torch.randn(2, 1, columns)
+
+    def products(a, b, bias):
+        return (
+            torch.bmm(a, b),
+            torch.baddbmm(bias, a, b),
+            torch.baddbmm(bias, a, b, beta=0.5, alpha=2.0),
+        )
+
+    traced = package.trace(products, (a, b, bias))
+    targets = {node.target for node in traced.graph.graph.nodes}
+    assert (
+        torch.ops.aten.bmm.default in targets or torch.ops.aten.baddbmm.default in targets
+    ) is kept
+    for got, want in zip(traced.graph(a, b, bias), products(a, b, bias), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_products_are_measured_in_their_own_layouts_even_repeating_ones():
+    """The measurement builds operands in the trace's layouts, including an input
+    expanded over an ensemble's members (stride 0), which no kernel may write into."""
+    gradient = ((2, 64, 256), (64 * 256, 1, 64))  # gᵀ per member, column-major
+    for inputs_stride in [(0, 4, 1), (256 * 4, 4, 1)]:  # x expanded, or one per member
+        layout = (*gradient, (2, 256, 4), inputs_stride, torch.float32, torch.float32)
+        assert package._transposed_faster(*layout) in (True, False)
+    assert package._laid_out((0, 4), (4, 1), torch.float32).shape == (0, 4)
+
+
+def test_a_packages_tensors_are_taken_in_pytrees_order_and_picked_by_shape():
+    """A package takes its tensors in the order pytree flattened its arguments at export;
+    the step's own walk of them (package._tensors_and_shapes) must give that order, and
+    tell a batch of another shape or structure apart."""
+
+    def tensors(*shape):
+        return torch.randn(*shape)
+
+    arguments = (
+        tensors(3),
+        {"b": tensors(2), "a": (tensors(1, 2), [tensors(4), None, 3]), "c": {}},
+        (),
+        0.5,
+    )
+    walked, key = package._tensors_and_shapes(arguments)
+    leaves = [leaf for leaf in tree_flatten(arguments)[0] if isinstance(leaf, torch.Tensor)]
+    assert [id(t) for t in walked] == [id(t) for t in leaves]
+    assert package._tensors_and_shapes(copy.deepcopy(arguments))[1] == key
+    reshaped = (arguments[0], {**arguments[1], "b": tensors(5)}, *arguments[2:])
+    reordered = (arguments[0], dict(reversed(arguments[1].items())), *arguments[2:])
+    for other in (reshaped, reordered, arguments[:3]):
+        assert package._tensors_and_shapes(other)[1] != key
+    # A container of another kind goes through pytree, in the same order.
+    point = collections.namedtuple("point", "x y")(tensors(2), tensors(3))
+    walked, _ = package._tensors_and_shapes((point, arguments))
+    assert [id(t) for t in walked] == [id(point.x), id(point.y), *(id(t) for t in leaves)]

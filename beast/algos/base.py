@@ -304,6 +304,10 @@ class LearnerContext:
     optimizer_steps: int | None = None
     compile_in_background: bool = False
     stopping: threading.Event | None = None
+    # What the learner's step is made from besides beast's code and its arguments (the
+    # run's settings, the env's spaces), for packages known from earlier runs
+    # (beast/train_step TrainStep's `identity`); None where unknown (a user's model).
+    step_identity: str | None = None
 
     def autocast(self) -> torch.autocast:
         """bf16 autocast (`bf16`) without its cache of cast weights: a compiled step
@@ -336,6 +340,7 @@ class LearnerContext:
             expected_steps=self.optimizer_steps,
             background=self.compile_in_background,
             stopping=self.stopping,
+            identity=self.step_identity,
         )
 
 

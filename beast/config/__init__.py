@@ -33,6 +33,7 @@ from beast.config.files import CONFIGS_DIR, check_value, config_to_yaml, load_co
 from beast.config.flags import (
     AUTO,
     FAMILIES,
+    RUN_NAMING_FLAGS,
     WANDB_MISSING,
     Config,
     ConfigError,
@@ -49,6 +50,7 @@ from beast.config.parsing import build_parser, config_from_dict, config_from_fla
 __all__ = [
     "AUTO",
     "FAMILIES",
+    "RUN_NAMING_FLAGS",
     "Config",
     "ConfigError",
     "TunedConfig",

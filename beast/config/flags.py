@@ -45,6 +45,30 @@ AUTO = "auto"
 FAMILIES = ("atari", "classic", "mujoco")
 # --wandb without the package (beast/logs.py says the same if its import fails).
 WANDB_MISSING = "--wandb needs the wandb package: pip install wandb (or pip install -e '.[wandb]')"
+# Flags that name, place, log, checkpoint or supervise a run: what the run computes per
+# step does not depend on them. The thread tuner's remembered counts
+# (beast/thread_tuner.py `setup_key`) and the compiled step's key before its trace
+# (beast/engine.py `step_identity`) leave them out, each with what else it may ignore.
+RUN_NAMING_FLAGS = frozenset(
+    {
+        "mode",
+        "xpid",
+        "savedir",
+        "seed",
+        "log_interval",
+        "checkpoint_interval",
+        "checkpoint",
+        "resume",
+        "record_video",
+        "wandb",
+        "wandb_project",
+        "wandb_entity",
+        "wandb_group",
+        "wandb_tags",
+        "wandb_mode",
+        "max_actor_restarts",
+    }
+)
 # W&B refuses longer tags.
 WANDB_TAG_LENGTH = 64
 

@@ -57,6 +57,7 @@ from beast.run_setup import (
     TrainingError,
     learner_failure,
     open_run_log,
+    raise_if_stop_requested,
     raise_keyboard_interrupt,
     report,
     stop_on_signals,
@@ -319,6 +320,7 @@ class LearnerNode:
         last_line = last_checkpoint = time.monotonic()
         stop_asked_at: float | None = None
         while not learner.finished.wait(_MONITOR_SECONDS):
+            raise_if_stop_requested()
             failure = (
                 feeder.failure
                 or pool.check()

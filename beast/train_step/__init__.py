@@ -53,12 +53,18 @@ The modules, each of one purpose:
 """
 
 from beast.records import compile_cache_dir
-from beast.train_step.background import StepAbandoned, compilations_under_way
+from beast.train_step.background import (
+    MODULES_IN_USE,
+    StepAbandoned,
+    compilations_under_way,
+    wait_for_compilations,
+)
 from beast.train_step.interface import ParameterGroup, StepLoss, StepResult, TargetNetwork
 from beast.train_step.step import COMPILE_MODES, TrainStep
 
 __all__ = [
     "COMPILE_MODES",
+    "MODULES_IN_USE",
     "ParameterGroup",
     "StepAbandoned",
     "StepLoss",
@@ -67,4 +73,5 @@ __all__ = [
     "TrainStep",
     "compilations_under_way",
     "compile_cache_dir",
+    "wait_for_compilations",
 ]

@@ -15,6 +15,7 @@ __all__ = [
     "StepAbandoned",
     "compilation_thread",
     "compilations_under_way",
+    "wait_for_compilations",
 ]
 
 # How often a step waiting for a compilation looks whether the run is stopping.
@@ -36,8 +37,10 @@ class ModulesInUse:
     not installed as a submodule"); and torch.export raises a process-wide flag under
     which every optimizer call annotates one global dict that the export's tracer
     annotates too (a DQN step's `zero_grad`, in a process where another update's
-    compilation exported, died of KeyError: 'custom'). So there is one, `MODULES_IN_USE`,
-    for every update in the process."""
+    compilation exported, died of KeyError: 'custom'; so did a checkpoint's, and the next
+    run's `torch.manual_seed`). So there is one, `MODULES_IN_USE`, for every update in the
+    process, held too by whatever else calls such functions while a run's compilation may
+    run (a checkpoint, an evaluation in the learner's process)."""
 
     def __init__(self) -> None:
         # Held by every step and by a compilation for as long as it runs.
@@ -49,9 +52,9 @@ class ModulesInUse:
         self._compilation_holds.set()
 
     @contextlib.contextmanager
-    def for_step(self, stopping: threading.Event | None) -> Iterator[None]:
-        """Held for one step, once any compilation under way is done; StepAbandoned if
-        `stopping` is set while the step waits."""
+    def held(self, stopping: threading.Event | None = None) -> Iterator[None]:
+        """Held for one step (or a checkpoint, an evaluation), once any compilation under
+        way is done; StepAbandoned if `stopping` is set while it waits."""
         if not _wait_for(self._compilation_holds.wait, stopping) or not _wait_for(
             lambda seconds: self._lock.acquire(timeout=seconds), stopping
         ):
@@ -100,6 +103,19 @@ def compilation_thread(name: str, target: Callable[..., None], *args: Any) -> th
     return threading.Thread(target=target, args=args, name=f"{_THREAD_PREFIX}{name}", daemon=False)
 
 
+def _compilation_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(_THREAD_PREFIX) and t.is_alive()]
+
+
 def compilations_under_way() -> bool:
     """Whether a learner's compilation (a thread of its own) is still running."""
-    return any(t.name.startswith(_THREAD_PREFIX) and t.is_alive() for t in threading.enumerate())
+    return bool(_compilation_threads())
+
+
+def wait_for_compilations() -> None:
+    """Until the compilations under way in this process are done (at a run's set-up: an
+    earlier run's, which a stop does not wait for, its builds stopped and an export
+    ending in seconds; or a run's beside it in another thread): the set-up must not call
+    torch while one exports (`ModulesInUse`)."""
+    for thread in _compilation_threads():
+        thread.join()

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from beast.train_step.arithmetic import OptimizerRule, rule_for
 from beast.train_step.interface import ParameterGroup, TargetNetwork
 
-__all__ = ["Layout", "OptimizerState", "Used", "used_parameters"]
+__all__ = ["Layout", "OptimizerState", "Used", "used_from_reached", "used_parameters"]
 
 
 class Layout:
@@ -166,9 +166,18 @@ def used_parameters(layout: Layout, indices: Sequence[int]) -> Used | None:
     reached = [True] * len(layout.params)
     for i in indices:
         reached[i] = layout.params[i].grad is not None
+    return used_from_reached(layout, reached)
+
+
+def used_from_reached(layout: Layout, reached: Sequence[bool]) -> Used | None:
+    """`Used` from whether each of the layout's parameters is reached (a record of an
+    earlier run's `Used.params`); None when all are. ValueError if `reached` is not one
+    flag per parameter."""
+    if len(reached) != len(layout.params):
+        raise ValueError(f"{len(reached)} flags for {len(layout.params)} parameters")
     if all(reached):
         return None
     elements = torch.zeros(layout.size, dtype=torch.bool, device=layout.flat.device)
     for p, start, hit in zip(layout.params, layout.offsets, reached, strict=True):
-        elements[start : start + p.numel()] = hit
-    return Used(elements, torch.tensor(reached, device=layout.flat.device))
+        elements[start : start + p.numel()] = bool(hit)
+    return Used(elements, torch.tensor([bool(hit) for hit in reached], device=layout.flat.device))

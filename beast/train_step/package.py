@@ -19,8 +19,10 @@ parameter and buffer of the modules is an input, read at each step.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -44,7 +46,16 @@ from beast.train_step import compiler
 from beast.train_step.compiler import inductor_patch
 from beast.train_step.graph import copied
 
-__all__ = ["BuildStopped", "PackagedStep", "Trace", "loads_only", "trace"]
+__all__ = [
+    "BuildStopped",
+    "PackagedStep",
+    "Trace",
+    "known_step_key",
+    "load_package",
+    "loads_only",
+    "package_path",
+    "trace",
+]
 
 # Bumped when what a package holds or how it is called changes.
 _FORMAT = 1
@@ -58,7 +69,7 @@ class Trace:
     def __init__(self, graph: torch.fx.GraphModule, arguments: tuple[Any, ...]) -> None:
         self.graph = graph
         self.arguments = arguments
-        self.path = os.path.join(compile_cache_dir(), "steps", f"{_key(graph, arguments)}.pt2")
+        self.path = package_path(f"{_key(graph, arguments)}.pt2")
 
     @property
     def built(self) -> bool:
@@ -111,18 +122,63 @@ class Trace:
             raise RuntimeError(f"building the step's package failed: {last}")
 
     def load(self) -> Runner:
-        """The built package, called with the step's arguments and their tensors
-        (`Runner`). Loading compares the machine with the one that built the package (a
-        warning, never a refusal; the package's name already holds the instruction set),
-        and inductor's way of knowing which vector instructions it may use is to compile
-        and load a probe for each, in child processes (1.2 s on this project's machine):
-        told they are usable, it skips that. One caller at a time (a step holds the
-        lock), so no locking around each call."""
+        """The built package (`load_package`)."""
+        return load_package(self.path)
+
+
+def load_package(path: str) -> Runner:
+    """The package at `path`, called with the step's arguments and their tensors
+    (`Runner`). One caller at a time (a step holds the lock), so no locking around each
+    call.
+
+    The package's loader is made directly (7 ms), not through
+    `torch._inductor.aoti_load_package`, whose Python first imports inductor's code cache
+    (0.4 s of a PPO CartPole run's start, on the learner's thread) only to warn where the
+    package was built on another machine; its name already holds the instruction set and
+    torch's version. A torch whose loader takes other arguments goes that way, told not to
+    probe the CPU's vector instructions (it compiles and loads a probe for each, in child
+    processes: 1.2 s here)."""
+    try:
+        loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", True, 1, -1)
+    except (AttributeError, TypeError):
         with inductor_patch(**{"cpp.vec_isa_ok": True}):
-            model = torch._inductor.aoti_load_package(self.path, run_single_threaded=True)
-        loader = model.loader
-        out_spec = treespec_loads(loader.get_call_spec()[1])
-        return lambda arguments, tensors: tree_unflatten(loader.boxed_run(tensors), out_spec)
+            loader = torch._inductor.aoti_load_package(path, run_single_threaded=True).loader
+    out_spec = treespec_loads(loader.get_call_spec()[1])
+    return lambda arguments, tensors: tree_unflatten(loader.boxed_run(tensors), out_spec)
+
+
+def package_path(name: str) -> str:
+    """Where the package called `name` is kept."""
+    return os.path.join(compile_cache_dir(), "steps", name)
+
+
+def known_step_key(identity: str, arguments: tuple[Any, ...]) -> str:
+    """What names a step's package before it is traced: `identity` (everything its graph
+    is made from besides beast's code and the arguments: the run's settings, the env's
+    spaces, the step's kind, modules and optimizers; beast/train_step/step.py), beast's
+    code (every source file of the package), torch's version, the CPU's instruction set,
+    and the arguments' structure, shapes, dtypes, strides and devices. A step whose key
+    an earlier run recorded is that run's package, loaded without a trace (which, with the
+    import of dynamo it needs, is 1.5 s of a run's start); any change to any of these is
+    another key, and the step is traced as before."""
+    digest = hashlib.sha256()
+    digest.update(repr((_FORMAT, torch.__version__, _instruction_set(), identity)).encode())
+    digest.update(_source_digest())
+    tensors, structure = _tensors_and_shapes(arguments)
+    digest.update(repr(structure).encode())
+    digest.update(repr([(t.stride(), t.device) for t in tensors]).encode())
+    return digest.hexdigest()[:32]
+
+
+@functools.cache
+def _source_digest() -> bytes:
+    """A digest of every Python file of beast (5 ms)."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.digest()
 
 
 def loads_only(traced: Trace | None) -> bool:
@@ -143,8 +199,138 @@ def _tanh(x: Tensor) -> Tensor:
     return torch.where(x.abs() < 0.125, series, 2.0 * torch.sigmoid(2.0 * x) - 1.0)
 
 
+def _bmm(a: Tensor, b: Tensor) -> Any:
+    """A batched product [E, M, K] @ [E, K, N] with M, K or N of 1 (an ensemble's scalar
+    output layer, its gradient's outer product), as products and a sum that inductor
+    fuses with their neighbours; others stay products (NotImplemented: make_fx traces
+    the operator itself). MKL's batched kernels take such a product slowly on this
+    project's machine: 141 us for SAC's twin critics' output layer forward ([2, 256, 256]
+    @ [2, 256, 1], 131k multiply-adds) and 112 us for its outer product, three and two
+    of each a SAC step, at one thread."""
+    if a.dtype not in (torch.float32, torch.float64) or b.dtype != a.dtype:
+        return NotImplemented  # bf16's products rounded before their sum: kept whole
+    rows, inner, columns = a.shape[-2], a.shape[-1], b.shape[-1]
+    if inner == 1:
+        return a * b
+    if columns == 1:
+        return (a * b.mT).sum(-1, keepdim=True)
+    if rows == 1:
+        return (a.mT * b).sum(-2, keepdim=True)
+    return NotImplemented
+
+
+def _baddbmm(bias: Tensor, a: Tensor, b: Tensor, *, beta: float = 1, alpha: float = 1) -> Any:
+    """beta bias + alpha a @ b, its product as `_bmm` takes it (NotImplemented where that
+    keeps the product)."""
+    product = _bmm(a, b)
+    return NotImplemented if product is NotImplemented else beta * bias + alpha * product
+
+
 # Operators the trace writes in other operators (make_fx's decompositions).
-_DECOMPOSITIONS = {torch.ops.aten.tanh.default: _tanh}
+_DECOMPOSITIONS = {
+    torch.ops.aten.tanh.default: _tanh,
+    torch.ops.aten.bmm.default: _bmm,
+    torch.ops.aten.baddbmm.default: _baddbmm,
+}
+
+# A product is taken transposed where that measured this much faster or better.
+_TRANSPOSED_GAIN = 0.6
+# Products measured: those with a dimension this small; each form timed in rounds of
+# about this many seconds.
+_SMALL_DIMENSION = 32
+_MEASURE_SECONDS = 2e-3
+
+
+def _transpose_slow_products(graph: torch.fx.GraphModule) -> None:
+    """Each CPU matrix product of the trace (`mm`, and `bmm` of an ensemble's stacked
+    members) that the BLAS computes much faster transposed, written transposed: A @ B as
+    (Bᵀ @ Aᵀ)ᵀ, made contiguous again (a copy that fuses into what reads it).
+
+    Why: the BLAS's speed depends on the operands' layouts, not only on the arithmetic.
+    A first layer's weight gradient, gᵀ @ x with x of few columns (CartPole's 4 inputs,
+    Pendulum's 3), takes a transposed [H, B] by a [B, 4]. At one thread on this
+    project's machine, in MKL: 19-22 us against 5.7 for xᵀ @ g, the same numbers
+    transposed, at H 64 and B 256 (PPO CartPole's step takes two, DQN's one); at H 256,
+    81 us against 18.5 (SAC Pendulum's actor), and 154 against 31 for its twin critics'
+    `bmm`. The mirror case is as slow the other way. So each product's two forms are
+    timed once per process on this CPU, for its shapes, strides and dtype
+    (`_transposed_faster`)."""
+    transposes = {torch.ops.aten.mm.default: [1, 0], torch.ops.aten.bmm.default: [0, 2, 1]}
+    permute = torch.ops.aten.permute.default
+    changed = False
+    for node in list(graph.graph.nodes):
+        if node.op != "call_function" or node.target not in transposes:
+            continue
+        a, b = (arg.meta.get("val") for arg in node.args)
+        if not (isinstance(a, Tensor) and isinstance(b, Tensor) and a.device.type == "cpu"):
+            continue
+        layout = (tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), a.dtype, b.dtype)
+        if not _transposed_faster(*layout):
+            continue
+        order, new = transposes[node.target], graph.graph.call_function
+        with graph.graph.inserting_before(node):
+            swapped = new(
+                node.target,
+                (new(permute, (node.args[1], order)), new(permute, (node.args[0], order))),
+            )
+            product = new(
+                torch.ops.aten.clone.default,
+                (new(permute, (swapped, order)),),
+                {"memory_format": torch.contiguous_format},
+            )
+        node.replace_all_uses_with(product)
+        graph.graph.erase_node(node)
+        changed = True
+    if changed:
+        graph.graph.lint()
+        graph.recompile()
+
+
+@functools.cache
+def _transposed_faster(
+    shape_a: tuple[int, ...],
+    stride_a: tuple[int, ...],
+    shape_b: tuple[int, ...],
+    stride_b: tuple[int, ...],
+    dtype_a: torch.dtype,
+    dtype_b: torch.dtype,
+) -> bool:
+    """Whether A @ B (2-d or batched 3-d) of these layouts takes under `_TRANSPOSED_GAIN`
+    of its time as (Bᵀ @ Aᵀ)ᵀ made contiguous, at this thread's torch threads: each form
+    the best of 3 rounds of about `_MEASURE_SECONDS`. Only a product with a dimension of
+    at most `_SMALL_DIMENSION` is measured: the slow layouts found have one, and a large
+    product would cost the trace tens of milliseconds to time."""
+    rows, inner, columns = shape_a[-2], shape_a[-1], shape_b[-1]
+    if min(rows, inner, columns) > _SMALL_DIMENSION:
+        return False
+    a, b = _laid_out(shape_a, stride_a, dtype_a), _laid_out(shape_b, stride_b, dtype_b)
+    as_traced = _seconds_a_call(lambda: torch.matmul(a, b))
+    transposed = _seconds_a_call(lambda: torch.matmul(b.mT, a.mT).mT.contiguous())
+    return transposed < _TRANSPOSED_GAIN * as_traced
+
+
+def _seconds_a_call(call: Callable[[], Any]) -> float:
+    """`call`'s seconds, the best of 3 rounds of about `_MEASURE_SECONDS` (after one
+    warm-up call, and one that sizes the rounds)."""
+    call()
+    started = time.perf_counter()
+    call()
+    calls = max(3, min(100, int(_MEASURE_SECONDS / (time.perf_counter() - started))))
+    rounds = []
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(calls):
+            call()
+        rounds.append((time.perf_counter() - started) / calls)
+    return min(rounds)
+
+
+def _laid_out(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """Random values in this layout, which may repeat elements (stride 0: an input
+    expanded over an ensemble's members)."""
+    reach = sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
+    extent = 0 if 0 in shape else 1 + reach
+    return torch.empty(extent, dtype=dtype).uniform_(-1.0, 1.0).as_strided(shape, stride)
 
 
 def trace(function: Callable[..., Any], arguments: tuple[Any, ...]) -> Trace:
@@ -164,6 +350,7 @@ def trace(function: Callable[..., Any], arguments: tuple[Any, ...]) -> Trace:
             tracing_mode="fake",
             _allow_non_fake_inputs=True,
         )(*arguments)
+    _transpose_slow_products(graph)
     return Trace(graph, arguments)
 
 
@@ -178,20 +365,19 @@ class PackagedStep:
     """A step compiled ahead of time, called with the step's arguments. Each package
     holds one shape of batch: a batch of another shape gets its own (traced, and loaded
     or built, in the calling thread, as torch.compile recompiles), never one read past
-    its end.
+    its end. The first comes from `add` (a trace) or `add_package` (a package known
+    from an earlier run).
 
     Args:
         function: the step's function.
-        traced: its trace for the first shape of batch (`trace`).
-        holding: held while the trace is exported (which patches torch.nn.Module for
-            the whole process).
+        holding: held while a trace is exported (which patches torch.nn.Module for the
+            whole process).
         stopping: set when the run stops: a build under way then stops (`BuildStopped`).
     """
 
     def __init__(
         self,
         function: Callable[..., Any],
-        traced: Trace,
         holding: Callable[[], AbstractContextManager[Any]],
         stopping: threading.Event | None = None,
     ) -> None:
@@ -200,7 +386,16 @@ class PackagedStep:
         self.stopping = stopping
         # Spent exporting and building packages: what a later run, loading them, skips.
         self.build_seconds = 0.0
-        self._runners = {_tensors_and_shapes(traced.arguments)[1]: self._runner(traced)}
+        self._runners: dict[Any, Runner] = {}
+
+    def add(self, traced: Trace) -> None:
+        """The package of `traced` (built first where no run built it before), for
+        arguments of its shapes."""
+        self._runners[_tensors_and_shapes(traced.arguments)[1]] = self._runner(traced)
+
+    def add_package(self, path: str, arguments: tuple[Any, ...]) -> None:
+        """The package at `path`, for arguments of the shapes of `arguments`."""
+        self._runners[_tensors_and_shapes(arguments)[1]] = load_package(path)
 
     def __call__(self, *arguments: Any) -> Any:
         tensors, shapes = _tensors_and_shapes(arguments)
@@ -247,12 +442,40 @@ def _exited(child: subprocess.Popen) -> bool:
     return True
 
 
-def _tensors_and_shapes(arguments: tuple[Any, ...]) -> tuple[list[Tensor], tuple[Any, ...]]:
-    """The tensors among the arguments' leaves, in the order a package takes them, and
-    what picks the package: the arguments' structure, and each tensor's shape and dtype."""
-    leaves, spec = tree_flatten(arguments)
-    tensors = [leaf for leaf in leaves if isinstance(leaf, Tensor)]
-    return tensors, (spec, *((tensor.shape, tensor.dtype) for tensor in tensors))
+def _tensors_and_shapes(arguments: tuple[Any, ...]) -> tuple[list[Tensor], Any]:
+    """The tensors among the arguments' leaves, in the order a package takes them
+    (pytree's: sequences in order, dicts in their keys' order), and what picks the
+    package: the arguments' structure, and each tensor's shape and dtype. Arguments of
+    tuples, lists, dicts and leaves (every step's) are walked here, in 9 us where pytree's
+    flattening and the hashing of its spec took 25 (of PPO CartPole's 0.4 ms step);
+    others go through pytree."""
+    tensors: list[Tensor] = []
+    try:
+        return tensors, _structure(arguments, tensors)
+    except _OtherContainer:
+        leaves, spec = tree_flatten(arguments)
+        tensors = [leaf for leaf in leaves if isinstance(leaf, Tensor)]
+        return tensors, (spec, *((tensor.shape, tensor.dtype) for tensor in tensors))
+
+
+class _OtherContainer(Exception):
+    """An argument holds a container that `_structure` does not walk."""
+
+
+def _structure(value: Any, tensors: list[Tensor]) -> Any:
+    """`value`'s structure and tensor shapes as a hashable key; its tensors appended to
+    `tensors` in pytree's order."""
+    if isinstance(value, Tensor):
+        tensors.append(value)
+        return (value.shape, value.dtype)
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return (kind, *(_structure(item, tensors) for item in value))
+    if kind is dict:
+        return (dict, len(value), *value, *(_structure(item, tensors) for item in value.values()))
+    if kind in (int, float, bool, str, type(None)):
+        return None  # a leaf pytree keeps, of no shape (the trace holds its value)
+    raise _OtherContainer(kind.__name__)
 
 
 def _key(graph: torch.fx.GraphModule, arguments: tuple[Any, ...]) -> str:

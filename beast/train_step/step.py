@@ -16,10 +16,11 @@ from torch import Tensor, nn
 
 from beast.models import PolyakAverager
 from beast.optim import INITIAL_LR
+from beast.records import read_record, write_record
 from beast.train_step import auto, compiler, package
 from beast.train_step.background import MODULES_IN_USE, compilation_thread
 from beast.train_step.cuda_graph import CudaGraphStep
-from beast.train_step.flat import Layout, OptimizerState, Used, used_parameters
+from beast.train_step.flat import Layout, OptimizerState, Used, used_from_reached, used_parameters
 from beast.train_step.graph import Program, StepGraph, copied
 from beast.train_step.interface import (
     ParameterGroup,
@@ -32,6 +33,8 @@ from beast.train_step.interface import (
 __all__ = ["COMPILE_MODES", "TrainStep"]
 
 COMPILE_MODES = ("auto", "on", "off")
+# The record of packages by their key before a trace (`TrainStep._load_known`).
+_KNOWN_PACKAGES = "beast_packages.json"
 
 
 class _BufferAverager:
@@ -76,6 +79,11 @@ class TrainStep:
             one.
         stopping: set when the run stops: a step waiting for a compilation then raises
             StepAbandoned instead of waiting on.
+        identity: what, besides beast's code and the step's arguments, the step's graph
+            is made from (the run's settings and the env's spaces: beast/engine.py
+            `step_identity`), or None where that is not known (a user's model). Given it,
+            a step whose package an earlier run recorded loads it at its first call, with
+            no trace and no eager steps before (`_load_known`).
     """
 
     def __init__(
@@ -92,6 +100,7 @@ class TrainStep:
         cuda_graphs: bool = True,
         background: bool = False,
         stopping: threading.Event | None = None,
+        identity: str | None = None,
     ) -> None:
         if compile not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
@@ -104,6 +113,7 @@ class TrainStep:
         self.cuda_graphs = cuda_graphs
         self.background = background
         self.stopping = stopping
+        self.identity = identity
         self.program = Program(modules, loss)
         self.path = "eager"  # what the last step ran: eager, compiled, CUDA graph
         self.compile_seconds = 0.0  # spent compiling (or loading cached graphs)
@@ -118,6 +128,9 @@ class TrainStep:
         # CPU: the seconds a kind's package took to build in this run (0: loaded).
         self._build_seconds: dict[Train, float] = {}
         self._used: dict[Train, Used | None] = {}
+        self._looked_up: set[Train] = set()  # kinds whose known package was looked for
+        # CPU: each traced kind's key before its trace, and its package (`_remember`).
+        self._known_keys: dict[Train, tuple[str, str]] = {}
         self._layout: Layout | None = None
         self._state: OptimizerState | None = None
         self._lr: Tensor | None = None
@@ -175,7 +188,7 @@ class TrainStep:
         """One optimizer step on `inputs` over the groups named in `train`, then, if it was
         applied and `tau` is given, every target network moved `tau` of the way. It waits
         while a compilation runs, unless the run stops (StepAbandoned)."""
-        with MODULES_IN_USE.for_step(self.stopping):
+        with MODULES_IN_USE.held(self.stopping):
             return self._step(tuple(train), inputs, tau)
 
     def _step(self, kind: Train, inputs: Mapping[str, Any], tau: float | None) -> StepResult:
@@ -187,6 +200,8 @@ class TrainStep:
                 compiled = self._decided[kind]
                 if compiled is not None:
                     return self._run_compiled(kind, compiled, inputs, tau)
+            elif kind not in self._looked_up and self._load_known(kind, inputs):
+                return self._run_compiled(kind, self._decided[kind], inputs, tau)
             elif (
                 kind not in self._compilations
                 and len(self._timings.get(kind, ())) >= auto.EAGER_PROBES
@@ -230,19 +245,12 @@ class TrainStep:
         runs in the background (`background`), and a stop never waits for it; a package
         already built is loaded at once."""
         eager = statistics.median(self._timings[kind][1:])  # the first warms caches up
-        params = self._layout.params if self._layout else []
-        record = auto.StepRecord.load(
-            auto.signature(self.loss, kind, inputs, params, self._device())
-        )
-        if self.mode == "auto":
-            hardware = auto.hardware(self._device(), self.program.modules())
-            worth, reason = auto.worth_compiling(eager, record, self._steps_left(), hardware)
-            if not worth:
-                self._decided[kind] = None
-                self.log(
-                    f"the learner's update runs eagerly ({eager * 1e3:.2f} ms a step): {reason}"
-                )
-                return
+        record = self._record(kind, inputs)
+        reason = self._not_worth(eager, record)
+        if reason is not None:
+            self._decided[kind] = None
+            self.log(f"the learner's update runs eagerly ({eager * 1e3:.2f} ms a step): {reason}")
+            return
         self._records[kind] = record._replace(eager=eager)
         function = functools.partial(self._graph.step, kind=kind, used=self._used.get(kind))
         arguments = self._arguments(inputs, copies=True)
@@ -259,6 +267,9 @@ class TrainStep:
                 self._records.pop(kind)
                 self._failed(error)
                 return
+            if self.identity is not None:
+                key = self._known_key(kind, self._arguments(inputs, copies=False))
+                self._known_keys[kind] = (key, traced.path)
         compilation = compilation_thread(
             "-".join(kind), self._compile, kind, function, arguments, traced, started
         )
@@ -290,6 +301,7 @@ class TrainStep:
                 self.log(f"no CUDA graph for the learner's update ({compiler.first_line(error)})")
         compiler.configure_compiler()  # this thread runs the step, and recompiles it if need be
         self._decided[kind] = compiled
+        self._remember(kind)
         seconds = self._compiled_seconds[kind]
         record = self._records[kind]
         eager = f"eager it took {record.eager * 1e3:.2f} ms a step"
@@ -305,6 +317,90 @@ class TrainStep:
         # What compiling will cost the next run of this step: tracing and loading its
         # package (a build, this run's alone, is not counted).
         self._records[kind] = record._replace(compile_seconds=seconds - (built or 0.0))
+
+    def _record(self, kind: Train, inputs: Mapping[str, Any]) -> auto.StepRecord:
+        """What compiling this kind of step cost and gained in earlier runs."""
+        params = self._layout.params if self._layout else []
+        return auto.StepRecord.load(auto.signature(self.loss, kind, inputs, params, self._device()))
+
+    def _not_worth(self, eager: float, record: auto.StepRecord) -> str | None:
+        """Under --compile auto, why compiling a step of `eager` seconds would not pay over
+        the steps left; None where it would, or where the mode is not auto."""
+        if self.mode != "auto":
+            return None
+        hardware = auto.hardware(self._device(), self.program.modules())
+        worth, reason = auto.worth_compiling(eager, record, self._steps_left(), hardware)
+        return None if worth else reason
+
+    def _known_key(self, kind: Train, arguments: tuple[Any, ...]) -> str:
+        """`package.known_step_key` of this kind of step, for these arguments."""
+        assert self.identity is not None
+        loss = getattr(self.loss, "__qualname__", type(self.loss).__qualname__)
+        modules = [(name, repr(module)) for name, module in self.program.parts.items()]
+        optimizers = [
+            (name, type(group.optimizer).__name__, sorted(group.optimizer.defaults.items()))
+            for name, group in self.groups.items()
+        ]
+        clipping = self.stepper.grad_norm_clipping
+        identity = repr((self.identity, loss, kind, modules, optimizers, clipping))
+        return package.known_step_key(identity, arguments)
+
+    def _remember(self, kind: Train) -> None:
+        """A kind traced and packaged in this run: its package under its key before the
+        trace, with the parameters it reaches, for the next run's `_load_known`."""
+        known = self._known_keys.pop(kind, None)
+        if known is None:
+            return
+        key, path = known
+        used = self._used.get(kind)
+        reached = None if used is None else used.params.tolist()
+        write_record(_KNOWN_PACKAGES, key, {"package": os.path.basename(path), "reached": reached})
+
+    def _load_known(self, kind: Train, inputs: Mapping[str, Any]) -> bool:
+        """At a kind's first step on CPU: the package an earlier run recorded for this
+        step (`_remember`), loaded (in milliseconds) and adopted with no trace and no
+        eager step before it, where --compile auto finds it worth loading. False where
+        there is none, and the kind goes the usual way: eager steps, then a trace.
+
+        The key (`package.known_step_key`) holds beast's code, the run's settings, the
+        env's spaces, the modules and optimizers and the arguments' shapes, what the graph
+        is made from; a user's model, whose code is not beast's, has no `identity` and is
+        always traced."""
+        self._looked_up.add(kind)
+        if self.identity is None or self._device().type != "cpu":
+            return False
+        if compiler.BACKEND == "aot_eager":
+            return False  # the tests' backend: graphs, no packages
+        started = time.perf_counter()
+        arguments = self._arguments(inputs, copies=False)
+        known = read_record(_KNOWN_PACKAGES, self._known_key(kind, arguments))
+        name = known.get("package")
+        if not isinstance(name, str) or not os.path.exists(package.package_path(name)):
+            return False
+        layout = self._layout
+        assert layout is not None
+        record = self._record(kind, inputs)
+        if record.eager is None or self._not_worth(record.eager, record) is not None:
+            return False
+        try:
+            reached = known.get("reached")
+            used = None if reached is None else used_from_reached(layout, reached)
+            function = functools.partial(self._graph.step, kind=kind, used=used)
+            compiled = package.PackagedStep(function, MODULES_IN_USE.for_compilation, self.stopping)
+            compiled.add_package(package.package_path(name), arguments)
+        except Exception:  # a record or package this torch cannot read: traced instead
+            return False
+        self._used[kind] = used
+        self._decided[kind] = compiled
+        self._records[kind] = record  # its first steps timed against eager's, as ever
+        seconds = time.perf_counter() - started
+        self.compile_seconds += seconds
+        self.log(
+            f"the learner's update is compiled from its package of an earlier run"
+            f" ({seconds:.2f} s, untraced: the same code, settings and shapes;"
+            f" eager it took {record.eager * 1e3:.2f} ms a step)"
+        )
+        return True
 
     def _steps_left(self) -> int | None:
         if self.expected_steps is None:
@@ -335,7 +431,8 @@ class TrainStep:
         try:
             if traced is not None:
                 holding = MODULES_IN_USE.for_compilation
-                compiled = package.PackagedStep(function, traced, holding, self.stopping)
+                compiled = package.PackagedStep(function, holding, self.stopping)
+                compiled.add(traced)
                 self._build_seconds[kind] = compiled.build_seconds
             else:
                 compiled = torch.compile(
