@@ -23,7 +23,7 @@ import yaml
 
 from beast.algos import ALGORITHMS
 from beast.config import Config, ConfigError, algorithms_of, check_value, config_for
-from beast.threads import signal_when_parent_dies
+from beast.parent_death import signal_when_parent_dies
 
 __all__ = [
     "MONOBEAST",

@@ -9,23 +9,20 @@ shutdown wakes a thread blocked on a queue or the batcher.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
 
 from beast.native import QueueClosed
+from beast.parent_death import signal_when_parent_dies
 
-__all__ = ["ThreadGroup", "die_with_fork_server", "process_alive", "signal_when_parent_dies"]
+__all__ = ["ThreadGroup", "die_with_fork_server", "process_alive"]
 
 # The process that imported this module. In a child of the actors' fork server, which
 # imports it when it preloads beast.actor, that is the server.
 _IMPORTED_BY = os.getpid()
-# prctl(2) option: the signal this process gets when its parent dies.
-_PR_SET_PDEATHSIG = 1
 
 
 class ThreadGroup:
@@ -71,13 +68,6 @@ def process_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in (b"Z", b"X")
-
-
-def signal_when_parent_dies(signal_number: int) -> None:
-    """Have the kernel send this process `signal_number` when the thread that started it
-    exits (its process dying included): Linux's PR_SET_PDEATHSIG; nothing elsewhere."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal_number, 0, 0, 0)
 
 
 def die_with_fork_server() -> None:

@@ -75,11 +75,26 @@ def processes_with_marker(marker: str) -> list[int]:
     return found
 
 
-def wait_until_gone(marker: str, timeout: float = 5.0) -> list[int]:
+def wait_until_gone(marker: str, timeout: float = 5.0) -> list[str]:
+    """The processes still carrying `marker` after up to `timeout` seconds, each as
+    `describe_process` says it (an empty list: all gone)."""
     deadline = time.monotonic() + timeout
     while (left := processes_with_marker(marker)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return left
+    return [describe_process(pid) for pid in left]
+
+
+def describe_process(pid: int) -> str:
+    """'pid P (state S, parent Q): command line', for a failure message that says what
+    was left behind."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state, parent = f.read().rsplit(b")", 1)[1].split()[:2]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return f"pid {pid} (gone)"
+    return f"pid {pid} (state {state.decode()}, parent {parent.decode()}): {command[:300]}"
 
 
 def shm_entries() -> set[str]:

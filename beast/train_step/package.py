@@ -41,7 +41,6 @@ from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_loads
 
 from beast.graph_capture import capturing_graph
 from beast.records import compile_cache_dir
-from beast.threads import signal_when_parent_dies
 from beast.train_step import compiler
 from beast.train_step.compiler import inductor_patch
 from beast.train_step.graph import copied
@@ -88,7 +87,13 @@ class Trace:
         nothing in this one waits for it but what needs the package (the learner's steps
         go on eagerly meanwhile). RuntimeError, with the child's last line, if it failed;
         `BuildStopped` if `stopping` was set first (the child is stopped too, as it is
-        when the thread that started it ends: the kernel signals it)."""
+        when the thread that started it ends: the kernel signals it, from the child's
+        first line on, `beast.parent_death`).
+
+        The child leads a process group of its own, which the C++ compilers it runs join:
+        stopped, it stops them with it (`build_in_child`). A compiler it only killed would
+        leave its own children (cc1plus, the assembler) compiling on for seconds after the
+        run's exit, orphans of the run."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
@@ -99,11 +104,21 @@ class Trace:
             torch.export.save(exported, program)
             with open(os.path.join(scratch, "stderr"), "w+") as stderr:
                 child = subprocess.Popen(
-                    [sys.executable, "-m", __name__, program, self.path, str(os.getpid())],
+                    [
+                        sys.executable,
+                        "-m",
+                        "beast.parent_death",
+                        str(os.getpid()),
+                        "SIGTERM",
+                        f"{__name__}:build_in_child",
+                        program,
+                        self.path,
+                    ],
                     env=dict(os.environ, PYTHONPATH=path),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=stderr,
+                    start_new_session=True,
                 )
                 try:
                     while not _exited(child):
@@ -503,30 +518,39 @@ def _instruction_set() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
-def _build(program: str, destination: str, parent: int) -> None:
+def build_in_child(program: str, destination: str) -> None:
     """The child process of `Trace.build`: the exported `program` compiled into the
     package at `destination`, written under another name and renamed (runs building the
     same step at once never read half a file; a stopped build leaves none), and the
-    program's scratch directory removed."""
-    signal_when_parent_dies(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # through the `finally`s below
+    program's scratch directory removed. SIGTERM (the run stopped the build, or ended)
+    stops the compilers it runs too, all of its process group; the child then removes
+    what it wrote and exits at once."""
+    if os.getpgrp() == os.getpid():  # the group is the build's own (not a caller's)
+        signal.signal(signal.SIGTERM, _stop_build)
     temporary = None
     try:
-        if os.getppid() != parent:  # the run ended before the kernel knew to tell
-            return
-        compiler.configure_compiler()
-        exported = torch.export.load(program)
-        handle, temporary = tempfile.mkstemp(suffix=".pt2", dir=os.path.dirname(destination))
-        os.close(handle)
-        with warnings.catch_warnings():  # torch's own deprecations, said while pickling
-            warnings.simplefilter("ignore", FutureWarning)
-            torch._inductor.aoti_compile_and_package(exported, package_path=temporary)
-        os.replace(temporary, destination)
-    finally:
-        if temporary is not None and os.path.exists(temporary):
-            os.remove(temporary)
-        shutil.rmtree(os.path.dirname(program), ignore_errors=True)
+        try:
+            compiler.configure_compiler()
+            exported = torch.export.load(program)
+            handle, temporary = tempfile.mkstemp(suffix=".pt2", dir=os.path.dirname(destination))
+            os.close(handle)
+            with warnings.catch_warnings():  # torch's own deprecations, said while pickling
+                warnings.simplefilter("ignore", FutureWarning)
+                torch._inductor.aoti_compile_and_package(exported, package_path=temporary)
+            os.replace(temporary, destination)
+        finally:
+            if temporary is not None and os.path.exists(temporary):
+                os.remove(temporary)
+            shutil.rmtree(os.path.dirname(program), ignore_errors=True)
+    except SystemExit:
+        # Stopped: gone at once, not through the interpreter's exit, which takes seconds
+        # in a process that imported inductor.
+        os._exit(1)
 
 
-if __name__ == "__main__":
-    _build(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+def _stop_build(*_: Any) -> None:
+    """SIGTERM in a build's child: every other process of its group (the compilers and
+    their own children) gets it too, then the child exits."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(0, signal.SIGTERM)
+    sys.exit(1)
