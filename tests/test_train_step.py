@@ -544,10 +544,13 @@ def test_a_package_build_under_way_stops_with_the_run(monkeypatch, tmp_path):
 
 
 # A process that builds a step's package in the foreground, as a run's compilation thread
-# does: argv[1] is the compile cache.
+# does, with SIGINT and SIGTERM ignored, as a stopping run has them (its children inherit
+# that): argv[1] is the compile cache.
 _BUILDING_RUN = """
-import os, sys
+import os, signal, sys
 os.environ["BEAST_COMPILE_CACHE"] = sys.argv[1]
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
 import torch
 from beast.train_step import package
 traced = package.trace(lambda x: (torch.tanh(x @ x).sum(0),), (torch.ones(64, 64),))
@@ -570,10 +573,14 @@ def test_a_run_that_dies_mid_build_leaves_nothing_behind(tmp_path, stage):
         text=True,
         start_new_session=True,
     )
-    reached = {
-        "importing": lambda: len(processes_with_marker(marker)) > 1,  # the child started
-        "compiling": lambda: _compilers(marker),
-    }[stage]
+    child_seen: list[float] = []
+
+    def importing() -> bool:  # the child imports for 1.3 s: 0.3 s in, it is at it
+        if not child_seen and len(processes_with_marker(marker)) > 1:
+            child_seen.append(time.monotonic())
+        return bool(child_seen) and time.monotonic() - child_seen[0] > 0.3
+
+    reached = {"importing": importing, "compiling": lambda: _compilers(marker)}[stage]
     try:
         deadline = time.monotonic() + 120.0
         while not reached():
