@@ -246,10 +246,16 @@ class Timed:
         self.update(copy.copy(self.batch))
 
     def warm(self) -> None:
-        """Run until the step is compiled (or decided eager): its compilation untimed."""
-        for _ in range(20):
+        """Run until every kind of step is compiled (or decided eager) and timed against
+        eager: their compilations untimed. A kind called once an update (PPO's targets)
+        is decided after `EAGER_PROBES` updates and timed over as many more."""
+        step = self.update.train_step
+        for update in range(40):
             self()
-            if self.update.train_step.path != "eager":
+            if step.mode == "off":
+                if update >= 19:
+                    break
+            elif update > 2 * compile_auto.EAGER_PROBES and step.settled:
                 break
         before = self.update.train_step.steps_taken
         self()

@@ -27,7 +27,7 @@ import uuid
 import numpy as np
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
 from beast.algos.base import Batch, LearnerContext
@@ -220,6 +220,27 @@ def test_rollouts_impala_and_ppo_match_eager(fast_backend):
     assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
 
 
+@pytest.mark.parametrize("advantages", ["gae", "vtrace"])
+def test_a_call_that_trains_nothing_is_a_compiled_forward_pass(fast_backend, advantages):
+    """`train=()` is the loss's forward pass alone (PPO's fixed targets): compiled like a
+    step once its eager calls are timed, its outputs those of the eager pass, nothing
+    trained or written, and no optimizer step counted."""
+    flags = ("--hidden_size", "16", "--unroll_length", "6", "--batch_size", "4")
+    flags += ("--advantages", advantages, "--no-synchronous")
+    (_, eager), (model, compiled), _ = pair("ppo", CARTPOLE, *flags)
+    before = [p.detach().clone() for p in model.parameters()]
+    for seed in range(auto.EAGER_PROBES + 3):
+        data = rollout_batch(6, 4, seed).data
+        expected, got = eager.targets(data), compiled.targets(data)
+        for key, value in expected._asdict().items():
+            torch.testing.assert_close(getattr(got, key), value, rtol=1e-5, atol=1e-6)
+    step = compiled.train_step
+    assert step.path == "compiled" and () in step._decided, step.log
+    assert step.steps_taken == 0
+    for a, b in zip(before, model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_a_step_reads_the_modules_buffers_as_they_are_now(fast_backend):
     """Buffers (here the observation normaliser's statistics, which every batch moves)
     are inputs of the compiled step, not constants of its trace: after them, the two
@@ -234,14 +255,17 @@ def test_a_step_reads_the_modules_buffers_as_they_are_now(fast_backend):
             model.obs_rms.update(batch.data["obs"])
         assert_same_steps(eager, compiled, [batch], progress)
     assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
-    # The trace (here run as is) keeps none of them as a constant, which a package
-    # would hold a copy of.
+    # The traces (here run as they are) keep none of them as a constant, which a package
+    # would hold a copy of: the minibatch step's, and the targets' forward pass's.
     buffers = {b.data_ptr() for b in compiled[0].buffers()}
-    (step,) = [s for s in compiled[1].train_step._decided.values() if s is not None]
-    for runner in step._runners.values():
-        graph = runner.graph
-        constants = [getattr(graph, n.target) for n in graph.graph.nodes if n.op == "get_attr"]
-        assert not buffers & {c.data_ptr() for c in constants if isinstance(c, torch.Tensor)}
+    decided = compiled[1].train_step._decided
+    assert set(decided) == {("model",), ()} and None not in decided.values()
+    for step in decided.values():
+        for runner in step._runners.values():
+            graph = runner.graph
+            nodes = graph.graph.nodes
+            constants = [getattr(graph, n.target) for n in nodes if n.op == "get_attr"]
+            assert not buffers & {c.data_ptr() for c in constants if isinstance(c, Tensor)}
 
 
 def test_the_trace_runs_in_the_learners_step_and_the_build_beside_it(monkeypatch):

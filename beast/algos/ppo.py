@@ -305,7 +305,7 @@ class PolicyGradientUpdate(OptimizerUpdate):
         self.recurrent = bool(model.initial_state(1))
         self.param_keys = tuple(distribution.param_shapes())
         self.train_step = context.train_step(
-            self.minibatch_loss,
+            self.step_loss,
             modules={"model": model},
             groups=[ParameterGroup("model", optimizer)],
         )
@@ -317,11 +317,23 @@ class PolicyGradientUpdate(OptimizerUpdate):
         total = self.context.step.total_steps
         return self.clip_range * (1.0 - min(self.context.progress.step, total) / total)
 
-    @torch.no_grad()
+    def step_loss(self, inputs: Mapping[str, Any], train: tuple[str, ...]) -> StepLoss:
+        """What each call of the train step computes: a minibatch's loss, or, training
+        nothing, the batch's fixed targets (`fixed_targets`), compiled like the steps."""
+        if not train:
+            return self.fixed_targets(inputs)
+        return self.minibatch_loss(inputs, train)
+
     def targets(self, data: Mapping[str, Tensor]) -> Targets:
-        """The batch's fixed targets (class docstring), from one forward pass."""
-        config, context, distribution = self.config, self.context, self.distribution
+        """The batch's fixed targets (class docstring), from one forward pass: a train
+        step that trains nothing."""
         self.model.eval()
+        return Targets(**self.train_step(data, train=()).stats)
+
+    @torch.no_grad()
+    def fixed_targets(self, data: Mapping[str, Tensor]) -> StepLoss:
+        """The batch's fixed targets as a `StepLoss` of no loss, the targets its stats."""
+        config, context, distribution = self.config, self.context, self.distribution
         outputs = float_forward(self.model, context, model_inputs(data), core_state(data))
         values = outputs["baseline"]
         actions = data["action"][:-1]
@@ -352,7 +364,7 @@ class PolicyGradientUpdate(OptimizerUpdate):
             ).vs
             next_returns = torch.cat([returns[1:], values[-1:]])
             advantages = (rewards + discounts * next_returns - values[:-1]) * valid
-        return Targets(
+        targets = Targets(
             behaviour_log_probs=behaviour_log_probs,
             old_values=values[:-1],
             advantages=advantages,
@@ -360,6 +372,7 @@ class PolicyGradientUpdate(OptimizerUpdate):
             valid=valid,
             initial_log_ratio=log_ratio,
         )
+        return StepLoss(values.new_zeros(()), targets._asdict())
 
     def _step_inputs(self, data: Mapping[str, Tensor], targets: Targets) -> dict[str, Any]:
         """What every minibatch step reads: the whole batch laid out for indexing by a

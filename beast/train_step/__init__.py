@@ -11,8 +11,9 @@ An algorithm states its update once, as a `TrainStep` over:
     targets   target networks that follow online ones by Polyak averaging or copies
               (`TargetNetwork`).
 
-and calls it once per optimizer step with the batch's tensors. The engine runs the
-rest, the same way for every algorithm and every user model (`--model`):
+and calls it once per optimizer step with the batch's tensors (and, training nothing,
+`train=()`, for a forward pass alone: PPO's fixed targets). The engine runs the rest,
+the same way for every algorithm and every user model (`--model`):
 
 - Eager: the loss, `backward`, and the learner's `Stepper` (gradient clipping, the
   non-finite guard, the learning-rate schedule, the optimizers' steps), then the targets.

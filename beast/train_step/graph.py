@@ -84,14 +84,16 @@ class StepGraph:
         `lr` holds each group's rate, in the layout's group order; `held` the modules'
         other tensors (`self.held`). The targets move `tau`
         of the way (a tensor: 0 leaves them, without a second graph for the steps that do
-        not average). Parameters this kind does not reach (`used`) are not stepped."""
+        not average). Parameters this kind does not reach (`used`) are not stepped. A
+        kind that trains nothing (`kind` empty) is the loss's forward pass alone: its
+        outputs, a zero gradient norm, and nothing written."""
         program, layout, state, clipping = self.program, self.layout, self.state, self.clipping
         trained = {id(p): i for i, p in enumerate(layout.params)}
         followed = {id(p): i for i, p in enumerate(layout.target_params)}
         named = list(program.named_parameters(remove_duplicate=False))
         target_views = layout.target_views(target_flat)
 
-        def loss(values: tuple[Tensor, ...]) -> tuple[Tensor, dict[str, Any]]:
+        def forward(values: tuple[Tensor, ...]) -> StepLoss:
             swapped = {}
             for name, p in named:
                 if id(p) in trained:
@@ -100,7 +102,24 @@ class StepGraph:
                     swapped[name] = target_views[followed[id(p)]]
             for tensor, names in zip(held, self._held_names, strict=True):
                 swapped.update(dict.fromkeys(names, tensor))
-            out = torch.func.functional_call(program, swapped, (inputs, kind), strict=False)
+            return torch.func.functional_call(program, swapped, (inputs, kind), strict=False)
+
+        if not kind:
+            with torch.no_grad():
+                out = forward(tuple(layout.views(flat)))
+            true = torch.ones((), dtype=torch.bool, device=flat.device)
+            return (
+                out.total.detach(),
+                torch.zeros((), device=flat.device),
+                true,
+                true,
+                true if out.proceed is None else out.proceed,
+                out.stats,
+                out.priorities,
+            )
+
+        def loss(values: tuple[Tensor, ...]) -> tuple[Tensor, dict[str, Any]]:
+            out = forward(values)
             # torch.func's auxiliary outputs are tensors only: the absent ones left out.
             aux = {"stats": out.stats}
             if out.priorities is not None:

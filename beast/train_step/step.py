@@ -3,6 +3,7 @@ each kind of step takes (beast/train_step/__init__.py)."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import statistics
@@ -117,7 +118,8 @@ class TrainStep:
         self.program = Program(modules, loss)
         self.path = "eager"  # what the last step ran: eager, compiled, CUDA graph
         self.compile_seconds = 0.0  # spent compiling (or loading cached graphs)
-        self.steps_taken = 0
+        self.steps_taken = 0  # optimizer steps, not forward-only calls
+        self._calls: collections.Counter[Train] = collections.Counter()  # by kind
         self._timings: dict[Train, list[float]] = {}  # each kind's timed eager steps
         self._decided: dict[Train, Callable[..., tuple[Any, ...]] | None] = {}
         self._records: dict[Train, auto.StepRecord] = {}  # kinds whose compiled steps are timed
@@ -187,12 +189,19 @@ class TrainStep:
     ) -> StepResult:
         """One optimizer step on `inputs` over the groups named in `train`, then, if it was
         applied and `tau` is given, every target network moved `tau` of the way. It waits
-        while a compilation runs, unless the run stops (StepAbandoned)."""
+        while a compilation runs, unless the run stops (StepAbandoned).
+
+        With `train` empty, no step: the loss's outputs (its stats, of any shape, and
+        priorities) with nothing trained or written, compiled like the steps: an
+        algorithm's fixed targets before its minibatch steps (PPO's advantages) are a
+        forward pass of this kind."""
         with MODULES_IN_USE.held(self.stopping):
             return self._step(tuple(train), inputs, tau)
 
     def _step(self, kind: Train, inputs: Mapping[str, Any], tau: float | None) -> StepResult:
-        self.steps_taken += 1
+        self._calls[kind] += 1
+        if kind:
+            self.steps_taken += 1
         if self._compiling:
             if kind in self._compilations and not self._compilations[kind].is_alive():
                 self._adopt(kind, inputs)
@@ -218,6 +227,10 @@ class TrainStep:
         self.path = "eager"
         groups = [self.groups[name] for name in kind]
         out = self.loss(inputs, kind)
+        if not kind:  # forward only
+            if self._compiling and kind not in self._decided:
+                self._timings.setdefault(kind, []).append(time.perf_counter() - started)
+            return StepResult(False, False, out.stats, out.priorities)
         if out.proceed is not None and not bool(out.proceed):
             return StepResult(False, True, out.stats, out.priorities)
         params = [p for group in groups for p in group.parameters]
@@ -246,10 +259,10 @@ class TrainStep:
         already built is loaded at once."""
         eager = statistics.median(self._timings[kind][1:])  # the first warms caches up
         record = self._record(kind, inputs)
-        reason = self._not_worth(eager, record)
+        reason = self._not_worth(kind, eager, record)
         if reason is not None:
             self._decided[kind] = None
-            self.log(f"the learner's update runs eagerly ({eager * 1e3:.2f} ms a step): {reason}")
+            self.log(f"{_subject(kind)} runs eagerly ({eager * 1e3:.2f} ms a step): {reason}")
             return
         self._records[kind] = record._replace(eager=eager)
         function = functools.partial(self._graph.step, kind=kind, used=self._used.get(kind))
@@ -298,7 +311,7 @@ class TrainStep:
             try:
                 compiled = CudaGraphStep(compiled, self._arguments(inputs, copies=False))
             except Exception as error:  # a step that does not capture: compiled, ungraphed
-                self.log(f"no CUDA graph for the learner's update ({compiler.first_line(error)})")
+                self.log(f"no CUDA graph for {_subject(kind)} ({compiler.first_line(error)})")
         compiler.configure_compiler()  # this thread runs the step, and recompiles it if need be
         self._decided[kind] = compiled
         self._remember(kind)
@@ -313,7 +326,7 @@ class TrainStep:
         else:
             cached = " from cached graphs" if record.compile_seconds is not None else ""
             how = f"{cached} ({seconds:.1f} s;"
-        self.log(f"the learner's update is compiled{how} {eager})")
+        self.log(f"{_subject(kind)} is compiled{how} {eager})")
         # What compiling will cost the next run of this step: tracing and loading its
         # package (a build, this run's alone, is not counted).
         self._records[kind] = record._replace(compile_seconds=seconds - (built or 0.0))
@@ -323,13 +336,13 @@ class TrainStep:
         params = self._layout.params if self._layout else []
         return auto.StepRecord.load(auto.signature(self.loss, kind, inputs, params, self._device()))
 
-    def _not_worth(self, eager: float, record: auto.StepRecord) -> str | None:
+    def _not_worth(self, kind: Train, eager: float, record: auto.StepRecord) -> str | None:
         """Under --compile auto, why compiling a step of `eager` seconds would not pay over
         the steps left; None where it would, or where the mode is not auto."""
         if self.mode != "auto":
             return None
         hardware = auto.hardware(self._device(), self.program.modules())
-        worth, reason = auto.worth_compiling(eager, record, self._steps_left(), hardware)
+        worth, reason = auto.worth_compiling(eager, record, self._calls_left(kind), hardware)
         return None if worth else reason
 
     def _known_key(self, kind: Train, arguments: tuple[Any, ...]) -> str:
@@ -380,7 +393,7 @@ class TrainStep:
         layout = self._layout
         assert layout is not None
         record = self._record(kind, inputs)
-        if record.eager is None or self._not_worth(record.eager, record) is not None:
+        if record.eager is None or self._not_worth(kind, record.eager, record) is not None:
             return False
         try:
             reached = known.get("reached")
@@ -396,16 +409,22 @@ class TrainStep:
         seconds = time.perf_counter() - started
         self.compile_seconds += seconds
         self.log(
-            f"the learner's update is compiled from its package of an earlier run"
+            f"{_subject(kind)} is compiled from its package of an earlier run"
             f" ({seconds:.2f} s, untraced: the same code, settings and shapes;"
             f" eager it took {record.eager * 1e3:.2f} ms a step)"
         )
         return True
 
-    def _steps_left(self) -> int | None:
+    def _calls_left(self, kind: Train) -> int | None:
+        """About how many more calls of `kind` the run will make: the optimizer steps left,
+        and for a forward-only kind as many as it came per step so far (PPO's targets: one
+        an update of 20 steps)."""
         if self.expected_steps is None:
             return None
-        return max(0, self.expected_steps - self.steps_taken)
+        steps_left = max(0, self.expected_steps - self.steps_taken)
+        if kind:
+            return steps_left
+        return steps_left * self._calls[kind] // max(1, self.steps_taken)
 
     def _device(self) -> torch.device:
         return self._layout.flat.device if self._layout is not None else torch.device("cpu")
@@ -497,6 +516,8 @@ class TrainStep:
         record = self._records.get(kind)
         if record is not None:
             self._time_compiled(kind, record, bool(finite) and time.perf_counter() - started)
+        if not kind:  # forward only
+            return StepResult(False, False, stats, priorities)
         if not bool(proceed):
             return StepResult(False, True, stats, priorities)
         groups = [self.groups[name] for name in kind]
@@ -553,3 +574,9 @@ class TrainStep:
         assert self._lr is not None
         self._lr.copy_(torch.tensor(rates))
         self._lr_multiplier = multiplier
+
+
+def _subject(kind: Train) -> str:
+    """What a log line about `kind`'s path names: the update's steps, or its forward pass
+    (a kind that trains nothing)."""
+    return "the learner's update" if kind else "the learner's forward pass before its steps"
