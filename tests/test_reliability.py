@@ -292,7 +292,10 @@ def test_cartpole_run_survives_actor_kills(tmp_path, total_steps, gaps, least_ki
     if floor is not None:
         assert best_mean_of_100(tmp_path / "kills") >= floor
     print(f"survived {len(kill_times)} actor kills ({restarts} restarts logged)")
-    assert wait_until_gone(marker) == []
+    # As long as polybeast's checks allow: CI once found one process of this run still
+    # there 5 s after its exit, which no run here has left for an instant (what it was is
+    # unknown: the check named only its pid then; it names state, parent and command now).
+    assert wait_until_gone(marker, timeout=15) == []
     assert shm_entries() - before == set()
 
 
