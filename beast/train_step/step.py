@@ -118,7 +118,6 @@ class TrainStep:
         self.program = Program(modules, loss)
         self.path = "eager"  # what the last step ran: eager, compiled, CUDA graph
         self.compile_seconds = 0.0  # spent compiling (or loading cached graphs)
-        self.steps_taken = 0  # optimizer steps, not forward-only calls
         self._calls: collections.Counter[Train] = collections.Counter()  # by kind
         self._timings: dict[Train, list[float]] = {}  # each kind's timed eager steps
         self._decided: dict[Train, Callable[..., tuple[Any, ...]] | None] = {}
@@ -156,6 +155,11 @@ class TrainStep:
         # Built after the layout: they list the tensors the parameters now are.
         self._eager_targets = [PolyakAverager(t.target, t.online) for t in targets]
         self._buffer_targets = _BufferAverager(targets)
+
+    @property
+    def steps_taken(self) -> int:
+        """Optimizer steps taken: the calls of every kind that trains something."""
+        return sum(count for kind, count in self._calls.items() if kind)
 
     @property
     def settled(self) -> bool:
@@ -200,8 +204,6 @@ class TrainStep:
 
     def _step(self, kind: Train, inputs: Mapping[str, Any], tau: float | None) -> StepResult:
         self._calls[kind] += 1
-        if kind:
-            self.steps_taken += 1
         if self._compiling:
             if kind in self._compilations and not self._compilations[kind].is_alive():
                 self._adopt(kind, inputs)
@@ -227,21 +229,19 @@ class TrainStep:
         self.path = "eager"
         groups = [self.groups[name] for name in kind]
         out = self.loss(inputs, kind)
-        if not kind:  # forward only
-            if self._compiling and kind not in self._decided:
-                self._timings.setdefault(kind, []).append(time.perf_counter() - started)
-            return StepResult(False, False, out.stats, out.priorities)
-        if out.proceed is not None and not bool(out.proceed):
-            return StepResult(False, True, out.stats, out.priorities)
-        params = [p for group in groups for p in group.parameters]
-        applied = self.stepper(out.total, [group.optimizer for group in groups], params)
-        if applied and tau is not None:
-            for averager in self._eager_targets:
-                averager(tau)
-        if applied and self._compiling and kind not in self._decided:
+        applied = False
+        if kind:  # else a forward pass alone
+            if out.proceed is not None and not bool(out.proceed):
+                return StepResult(False, True, out.stats, out.priorities)
+            params = [p for group in groups for p in group.parameters]
+            applied = self.stepper(out.total, [group.optimizer for group in groups], params)
+            if applied and tau is not None:
+                for averager in self._eager_targets:
+                    averager(tau)
+        if (applied or not kind) and self._compiling and kind not in self._decided:
             # What the compiled step of this kind must reproduce (beast/train_step/
             # __init__.py), and what an eager step costs.
-            if kind not in self._used:
+            if kind and kind not in self._used:
                 layout = self._layout
                 assert layout is not None
                 self._used[kind] = used_parameters(
