@@ -345,12 +345,19 @@ class Learner(ThreadGroup):
         stepper, progress, source = self.stepper, self.progress, self.source
         stepper.clock = clock
         applied = stepper.steps_applied
-        infos = []
-        for part in batch.split():  # a replay's block of batches: one update each
-            before = stepper.steps_applied
-            infos.append(self.update(part))
+        # A replay's block of batches: one update each, in one call where the update
+        # takes blocks (one optimizer step each), else one call each.
+        infos = self.update.block(batch) if batch.parts > 1 else None
+        if infos is not None:
             stepper.check_weights()
-            progress.num_updates += stepper.steps_applied > before
+            progress.num_updates += stepper.steps_applied - applied
+        else:
+            infos = []
+            for part in batch.split():
+                before = stepper.steps_applied
+                infos.append(self.update(part))
+                stepper.check_weights()
+                progress.num_updates += stepper.steps_applied > before
         for observe in self.observers:
             observe(batch.data)
         source.feedback(batch, _block_priorities([info.priorities for info in infos]))

@@ -235,15 +235,24 @@ class Timed:
         )
         self.update = self.algorithm.learner(self.model, context)
         self.update.train_step.cuda_graphs = cuda_graphs
-        batch = synthetic(self.algorithm, self.model, config.batch_size)
+        # A replay's block of --updates_per_sample batches, as its learner samples them.
+        replay = not isinstance(self.algorithm.experience(), Rollouts)
+        parts = config.updates_per_sample if replay else 1
+        batch = synthetic(self.algorithm, self.model, config.batch_size * parts)
         self.batch = Batch(
             data={k: v.to(device) for k, v in batch.data.items()},
             weights=None if batch.weights is None else batch.weights.to(device),
+            parts=parts,
         )
         self.device = device
 
     def __call__(self) -> None:
-        self.update(copy.copy(self.batch))
+        """One learner update: a block in one call where the update takes blocks, else
+        each of its batches in turn (beast/learner.py `Learner.step`)."""
+        batch = copy.copy(self.batch)
+        if batch.parts == 1 or self.update.block(batch) is None:
+            for part in batch.split():
+                self.update(part)
 
     def warm(self) -> None:
         """Run until every kind of step is compiled (or decided eager) and timed against

@@ -168,12 +168,14 @@ def test_one_update_steps_publishes_and_reprioritises(use_lstm):
     )
 
 
-def test_a_block_of_batches_is_one_update_each_and_one_priority_update():
+@pytest.mark.parametrize("period", [100, 2])
+def test_a_block_of_batches_is_one_update_each_and_one_priority_update(period):
     """--updates_per_sample 3: one sampled block, three updates in turn on its three
-    batches (as three separate batches would make them), the weights published after
-    the last, every sampled item reprioritised, three updates and 24 samples counted."""
-    learner, _ = make_learner(target_update_period=100)
-    twin, _ = make_learner(target_update_period=100)
+    batches in one call (as three separate batches would make them, the target copied
+    after the second with period 2), the weights published after the last, every sampled
+    item reprioritised, three updates and 24 samples counted."""
+    learner, _ = make_learner(target_update_period=period)
+    twin, _ = make_learner(target_update_period=period)
     drawn = learner.source.replay.sample(8, torch.Generator().manual_seed(0), parts=3)
     block = Batch(drawn.batch, drawn.weights, drawn.indices, drawn.generations, parts=3)
     parts = block.split()
@@ -185,8 +187,10 @@ def test_a_block_of_batches_is_one_update_each_and_one_priority_update():
     for part in parts:  # the same updates, one batch at a time
         twin.update(part)
     assert same(parameters(learner.update.model), parameters(twin.update.model))
+    assert same(parameters(learner.update.target_model), parameters(twin.update.target_model))
     assert same(parameters(learner.update.model), parameters(learner.actor_model))
-    assert stats.num_updates == learner.progress.num_updates == 3
+    assert learner.update.train_step.steps_taken == 3  # in one call
+    assert stats.num_updates == learner.progress.num_updates == learner.update.num_updates == 3
     assert int(learner.source.sink.sampled[0]) == 24
     tree = learner.source.sink.replay.tree
     assert (tree.get(drawn.indices) != 1.0).all()  # every item's new priority written

@@ -208,6 +208,115 @@ def test_transition_replay_dqn_with_priorities_matches_eager(fast_backend):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_a_block_of_steps_is_one_compiled_call_that_steps_as_one_at_a_time(fast_backend):
+    """--updates_per_sample 4: the compiled update takes each block of four batches in one
+    call (one graph, the target copied inside it every third step), and makes the steps,
+    priorities and target copies the eager update makes taking the batches one by one."""
+    flags = ("--hidden_size", "16", "--batch_size", "8", "--target_update_period", "3")
+    (model_a, update_a), (model_b, update_b), progress = pair(
+        "dqn", CARTPOLE, *flags, "--n_step", "3", clipping=1.0
+    )
+    for i in range(5):
+        parts = [transition_batch(8, 4 * i + k, continuous=False) for k in range(4)]
+        block = Batch(
+            data={
+                key: torch.cat([p.data[key] for p in parts], dim=0 if value.dim() == 1 else 1)
+                for key, value in parts[0].data.items()
+            },
+            weights=torch.cat([p.weights for p in parts]),
+            parts=4,
+        )
+        for each in progress:
+            each.step = 100 * i
+        infos_a = [update_a(copy.deepcopy(part)) for part in parts]
+        infos_b = update_b.block(copy.deepcopy(block))
+        for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        targets_a, targets_b = update_a.target_model, update_b.target_model
+        for a, b in zip(targets_a.parameters(), targets_b.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        for info_a, info_b in zip(infos_a, infos_b, strict=True):
+            torch.testing.assert_close(info_b.priorities, info_a.priorities, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(info_b.stats["total_loss"], info_a.stats["total_loss"])
+    step = update_b.train_step
+    assert step.path == "compiled", update_b.log_lines
+    assert step.steps_taken == 20 == update_b.num_updates == update_a.num_updates
+    assert step._calls[("model",)] == 5
+
+
+def test_a_non_finite_step_inside_a_block_is_skipped_alone(fast_backend):
+    """A block's second batch has a non-finite loss: compiled as eagerly, that step is
+    skipped and counted, and the steps before and after it are taken."""
+    results = {}
+    for mode in ("off", "on"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+        optimizer.param_groups[0]["initial_lr"] = 0.1
+        progress = TrainingProgress()
+        stepper = Stepper(
+            grad_norm_clipping=0.0,
+            max_nonfinite_updates=3,
+            lr_schedule="constant",
+            total_steps=100,
+            progress=progress,
+        )
+
+        def loss(inputs, train, model=model):
+            value = (model(inputs["x"]).squeeze(-1) * inputs["scale"]).mean()
+            return StepLoss(value, {"loss": value.detach()})
+
+        step = TrainStep(
+            loss,
+            modules={"model": model},
+            groups=[ParameterGroup("model", optimizer)],
+            stepper=stepper,
+            compile=mode,
+            log=lambda line: None,
+        )
+        x = torch.randn(1, 12, 3, generator=torch.Generator().manual_seed(1))  # [T, B, 3]
+        for _ in range(4):  # eager probes, then the compiled block
+            step.steps({"x": x, "scale": torch.ones(12)}, train=("model",), taus=(None,) * 3)
+        scale = torch.tensor([1.0] * 4 + [float("nan")] * 4 + [2.0] * 4)
+        applied = step.steps({"x": x, "scale": scale}, train=("model",), taus=(None,) * 3)
+        results[mode] = (
+            [r.applied for r in applied],
+            [p.detach().clone() for p in model.parameters()],
+            progress.skipped_updates,
+            float(optimizer.state[model.weight]["step"]),
+            step.path,
+        )
+    eager, compiled = results["off"], results["on"]
+    assert eager[0] == compiled[0] == [True, False, True]
+    for a, b in zip(eager[1], compiled[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert eager[2] == compiled[2] == 1 and eager[3] == compiled[3] == 14.0
+    assert compiled[4] == "compiled"
+
+
+def test_a_loss_that_stops_early_takes_no_blocks():
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    optimizer.param_groups[0]["initial_lr"] = 0.1
+    stepper = Stepper(
+        grad_norm_clipping=0.0,
+        max_nonfinite_updates=3,
+        lr_schedule="constant",
+        total_steps=100,
+        progress=TrainingProgress(),
+    )
+
+    def loss(inputs, train):
+        value = model(inputs["x"]).mean()
+        return StepLoss(value, {}, proceed=torch.tensor(True))
+
+    step = TrainStep(
+        loss, modules={"model": model}, groups=[ParameterGroup("model", optimizer)], stepper=stepper
+    )
+    with pytest.raises(ValueError, match="one call at a time, not in a block"):
+        step.steps({"x": torch.randn(1, 4, 3)}, train=("model",), taus=(None, None))
+
+
 def test_rollouts_impala_and_ppo_match_eager(fast_backend):
     flags = ("--hidden_size", "16", "--unroll_length", "6", "--batch_size", "4")
     eager, compiled, progress = pair("impala", CARTPOLE, *flags, "--optimizer", "rmsprop")

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from beast.fields import Field
+from beast.train_step.interface import split_block
 
 if TYPE_CHECKING:
     from beast.config import Config
@@ -199,25 +200,15 @@ class Batch(NamedTuple):
     parts: int = 1
 
     def split(self) -> list[Batch]:
-        """The batches of a block, as views: the batch axis is dim 0 of a 1-D tensor
-        ([B]: weights, step counts, terminal flags) and dim 1 of every other ([L, B, ...]
-        rows, [n, B] reward windows, [d0, B, ...] recurrent states). The bookkeeping
-        stays with the block."""
+        """The batches of a block, as views (`beast.train_step.split_block`); the
+        bookkeeping stays with the block."""
         if self.parts == 1:
             return [self]
-        parts = self.parts
-
-        def pieces(tensor: Tensor) -> tuple[Tensor, ...]:
-            return tensor.chunk(parts, dim=0 if tensor.dim() == 1 else 1)
-
-        data = {key: pieces(value) for key, value in self.data.items()}
-        weights = None if self.weights is None else pieces(self.weights)
+        data = split_block(self.data, self.parts)
+        weights = None if self.weights is None else self.weights.chunk(self.parts)
         return [
-            Batch(
-                data={key: value[i] for key, value in data.items()},
-                weights=None if weights is None else weights[i],
-            )
-            for i in range(parts)
+            Batch(data=part, weights=None if weights is None else weights[i])
+            for i, part in enumerate(data)
         ]
 
 
@@ -351,6 +342,14 @@ class Update(abc.ABC):
     @abc.abstractmethod
     def __call__(self, batch: Batch) -> UpdateInfo:
         """One update on `batch`; optimizer steps go through `context.step`."""
+
+    def block(self, batch: Batch) -> list[UpdateInfo] | None:
+        """One update on each batch of a replay's block (`batch.parts` > 1:
+        --updates_per_sample), all in one call of its train step (`TrainStep.steps`: one
+        compiled graph, no return to Python between them), one optimizer step each; or
+        None (the default), where the update takes a block's batches one call at a time
+        (the learner then calls it on each)."""
+        return None
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, Any]:

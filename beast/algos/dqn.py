@@ -47,7 +47,6 @@ from beast.algos.base import (
     LearnerContext,
     TransitionReplay,
     Update,
-    UpdateInfo,
     as_outputs,
 )
 from beast.algos.distributional import categorical_projection
@@ -371,7 +370,9 @@ class TransitionQUpdate(TargetNetworkUpdate):
         loss = self.loss_fn(outputs, returns, data)
         return StepLoss(loss.total_loss, loss.stats, loss.priorities if self.prioritized else None)
 
-    def __call__(self, batch: Batch) -> UpdateInfo:
+    def step_inputs(self, batch: Batch) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """The batch's tensors and importance weights (ones for a uniform replay); the
+        exploration schedule (step 4) set first, its epsilon reported."""
         stats: dict[str, Any] = {}
         if self.schedule is not None and self.epsilon is not None:
             value = self.epsilon(self.context.progress.step)
@@ -383,7 +384,7 @@ class TransitionQUpdate(TargetNetworkUpdate):
             if batch.weights is not None
             else torch.ones(inputs["n_steps"].shape, device=inputs["n_steps"].device)
         )
-        return self._step(inputs, tau=self.tau, stats=stats)
+        return inputs, stats
 
 
 class TransitionOutputs(NamedTuple):

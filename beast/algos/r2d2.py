@@ -70,7 +70,6 @@ from beast.algos.base import (
     LearnerContext,
     SequenceReplay,
     Update,
-    UpdateInfo,
     as_outputs,
 )
 from beast.algos.dtypes import compute_dtype
@@ -487,11 +486,12 @@ class SequenceQUpdate(TargetNetworkUpdate):
         )
         return StepLoss(loss.total_loss, loss.stats, loss.priorities)
 
-    def __call__(self, batch: Batch) -> UpdateInfo:
+    def step_inputs(self, batch: Batch) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """The batch's sequences and importance weights."""
         inputs = dict(batch.data)
         if batch.weights is not None:
             inputs["weights"] = batch.weights
-        return self._step(inputs, tau=1.0, stats={})
+        return inputs, {}
 
 
 class R2D2(QLearningAlgorithm):

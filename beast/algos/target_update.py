@@ -5,13 +5,14 @@ applied updates, the optimizer step, and the checkpoint state of all three.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from beast.algos.base import LearnerContext, OptimizerUpdate, UpdateInfo
+from beast.algos.base import Batch, LearnerContext, OptimizerUpdate, UpdateInfo
 from beast.models import copy_weights
 from beast.train_step import ParameterGroup, TargetNetwork, TrainStep
 
@@ -28,6 +29,7 @@ class TargetNetworkUpdate(OptimizerUpdate):
     target_model: nn.Module
     num_updates: int
     train_step: TrainStep
+    tau: float = 1.0  # how far each target update moves the target (1: a copy)
 
     def __init__(
         self,
@@ -54,17 +56,35 @@ class TargetNetworkUpdate(OptimizerUpdate):
             targets=[TargetNetwork(self.target_model, model)],
         )
 
-    def _step(self, inputs: dict[str, Tensor], tau: float, stats: dict[str, Any]) -> UpdateInfo:
-        """One optimizer step on `inputs`; every `target_update_period` applied updates the
-        target network moves `tau` of the way to the online one (1: a copy). `stats` are
-        reported before the step's own."""
-        due = (self.num_updates + 1) % self.target_update_period == 0
-        result = self.train_step(inputs, train=("model",), tau=tau if due else None)
-        stats = {**stats, **result.stats}
-        if not result.applied:
-            return UpdateInfo(stats=stats)
-        self.num_updates += 1
-        return UpdateInfo(stats=stats, priorities=result.priorities)
+    @abc.abstractmethod
+    def step_inputs(self, batch: Batch) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """The loss's inputs from `batch` (a block's too: `split_block` cuts them), and
+        stats to report before each step's own."""
+
+    def __call__(self, batch: Batch) -> UpdateInfo:
+        return self.block(batch)[0]
+
+    def block(self, batch: Batch) -> list[UpdateInfo]:
+        """One optimizer step on each batch of `batch` (one, or a block's), in one call of
+        the train step. The target network moves `tau` of the way to the online one
+        (1: a copy) after every `target_update_period`-th applied step (a step skipped as
+        non-finite inside a block counts as applied for the rest of that block:
+        `TrainStep.steps` takes the block's taus before it runs)."""
+        inputs, stats = self.step_inputs(batch)
+        period = self.target_update_period
+        taus = [
+            self.tau if (self.num_updates + i + 1) % period == 0 else None
+            for i in range(batch.parts)
+        ]
+        infos = []
+        for result in self.train_step.steps(inputs, train=("model",), taus=taus):
+            step_stats = {**stats, **result.stats}
+            if result.applied:
+                self.num_updates += 1
+                infos.append(UpdateInfo(stats=step_stats, priorities=result.priorities))
+            else:
+                infos.append(UpdateInfo(stats=step_stats))
+        return infos
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -234,9 +234,10 @@ class Config:
         1,
         "Replay algorithms: batches the learner samples at once (one priority draw, one"
         " gather, one priority update) and takes an update on each, in turn, before it"
-        " publishes the weights; the updates per env step are unchanged. More cost less"
-        " per update; each batch is still stratified over the whole replay, but its"
-        " priorities are at most this many updates old.",
+        " publishes the weights; the Q-learners (DQN family, R2D2) take them in one call"
+        " of their update (compiled: one graph). The updates per env step are unchanged."
+        " More cost less per update; each batch is still stratified over the whole"
+        " replay, but its priorities are at most this many updates old.",
     )
     unroll_length: int = flag(80, "Steps per rollout (T); each rollout slot holds T+1 steps.")
     num_buffers: int | None = flag(

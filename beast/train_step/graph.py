@@ -15,10 +15,16 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
 from beast.train_step.flat import Layout, OptimizerState, Used
-from beast.train_step.interface import StepLoss, Train
+from beast.train_step.interface import StepLoss, Train, split_block
 
-__all__ = ["Program", "StepGraph", "copied"]
+__all__ = ["STOPS_EARLY", "Program", "StepGraph", "copied"]
 
+# A block of steps (`StepGraph.step`) is taken whole: a loss that can stop them early is
+# refused there.
+STOPS_EARLY = (
+    "a loss that can stop its steps early (StepLoss.proceed) takes them one call at a"
+    " time, not in a block"
+)
 # torch.nn.utils.clip_grad_norm_'s guard against a zero norm.
 _CLIP_EPSILON = 1e-6
 
@@ -78,15 +84,65 @@ class StepGraph:
         kind: Train,
         used: Used | None,
     ) -> tuple[Any, ...]:
-        """One step of `kind`: writes `flat`, `target_flat`, `steps` and `buffers` in
-        place; returns the loss, the gradient norm, its finiteness, the new weights'
-        finiteness, whether the loss let the step proceed, the stats and the priorities.
-        `lr` holds each group's rate, in the layout's group order; `held` the modules'
-        other tensors (`self.held`). The targets move `tau`
-        of the way (a tensor: 0 leaves them, without a second graph for the steps that do
-        not average). Parameters this kind does not reach (`used`) are not stepped. A
-        kind that trains nothing (`kind` empty) is the loss's forward pass alone: its
-        outputs, a zero gradient norm, and nothing written."""
+        """`tau.shape[0]` steps of `kind`, one on each part of `inputs` (a block of that
+        many batches, `split_block`; one part: `inputs` whole), each from the weights the
+        one before left: writes `flat`, `target_flat`, `steps` and `buffers` in place,
+        once, after the last. Returns, one entry per step: the losses, the gradient norms,
+        their finiteness, the new weights' finiteness, whether the loss let the step
+        proceed ([parts] tensors each), and the stats and priorities (lists). `lr` holds
+        each group's rate, in the layout's group order; `held` the modules' other tensors
+        (`self.held`). After step i the targets move `tau[i]` of the way (0 leaves them,
+        without a second graph for the steps that do not average). Parameters this kind
+        does not reach (`used`) are not stepped. A kind that trains nothing (`kind` empty)
+        is the loss's forward pass alone: its outputs, a zero gradient norm, and nothing
+        written."""
+        parts = tau.shape[0]
+        state = (flat, target_flat, steps, buffers)
+        results = []
+        for i, part in enumerate(split_block(inputs, parts)):
+            state, result = self._one(*state, lr, tau[i], held, part, kind=kind, used=used)
+            if parts > 1 and result[4] is not None:
+                raise ValueError(STOPS_EARLY)
+            results.append(result)
+        if kind:
+            new_flat, new_target, new_steps, new_buffers = state
+            if self.layout.target_ranges:
+                target_flat.copy_(new_target)
+            flat.copy_(new_flat)
+            steps.copy_(new_steps)
+            for key, value in buffers.items():
+                value.copy_(new_buffers[key])
+        true = torch.ones((), dtype=torch.bool, device=flat.device)
+        totals, norms, finite, weights_finite, proceed, stats, priorities = zip(
+            *results, strict=True
+        )
+        return (
+            torch.stack(totals),
+            torch.stack(norms),
+            torch.stack(finite),
+            torch.stack(weights_finite),
+            torch.stack([true if p is None else p for p in proceed]),
+            list(stats),
+            list(priorities),
+        )
+
+    def _one(
+        self,
+        flat: Tensor,
+        target_flat: Tensor,
+        steps: Tensor,
+        buffers: dict[str, Tensor],
+        lr: Tensor,
+        tau: Tensor,
+        held: tuple[Tensor, ...],
+        inputs: dict[str, Tensor],
+        *,
+        kind: Train,
+        used: Used | None,
+    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """One step of `kind` on `inputs` from the given buffers' values, written nowhere:
+        the buffers' new values, and the step's loss, gradient norm, finiteness, new
+        weights' finiteness, `proceed` (None: the loss has none), stats and priorities."""
         program, layout, state, clipping = self.program, self.layout, self.state, self.clipping
         trained = {id(p): i for i, p in enumerate(layout.params)}
         followed = {id(p): i for i, p in enumerate(layout.target_params)}
@@ -108,15 +164,16 @@ class StepGraph:
             with torch.no_grad():
                 out = forward(tuple(layout.views(flat)))
             true = torch.ones((), dtype=torch.bool, device=flat.device)
-            return (
+            outputs = (
                 out.total.detach(),
                 torch.zeros((), device=flat.device),
                 true,
                 true,
-                true if out.proceed is None else out.proceed,
+                out.proceed,
                 out.stats,
                 out.priorities,
             )
+            return (flat, target_flat, steps, buffers), outputs
 
         def loss(values: tuple[Tensor, ...]) -> tuple[Tensor, dict[str, Any]]:
             out = forward(values)
@@ -137,8 +194,8 @@ class StepGraph:
         regions = [layout.group_slices[name] for name in kind]
         grad_norm = torch.stack([grads[r].square().sum() for r in regions]).sum().sqrt()
         finite = torch.isfinite(total.detach()) & torch.isfinite(grad_norm)
-        proceed = aux.get("proceed", torch.ones((), dtype=torch.bool, device=flat.device))
-        ok = finite & proceed
+        proceed = aux.get("proceed")
+        ok = finite if proceed is None else finite & proceed
         scale = (clipping / (grad_norm + _CLIP_EPSILON)).clamp(max=1.0) if clipping > 0 else 1.0
         rates = {name: i for i, name in enumerate(layout.group_slices)}
         # Each buffer is written once, whole, from its groups' new pieces in order: writes
@@ -167,19 +224,22 @@ class StepGraph:
             stepped = ok if used is None else ok & used.params[indices.start : indices.stop]
             new_steps.append(torch.where(stepped, counts + 1.0, counts))
         updated = torch.cat(new_flat)
+        new_target = target_flat
         if layout.target_ranges:
-            target_flat.copy_(
-                _moved_targets(target_flat, updated, layout.target_ranges, tau, ok & (tau > 0))
+            new_target = _moved_targets(
+                target_flat, updated, layout.target_ranges, tau, ok & (tau > 0)
             )
-        flat.copy_(updated)
-        steps.copy_(torch.cat(new_steps))
-        for key, value in buffers.items():
-            value.copy_(torch.cat(new_buffers[key]))
         # The new weights' check, as the eager path's `Stepper.check_weights` makes it (a
         # norm: inductor's boolean all() over a long buffer was measured to answer False
         # for finite weights now and then).
         weights_finite = torch.isfinite(torch.linalg.vector_norm(updated))
-        return (
+        new_state = (
+            updated,
+            new_target,
+            torch.cat(new_steps),
+            {key: torch.cat(value) for key, value in new_buffers.items()},
+        )
+        outputs = (
             total.detach(),
             grad_norm,
             finite,
@@ -188,6 +248,7 @@ class StepGraph:
             aux["stats"],
             aux.get("priorities"),
         )
+        return new_state, outputs
 
 
 def _moved_targets(

@@ -4,13 +4,14 @@ target networks."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ParameterGroup", "StepLoss", "StepResult", "TargetNetwork", "Train"]
+__all__ = ["ParameterGroup", "StepLoss", "StepResult", "TargetNetwork", "Train", "split_block"]
 
 
 class StepLoss(NamedTuple):
@@ -64,3 +65,17 @@ class TargetNetwork:
 
 # A kind of step: the names of the groups it trains (its graph's one static choice).
 Train = tuple[str, ...]
+
+
+def split_block(tensors: Mapping[str, Tensor], parts: int) -> list[dict[str, Tensor]]:
+    """A block of `parts` batches (a replay's --updates_per_sample, laid one after another
+    along the batch axis) as that many batches of views: the batch axis is dim 0 of a
+    1-D tensor ([B]: weights, step counts, terminal flags) and dim 1 of every other
+    ([L, B, ...] rows, [n, B] reward windows, [d0, B, ...] recurrent states). One part:
+    `tensors` whole."""
+    if parts == 1:
+        return [dict(tensors)]
+    pieces = {
+        key: value.chunk(parts, dim=0 if value.dim() == 1 else 1) for key, value in tensors.items()
+    }
+    return [{key: value[i] for key, value in pieces.items()} for i in range(parts)]

@@ -22,13 +22,14 @@ from beast.train_step import auto, compiler, package
 from beast.train_step.background import MODULES_IN_USE, compilation_thread
 from beast.train_step.cuda_graph import CudaGraphStep
 from beast.train_step.flat import Layout, OptimizerState, Used, used_from_reached, used_parameters
-from beast.train_step.graph import Program, StepGraph, copied
+from beast.train_step.graph import STOPS_EARLY, Program, StepGraph, copied
 from beast.train_step.interface import (
     ParameterGroup,
     StepLoss,
     StepResult,
     TargetNetwork,
     Train,
+    split_block,
 )
 
 __all__ = ["COMPILE_MODES", "TrainStep"]
@@ -119,6 +120,7 @@ class TrainStep:
         self.path = "eager"  # what the last step ran: eager, compiled, CUDA graph
         self.compile_seconds = 0.0  # spent compiling (or loading cached graphs)
         self._calls: collections.Counter[Train] = collections.Counter()  # by kind
+        self._steps: collections.Counter[Train] = collections.Counter()  # by kind
         self._timings: dict[Train, list[float]] = {}  # each kind's timed eager steps
         self._decided: dict[Train, Callable[..., tuple[Any, ...]] | None] = {}
         self._records: dict[Train, auto.StepRecord] = {}  # kinds whose compiled steps are timed
@@ -136,7 +138,9 @@ class TrainStep:
         self._state: OptimizerState | None = None
         self._lr: Tensor | None = None
         self._lr_multiplier: float | None = None
-        self._tau: Tensor | None = None
+        # The graph's input of each step's tau, by the steps a call takes, and its values.
+        self._taus: dict[int, Tensor] = {}
+        self._tau_values: dict[int, tuple[float, ...]] = {}
         self._compiling = compile != "off"
         if self._compiling:
             try:
@@ -147,8 +151,6 @@ class TrainStep:
             else:
                 device = self._layout.flat.device
                 self._lr = torch.zeros(len(groups), device=device)
-                self._tau = torch.zeros((), device=device)
-                self._tau_value = 0.0
                 self._graph = StepGraph(
                     self.program, self._layout, self._state, stepper.grad_norm_clipping
                 )
@@ -158,8 +160,8 @@ class TrainStep:
 
     @property
     def steps_taken(self) -> int:
-        """Optimizer steps taken: the calls of every kind that trains something."""
-        return sum(count for kind, count in self._calls.items() if kind)
+        """Optimizer steps taken: the steps of every kind that trains something."""
+        return sum(count for kind, count in self._steps.items() if kind)
 
     @property
     def settled(self) -> bool:
@@ -199,46 +201,79 @@ class TrainStep:
         priorities) with nothing trained or written, compiled like the steps: an
         algorithm's fixed targets before its minibatch steps (PPO's advantages) are a
         forward pass of this kind."""
-        with MODULES_IN_USE.held(self.stopping):
-            return self._step(tuple(train), inputs, tau)
+        return self.steps(inputs, train=train, taus=(tau,))[0]
 
-    def _step(self, kind: Train, inputs: Mapping[str, Any], tau: float | None) -> StepResult:
+    def steps(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        train: Sequence[str],
+        taus: Sequence[float | None],
+    ) -> list[StepResult]:
+        """`len(taus)` steps over the groups named in `train` in one call, one on each
+        batch of the block `inputs` holds (`split_block`: a replay's --updates_per_sample
+        batches, drawn at once), each from the weights the one before left; after step i,
+        if it was applied and `taus[i]` is given, every target network moved `taus[i]` of
+        the way. Compiled, the block is one graph: no return to Python between its steps.
+
+        The taus are fixed before the call: an algorithm whose targets follow every n-th
+        applied step counts a step skipped inside the block (non-finite) as applied, there
+        alone. A loss with `proceed` (an early stop) takes its steps one call at a time."""
+        with MODULES_IN_USE.held(self.stopping):
+            return self._step(tuple(train), inputs, tuple(taus))
+
+    def _step(
+        self, kind: Train, inputs: Mapping[str, Any], taus: tuple[float | None, ...]
+    ) -> list[StepResult]:
         self._calls[kind] += 1
+        self._steps[kind] += len(taus)
         if self._compiling:
             if kind in self._compilations and not self._compilations[kind].is_alive():
-                self._adopt(kind, inputs)
+                self._adopt(kind, inputs, len(taus))
             if kind in self._decided:
                 compiled = self._decided[kind]
                 if compiled is not None:
-                    return self._run_compiled(kind, compiled, inputs, tau)
-            elif kind not in self._looked_up and self._load_known(kind, inputs):
-                return self._run_compiled(kind, self._decided[kind], inputs, tau)
+                    return self._run_compiled(kind, compiled, inputs, taus)
+            elif kind not in self._looked_up and self._load_known(kind, inputs, len(taus)):
+                return self._run_compiled(kind, self._decided[kind], inputs, taus)
             elif (
                 kind not in self._compilations
                 and len(self._timings.get(kind, ())) >= auto.EAGER_PROBES
             ):
-                self._decide(kind, inputs)
+                self._decide(kind, inputs, len(taus))
                 if self._decided.get(kind) is not None:
-                    return self._run_compiled(kind, self._decided[kind], inputs, tau)
-        return self._run_eager(kind, inputs, tau)
+                    return self._run_compiled(kind, self._decided[kind], inputs, taus)
+        return self._run_eager(kind, inputs, taus)
 
     # -- eager
 
-    def _run_eager(self, kind: Train, inputs: Mapping[str, Any], tau: float | None) -> StepResult:
+    def _run_eager(
+        self, kind: Train, inputs: Mapping[str, Any], taus: tuple[float | None, ...]
+    ) -> list[StepResult]:
         started = time.perf_counter()
         self.path = "eager"
         groups = [self.groups[name] for name in kind]
-        out = self.loss(inputs, kind)
-        applied = False
-        if kind:  # else a forward pass alone
-            if out.proceed is not None and not bool(out.proceed):
-                return StepResult(False, True, out.stats, out.priorities)
-            params = [p for group in groups for p in group.parameters]
-            applied = self.stepper(out.total, [group.optimizer for group in groups], params)
+        optimizers = [group.optimizer for group in groups]
+        params = [p for group in groups for p in group.parameters]
+        parts = len(taus)
+        results = []
+        for part, tau in zip(split_block(inputs, parts), taus, strict=True):
+            out = self.loss(part, kind)
+            if not kind:  # a forward pass alone
+                results.append(StepResult(False, False, out.stats, out.priorities))
+                continue
+            if out.proceed is not None:
+                if parts > 1:
+                    raise ValueError(STOPS_EARLY)
+                if not bool(out.proceed):
+                    return [StepResult(False, True, out.stats, out.priorities)]
+            applied = self.stepper(out.total, optimizers, params)
             if applied and tau is not None:
                 for averager in self._eager_targets:
                     averager(tau)
-        if (applied or not kind) and self._compiling and kind not in self._decided:
+            results.append(StepResult(applied, False, out.stats, out.priorities))
+        complete = not kind or all(result.applied for result in results)
+        if complete and self._compiling and kind not in self._decided:
             # What the compiled step of this kind must reproduce (beast/train_step/
             # __init__.py), and what an eager step costs.
             if kind and kind not in self._used:
@@ -248,11 +283,11 @@ class TrainStep:
                     layout, [i for name in kind for i in layout.group_params[name]]
                 )
             self._timings.setdefault(kind, []).append(time.perf_counter() - started)
-        return StepResult(applied, False, out.stats, out.priorities)
+        return results
 
     # -- the decision, and compiling
 
-    def _decide(self, kind: Train, inputs: Mapping[str, Any]) -> None:
+    def _decide(self, kind: Train, inputs: Mapping[str, Any], parts: int) -> None:
         """Compile this kind of step, or keep it eager (--compile auto, where compiling
         would cost more than it saves over the steps left; said once in the log). A build
         runs in the background (`background`), and a stop never waits for it; a package
@@ -262,11 +297,12 @@ class TrainStep:
         reason = self._not_worth(kind, eager, record)
         if reason is not None:
             self._decided[kind] = None
-            self.log(f"{_subject(kind)} runs eagerly ({eager * 1e3:.2f} ms a step): {reason}")
+            took = self._milliseconds_a_step(kind, eager)
+            self.log(f"{_subject(kind)} runs eagerly ({took}): {reason}")
             return
         self._records[kind] = record._replace(eager=eager)
         function = functools.partial(self._graph.step, kind=kind, used=self._used.get(kind))
-        arguments = self._arguments(inputs, copies=True)
+        arguments = self._arguments(inputs, copies=True, parts=parts)
         started = time.perf_counter()
         traced = None
         if self._device().type == "cpu":
@@ -281,7 +317,7 @@ class TrainStep:
                 self._failed(error)
                 return
             if self.identity is not None:
-                key = self._known_key(kind, self._arguments(inputs, copies=False))
+                key = self._known_key(kind, self._arguments(inputs, copies=False, parts=parts))
                 self._known_keys[kind] = (key, traced.path)
         compilation = compilation_thread(
             "-".join(kind), self._compile, kind, function, arguments, traced, started
@@ -296,9 +332,9 @@ class TrainStep:
             compilation.start()
         else:
             compilation.run()
-            self._adopt(kind, inputs)
+            self._adopt(kind, inputs, parts)
 
-    def _adopt(self, kind: Train, inputs: Mapping[str, Any]) -> None:
+    def _adopt(self, kind: Train, inputs: Mapping[str, Any], parts: int) -> None:
         """A finished compilation: its step from now on (in a CUDA graph on CUDA, captured
         here, in the learner's thread), said once; or eager, said once, if it failed."""
         del self._compilations[kind]
@@ -309,7 +345,8 @@ class TrainStep:
             return
         if self.cuda_graphs and self._device().type == "cuda":
             try:
-                compiled = CudaGraphStep(compiled, self._arguments(inputs, copies=False))
+                arguments = self._arguments(inputs, copies=False, parts=parts)
+                compiled = CudaGraphStep(compiled, arguments)
             except Exception as error:  # a step that does not capture: compiled, ungraphed
                 self.log(f"no CUDA graph for {_subject(kind)} ({compiler.first_line(error)})")
         compiler.configure_compiler()  # this thread runs the step, and recompiles it if need be
@@ -317,7 +354,7 @@ class TrainStep:
         self._remember(kind)
         seconds = self._compiled_seconds[kind]
         record = self._records[kind]
-        eager = f"eager it took {record.eager * 1e3:.2f} ms a step"
+        eager = f"eager it took {self._milliseconds_a_step(kind, record.eager)}"
         built = self._build_seconds.get(kind)  # None: torch.compile's (CUDA)
         if built:
             how = f" ({seconds:.1f} s, its package built beside the learner's eager steps;"
@@ -369,7 +406,7 @@ class TrainStep:
         reached = None if used is None else used.params.tolist()
         write_record(_KNOWN_PACKAGES, key, {"package": os.path.basename(path), "reached": reached})
 
-    def _load_known(self, kind: Train, inputs: Mapping[str, Any]) -> bool:
+    def _load_known(self, kind: Train, inputs: Mapping[str, Any], parts: int) -> bool:
         """At a kind's first step on CPU: the package an earlier run recorded for this
         step (`_remember`), loaded (in milliseconds) and adopted with no trace and no
         eager step before it, where --compile auto finds it worth loading. False where
@@ -385,7 +422,7 @@ class TrainStep:
         if compiler.BACKEND == "aot_eager":
             return False  # the tests' backend: graphs, no packages
         started = time.perf_counter()
-        arguments = self._arguments(inputs, copies=False)
+        arguments = self._arguments(inputs, copies=False, parts=parts)
         known = read_record(_KNOWN_PACKAGES, self._known_key(kind, arguments))
         name = known.get("package")
         if not isinstance(name, str) or not os.path.exists(package.package_path(name)):
@@ -411,20 +448,25 @@ class TrainStep:
         self.log(
             f"{_subject(kind)} is compiled from its package of an earlier run"
             f" ({seconds:.2f} s, untraced: the same code, settings and shapes;"
-            f" eager it took {record.eager * 1e3:.2f} ms a step)"
+            f" eager it took {self._milliseconds_a_step(kind, record.eager)})"
         )
         return True
 
     def _calls_left(self, kind: Train) -> int | None:
-        """About how many more calls of `kind` the run will make: the optimizer steps left,
-        and for a forward-only kind as many as it came per step so far (PPO's targets: one
-        an update of 20 steps)."""
+        """About how many more calls of `kind` the run will make: the optimizer steps left
+        over the steps a call of it took so far (a block's: several), and for a
+        forward-only kind as many as it came per step so far (PPO's targets: one an update
+        of 20 steps)."""
         if self.expected_steps is None:
             return None
         steps_left = max(0, self.expected_steps - self.steps_taken)
-        if kind:
-            return steps_left
-        return steps_left * self._calls[kind] // max(1, self.steps_taken)
+        steps_so_far = self._steps[kind] if kind else self.steps_taken
+        return steps_left * self._calls[kind] // max(1, steps_so_far)
+
+    def _milliseconds_a_step(self, kind: Train, seconds: float | None) -> str:
+        """A call's `seconds`, per step of the calls of `kind` so far, for the log."""
+        per_call = self._steps[kind] / max(1, self._calls[kind])
+        return f"{(seconds or 0.0) / max(1.0, per_call) * 1e3:.2f} ms a step"
 
     def _device(self) -> torch.device:
         return self._layout.flat.device if self._layout is not None else torch.device("cpu")
@@ -481,10 +523,12 @@ class TrainStep:
             " --compile off skips compiling"
         )
 
-    def _arguments(self, inputs: Mapping[str, Tensor], *, copies: bool) -> tuple[Any, ...]:
+    def _arguments(
+        self, inputs: Mapping[str, Tensor], *, copies: bool, parts: int = 1
+    ) -> tuple[Any, ...]:
+        """The graph's arguments for a call of `parts` steps on `inputs`."""
         layout, state, lr = self._layout, self._state, self._lr
         assert layout is not None and state is not None and lr is not None
-        assert self._tau is not None
         held = self._graph.held
         arguments = (
             layout.flat,
@@ -492,7 +536,7 @@ class TrainStep:
             state.steps,
             state.buffers,
             lr,
-            self._tau,
+            self._tau(parts),
             held,
         )
         if copies:
@@ -504,33 +548,38 @@ class TrainStep:
         kind: Train,
         compiled: Callable[..., tuple[Any, ...]],
         inputs: Mapping[str, Any],
-        tau: float | None,
-    ) -> StepResult:
+        taus: tuple[float | None, ...],
+    ) -> list[StepResult]:
         started = time.perf_counter()
         self._set_learning_rates()
-        self._set_tau(tau)
-        total, grad_norm, finite, weights_finite, proceed, stats, priorities = compiled(
-            *self._arguments(inputs, copies=False)
+        self._set_taus(taus)
+        arguments = self._arguments(inputs, copies=False, parts=len(taus))
+        totals, grad_norms, finite, weights_finite, proceed, stats, priorities = compiled(
+            *arguments
         )
         self.path = "CUDA graph" if isinstance(compiled, CudaGraphStep) else "compiled"
         record = self._records.get(kind)
         if record is not None:
-            self._time_compiled(kind, record, bool(finite) and time.perf_counter() - started)
+            self._time_compiled(kind, record, bool(finite.all()) and time.perf_counter() - started)
         if not kind:  # forward only
-            return StepResult(False, False, stats, priorities)
-        if not bool(proceed):
-            return StepResult(False, True, stats, priorities)
-        groups = [self.groups[name] for name in kind]
-        applied = self.stepper.record(
-            finite=bool(finite),
-            weights_finite=bool(weights_finite),
-            loss=total,
-            grad_norm=grad_norm,
-            optimizers=[group.optimizer for group in groups],
-        )
-        if applied and tau is not None:
-            self._buffer_targets(tau)
-        return StepResult(applied, False, stats, priorities)
+            return [StepResult(False, False, *each) for each in zip(stats, priorities, strict=True)]
+        if not bool(proceed[0]):  # (a call of one step: a block's loss has no proceed)
+            return [StepResult(False, True, stats[0], priorities[0])]
+        optimizers = [self.groups[name].optimizer for name in kind]
+        verdicts = zip(finite.tolist(), weights_finite.tolist(), strict=True)
+        results = []
+        for i, (tau, (finite_i, weights_finite_i)) in enumerate(zip(taus, verdicts, strict=True)):
+            applied = self.stepper.record(
+                finite=finite_i,
+                weights_finite=weights_finite_i,
+                loss=totals[i],
+                grad_norm=grad_norms[i],
+                optimizers=optimizers,
+            )
+            if applied and tau is not None:
+                self._buffer_targets(tau)
+            results.append(StepResult(applied, False, stats[i], priorities[i]))
+        return results
 
     def _time_compiled(self, kind: Train, record: auto.StepRecord, seconds: float) -> None:
         """Time the first compiled steps of a kind against the eager ones: under
@@ -549,16 +598,25 @@ class TrainStep:
         if self.mode == "auto" and slower:
             self._decided[kind] = None
             self.log(
-                f"the compiled update took {compiled * 1e3:.2f} ms a step against"
-                f" {record.eager * 1e3:.2f} eagerly: the learner goes on eagerly"
+                f"the compiled update took {self._milliseconds_a_step(kind, compiled)} against"
+                f" {self._milliseconds_a_step(kind, record.eager)} eagerly: the learner goes on"
+                " eagerly"
             )
 
-    def _set_tau(self, tau: float | None) -> None:
-        """This step's target averaging into the graph's input (0: none)."""
-        value = 0.0 if tau is None else tau
-        if value != self._tau_value:
-            self._tau.fill_(value)
-            self._tau_value = value
+    def _tau(self, parts: int) -> Tensor:
+        """The graph's input of a call of `parts` steps: each step's tau (0: none)."""
+        tau = self._taus.get(parts)
+        if tau is None:
+            tau = self._taus[parts] = torch.zeros(parts, device=self._device())
+            self._tau_values[parts] = (0.0,) * parts
+        return tau
+
+    def _set_taus(self, taus: tuple[float | None, ...]) -> None:
+        """The call's target averaging into the graph's input."""
+        values = tuple(0.0 if tau is None else tau for tau in taus)
+        if values != self._tau_values.get(len(values)):
+            self._tau(len(values)).copy_(torch.tensor(values))
+            self._tau_values[len(values)] = values
 
     def _set_learning_rates(self) -> None:
         """Each group's rate now (the stepper's schedule), into the graph's input and the
