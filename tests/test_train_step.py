@@ -208,27 +208,34 @@ def test_transition_replay_dqn_with_priorities_matches_eager(fast_backend):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_a_block_of_steps_is_one_compiled_call_that_steps_as_one_at_a_time(fast_backend):
-    """--updates_per_sample 4: the compiled update takes each block of four batches in one
-    call (one graph, the target copied inside it every third step), and makes the steps,
+@pytest.mark.parametrize(("backend", "parts"), [("aot_eager", 4), ("inductor", 2)])
+def test_a_block_of_steps_is_one_compiled_call_that_steps_as_one_at_a_time(
+    monkeypatch, tmp_path, backend, parts
+):
+    """A block of 4 batches (2 with inductor, whose package of the unrolled steps takes
+    a while to build): the compiled update takes each block of batches in one call (one
+    graph, the target copied inside it every third step), and makes the steps,
     priorities and target copies the eager update makes taking the batches one by one."""
+    monkeypatch.setattr(auto, "EAGER_PROBES", 2)
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))
+    monkeypatch.setattr(compiler, "BACKEND", backend)
     flags = ("--hidden_size", "16", "--batch_size", "8", "--target_update_period", "3")
     (model_a, update_a), (model_b, update_b), progress = pair(
         "dqn", CARTPOLE, *flags, "--n_step", "3", clipping=1.0
     )
     for i in range(5):
-        parts = [transition_batch(8, 4 * i + k, continuous=False) for k in range(4)]
+        batches = [transition_batch(8, parts * i + k, continuous=False) for k in range(parts)]
         block = Batch(
             data={
-                key: torch.cat([p.data[key] for p in parts], dim=0 if value.dim() == 1 else 1)
-                for key, value in parts[0].data.items()
+                key: torch.cat([b.data[key] for b in batches], dim=0 if value.dim() == 1 else 1)
+                for key, value in batches[0].data.items()
             },
-            weights=torch.cat([p.weights for p in parts]),
-            parts=4,
+            weights=torch.cat([b.weights for b in batches]),
+            parts=parts,
         )
         for each in progress:
             each.step = 100 * i
-        infos_a = [update_a(copy.deepcopy(part)) for part in parts]
+        infos_a = [update_a(copy.deepcopy(batch)) for batch in batches]
         infos_b = update_b.block(copy.deepcopy(block))
         for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
@@ -240,7 +247,7 @@ def test_a_block_of_steps_is_one_compiled_call_that_steps_as_one_at_a_time(fast_
             torch.testing.assert_close(info_b.stats["total_loss"], info_a.stats["total_loss"])
     step = update_b.train_step
     assert step.path == "compiled", update_b.log_lines
-    assert step.steps_taken == 20 == update_b.num_updates == update_a.num_updates
+    assert step.steps_taken == 5 * parts == update_b.num_updates == update_a.num_updates
     assert step._calls[("model",)] == 5
 
 
