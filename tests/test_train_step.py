@@ -336,6 +336,31 @@ def test_rollouts_impala_and_ppo_match_eager(fast_backend):
     assert compiled[1].train_step.path == "compiled", compiled[1].log_lines
 
 
+def test_ppos_minibatch_steps_in_blocks_are_its_steps_one_at_a_time(fast_backend):
+    """With no --target_kl no minibatch step can stop the rest: PPO takes them in blocks
+    of up to `_STEPS_PER_CALL` (compiled: one call each), every epoch's order drawn
+    first, and makes the steps it makes one call at a time (a --target_kl no step
+    reaches)."""
+    flags = ("--hidden_size", "16", "--unroll_length", "6", "--batch_size", "4")
+    flags += ("--num_epochs", "3", "--num_minibatches", "2", "--no-synchronous")
+    one_model, one_at_a_time, one_progress = build(
+        "ppo", CARTPOLE, "off", *flags, "--target_kl", "1e9", clipping=0.5
+    )
+    block_model, in_blocks, block_progress = build("ppo", CARTPOLE, "on", *flags, clipping=0.5)
+    batches = [rollout_batch(6, 4, s) for s in range(4)]
+    assert_same_steps(
+        (one_model, one_at_a_time),
+        (block_model, in_blocks),
+        batches,
+        (one_progress, block_progress),
+    )
+    step = in_blocks.train_step
+    assert step.path == "compiled", in_blocks.log_lines
+    assert step.steps_taken == 4 * 6 == one_at_a_time.train_step.steps_taken
+    assert step._calls[("model",)] == 4 * 2  # 6 steps an update: blocks of 3
+    assert one_at_a_time.train_step._calls[("model",)] == 4 * 6
+
+
 @pytest.mark.parametrize("advantages", ["gae", "vtrace"])
 def test_a_call_that_trains_nothing_is_a_compiled_forward_pass(fast_backend, advantages):
     """`train=()` is the loss's forward pass alone (PPO's fixed targets): compiled like a

@@ -44,7 +44,7 @@ asynchronous actors").
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -89,6 +89,10 @@ CLIP_SCHEDULES = ("constant", "linear")
 _ADVANTAGE_EPSILON = 1e-8
 # SB3's early stop: a minibatch whose approximate KL exceeds this times --target_kl.
 _TARGET_KL_MARGIN = 1.5
+# Minibatch steps per call of the train step, where none can stop the rest: a compiled
+# call is one graph of them, unrolled, whose package takes the longer to build the more
+# steps it holds (benchmarks/RESULTS.md).
+_STEPS_PER_CALL = 5
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -480,31 +484,49 @@ class PolicyGradientUpdate(OptimizerUpdate):
         if clip_range is not None:
             inputs["clip_range"] = torch.tensor(clip_range, device=device)
         count = targets.valid.shape[1] if self.recurrent else targets.valid.numel()
-        # One minibatch is the whole batch, whose order no term of the loss depends on.
-        whole = torch.arange(count, device=device) if self.num_minibatches == 1 else None
+        indices = self._minibatch_indices(count, device)
         # Each step's statistics in one row (copied: a CUDA graph's outputs are rewritten
         # by its next replay), averaged once: 20 steps an update on CartPole were 120
         # tensor additions, one at a time.
         names: tuple[str, ...] = ()
         rows: list[Tensor] = []
-        minibatches = 0
         stopped_early = False
         self.model.train()
-        for _ in range(self.num_epochs):
-            # Shuffled by torch's global generator (which checkpoints save and restore).
-            order = torch.randperm(count, device=device) if whole is None else whole
-            for index in order.chunk(self.num_minibatches):
-                result = self.train_step({**inputs, "index": index}, train=("model",))
-                if result.stopped:
+        if getattr(self.config, "target_kl", None) is None and count % self.num_minibatches == 0:
+            # No step can stop the rest: they go in blocks, each one call of the train
+            # step (compiled, one graph), every epoch's order drawn first (the steps draw
+            # no random numbers, so the orders are those the steps one by one would use).
+            chosen = list(indices)
+            per_call = max(n for n in range(1, _STEPS_PER_CALL + 1) if len(chosen) % n == 0)
+            results = []
+            for start in range(0, len(chosen), per_call):
+                block = {**inputs, "index": torch.cat(chosen[start : start + per_call])}
+                taus = (None,) * per_call
+                results += self.train_step.steps(block, train=("model",), taus=taus, cut=("index",))
+        else:
+            results = []
+            for index in indices:
+                results.append(self.train_step({**inputs, "index": index}, train=("model",)))
+                if results[-1].stopped:
                     stopped_early = True
+                    results.pop()
                     break
-                minibatches += 1
-                names = tuple(result.stats)
-                rows.append(torch.stack(tuple(result.stats.values())))
-            if stopped_early:
-                break
+        for result in results:
+            names = tuple(result.stats)
+            rows.append(torch.stack(tuple(result.stats.values())))
+        minibatches = len(rows)
         means = dict(zip(names, torch.stack(rows).mean(0).unbind(), strict=True)) if rows else {}
         return UpdateInfo(stats=self._stats(means, minibatches, targets, clip_range, stopped_early))
+
+    def _minibatch_indices(self, count: int, device: torch.device) -> Iterator[Tensor]:
+        """Each minibatch's indices into the batch's `count` items (steps, or rollouts
+        for a recurrent model), epoch after epoch, each epoch's order drawn as it starts
+        (from torch's global generator, which checkpoints save and restore). One
+        minibatch is the whole batch in order: no term of the loss depends on it."""
+        whole = torch.arange(count, device=device) if self.num_minibatches == 1 else None
+        for _ in range(self.num_epochs):
+            order = torch.randperm(count, device=device) if whole is None else whole
+            yield from order.chunk(self.num_minibatches)
 
     @torch.no_grad()
     def _stats(

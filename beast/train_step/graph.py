@@ -83,9 +83,11 @@ class StepGraph:
         *,
         kind: Train,
         used: Used | None,
+        cut: tuple[str, ...] | None = None,
     ) -> tuple[Any, ...]:
         """`tau.shape[0]` steps of `kind`, one on each part of `inputs` (a block of that
-        many batches, `split_block`; one part: `inputs` whole), each from the weights the
+        many batches, `split_block` cutting the inputs `cut` names; one part: `inputs`
+        whole), each from the weights the
         one before left: writes `flat`, `target_flat`, `steps` and `buffers` in place,
         once, after the last. Returns, one entry per step: the losses, the gradient norms,
         their finiteness, the new weights' finiteness, whether the loss let the step
@@ -99,7 +101,7 @@ class StepGraph:
         parts = tau.shape[0]
         state = (flat, target_flat, steps, buffers)
         results = []
-        for i, part in enumerate(split_block(inputs, parts)):
+        for i, part in enumerate(split_block(inputs, parts, cut)):
             state, result = self._one(*state, lr, tau[i], held, part, kind=kind, used=used)
             if parts > 1 and result[4] is not None:
                 raise ValueError(STOPS_EARLY)

@@ -4,9 +4,9 @@ target networks."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -67,15 +67,21 @@ class TargetNetwork:
 Train = tuple[str, ...]
 
 
-def split_block(tensors: Mapping[str, Tensor], parts: int) -> list[dict[str, Tensor]]:
+def split_block(
+    inputs: Mapping[str, Any], parts: int, cut: Collection[str] | None = None
+) -> list[dict[str, Any]]:
     """A block of `parts` batches (a replay's --updates_per_sample, laid one after another
     along the batch axis) as that many batches of views: the batch axis is dim 0 of a
     1-D tensor ([B]: weights, step counts, terminal flags) and dim 1 of every other
-    ([L, B, ...] rows, [n, B] reward windows, [d0, B, ...] recurrent states). One part:
-    `tensors` whole."""
+    ([L, B, ...] rows, [n, B] reward windows, [d0, B, ...] recurrent states). Only the
+    inputs named in `cut` are cut (None: every one); every part reads the others whole
+    (PPO's batch, which each minibatch's `index` picks from). One part: `inputs` whole."""
     if parts == 1:
-        return [dict(tensors)]
+        return [dict(inputs)]
     pieces = {
-        key: value.chunk(parts, dim=0 if value.dim() == 1 else 1) for key, value in tensors.items()
+        key: value.chunk(parts, dim=0 if value.dim() == 1 else 1)
+        if cut is None or key in cut
+        else (value,) * parts
+        for key, value in inputs.items()
     }
     return [{key: value[i] for key, value in pieces.items()} for i in range(parts)]

@@ -121,6 +121,7 @@ class TrainStep:
         self.compile_seconds = 0.0  # spent compiling (or loading cached graphs)
         self._calls: collections.Counter[Train] = collections.Counter()  # by kind
         self._steps: collections.Counter[Train] = collections.Counter()  # by kind
+        self._cuts: dict[Train, tuple[str, ...] | None] = {}  # what each kind's blocks cut
         self._timings: dict[Train, list[float]] = {}  # each kind's timed eager steps
         self._decided: dict[Train, Callable[..., tuple[Any, ...]] | None] = {}
         self._records: dict[Train, auto.StepRecord] = {}  # kinds whose compiled steps are timed
@@ -209,18 +210,29 @@ class TrainStep:
         *,
         train: Sequence[str],
         taus: Sequence[float | None],
+        cut: Sequence[str] | None = None,
     ) -> list[StepResult]:
         """`len(taus)` steps over the groups named in `train` in one call, one on each
         batch of the block `inputs` holds (`split_block`: a replay's --updates_per_sample
         batches, drawn at once), each from the weights the one before left; after step i,
         if it was applied and `taus[i]` is given, every target network moved `taus[i]` of
         the way. Compiled, the block is one graph: no return to Python between its steps.
+        `cut` names the inputs the block's parts cut (None: every one); the others every
+        step reads whole (PPO's batch, which each minibatch's `index` picks from). Every
+        call of a kind cuts the same inputs.
 
         The taus are fixed before the call: an algorithm whose targets follow every n-th
         applied step counts a step skipped inside the block (non-finite) as applied, there
         alone. A loss with `proceed` (an early stop) takes its steps one call at a time."""
+        kind = tuple(train)
+        cut = None if cut is None else tuple(cut)
+        if self._cuts.setdefault(kind, cut) != cut:
+            raise ValueError(
+                f"{_subject(kind)} cut {self._cuts[kind]} of its inputs before, {cut} now:"
+                " every call of a kind cuts the same inputs"
+            )
         with MODULES_IN_USE.held(self.stopping):
-            return self._step(tuple(train), inputs, tuple(taus))
+            return self._step(kind, inputs, tuple(taus))
 
     def _step(
         self, kind: Train, inputs: Mapping[str, Any], taus: tuple[float | None, ...]
@@ -257,7 +269,7 @@ class TrainStep:
         params = [p for group in groups for p in group.parameters]
         parts = len(taus)
         results = []
-        for part, tau in zip(split_block(inputs, parts), taus, strict=True):
+        for part, tau in zip(split_block(inputs, parts, self._cuts[kind]), taus, strict=True):
             out = self.loss(part, kind)
             if not kind:  # a forward pass alone
                 results.append(StepResult(False, False, out.stats, out.priorities))
@@ -301,7 +313,9 @@ class TrainStep:
             self.log(f"{_subject(kind)} runs eagerly ({took}): {reason}")
             return
         self._records[kind] = record._replace(eager=eager)
-        function = functools.partial(self._graph.step, kind=kind, used=self._used.get(kind))
+        function = functools.partial(
+            self._graph.step, kind=kind, used=self._used.get(kind), cut=self._cuts[kind]
+        )
         arguments = self._arguments(inputs, copies=True, parts=parts)
         started = time.perf_counter()
         traced = None
@@ -392,7 +406,8 @@ class TrainStep:
             for name, group in self.groups.items()
         ]
         clipping = self.stepper.grad_norm_clipping
-        identity = repr((self.identity, loss, kind, modules, optimizers, clipping))
+        cut = self._cuts[kind]
+        identity = repr((self.identity, loss, kind, cut, modules, optimizers, clipping))
         return package.known_step_key(identity, arguments)
 
     def _remember(self, kind: Train) -> None:
@@ -435,7 +450,9 @@ class TrainStep:
         try:
             reached = known.get("reached")
             used = None if reached is None else used_from_reached(layout, reached)
-            function = functools.partial(self._graph.step, kind=kind, used=used)
+            function = functools.partial(
+                self._graph.step, kind=kind, used=used, cut=self._cuts[kind]
+            )
             compiled = package.PackagedStep(function, MODULES_IN_USE.for_compilation, self.stopping)
             compiled.add_package(package.package_path(name), arguments)
         except Exception:  # a record or package this torch cannot read: traced instead
