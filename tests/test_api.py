@@ -414,8 +414,10 @@ def test_a_script_passes_its_own_functions_and_classes(tmp_path):
     assert len(reported["returns"]) == 2
     # Once as the script, once per actor by forkserver; never a second time by its name
     # (the running script is what `train_cartpole` resolves to, here and in actors). The
-    # actors' lines may interleave: counted, not split into lines.
-    executions = collections.Counter(re.findall(r"script executed as (\w+)", out.stderr))
+    # actors' lines may interleave, one running into the next ("... __mp_main__script
+    # executed as ..."): counted, not split into lines, the known names matched first.
+    names = r"script executed as (__main__|__mp_main__|\w+)"
+    executions = collections.Counter(re.findall(names, out.stderr))
     assert executions == {"__main__": 1, "__mp_main__": 2}, out.stderr[-3000:]
 
     # The recorded paths rebuild the env and model in another program, given the path.
