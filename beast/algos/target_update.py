@@ -62,6 +62,8 @@ class TargetNetworkUpdate(OptimizerUpdate):
         stats to report before each step's own."""
 
     def __call__(self, batch: Batch) -> UpdateInfo:
+        if batch.parts != 1:
+            raise ValueError(f"a block of {batch.parts} batches takes `block`, one update each")
         return self.block(batch)[0]
 
     def block(self, batch: Batch) -> list[UpdateInfo]:
