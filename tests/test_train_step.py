@@ -251,36 +251,45 @@ def test_a_block_of_steps_is_one_compiled_call_that_steps_as_one_at_a_time(
     assert step._calls[("model",)] == 5
 
 
+def scaled_linear_step(compile: str, *, max_nonfinite_updates: int = 3, proceed: bool = False):
+    """A linear model's TrainStep on the loss mean(model(x) * scale) (Adam, lr 0.1), with
+    a `proceed` where asked: (model, optimizer, progress, step)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    optimizer.param_groups[0]["initial_lr"] = 0.1
+    progress = TrainingProgress()
+    stepper = Stepper(
+        grad_norm_clipping=0.0,
+        max_nonfinite_updates=max_nonfinite_updates,
+        lr_schedule="constant",
+        total_steps=100,
+        progress=progress,
+    )
+
+    def loss(inputs, train):
+        value = (model(inputs["x"]).squeeze(-1) * inputs["scale"]).mean()
+        return StepLoss(
+            value, {"loss": value.detach()}, proceed=torch.tensor(True) if proceed else None
+        )
+
+    step = TrainStep(
+        loss,
+        modules={"model": model},
+        groups=[ParameterGroup("model", optimizer)],
+        stepper=stepper,
+        compile=compile,
+        log=lambda line: None,
+    )
+    return model, optimizer, progress, step
+
+
 def test_a_non_finite_step_inside_a_block_is_skipped_alone(fast_backend):
     """A block's second batch has a non-finite loss: compiled as eagerly, that step is
     skipped and counted, and the steps before and after it are taken."""
     results = {}
     for mode in ("off", "on"):
-        torch.manual_seed(0)
-        model = torch.nn.Linear(3, 1)
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-        optimizer.param_groups[0]["initial_lr"] = 0.1
-        progress = TrainingProgress()
-        stepper = Stepper(
-            grad_norm_clipping=0.0,
-            max_nonfinite_updates=3,
-            lr_schedule="constant",
-            total_steps=100,
-            progress=progress,
-        )
-
-        def loss(inputs, train, model=model):
-            value = (model(inputs["x"]).squeeze(-1) * inputs["scale"]).mean()
-            return StepLoss(value, {"loss": value.detach()})
-
-        step = TrainStep(
-            loss,
-            modules={"model": model},
-            groups=[ParameterGroup("model", optimizer)],
-            stepper=stepper,
-            compile=mode,
-            log=lambda line: None,
-        )
+        model, optimizer, progress, step = scaled_linear_step(mode)
         x = torch.randn(1, 12, 3, generator=torch.Generator().manual_seed(1))  # [T, B, 3]
         for _ in range(4):  # eager probes, then the compiled block
             step.steps({"x": x, "scale": torch.ones(12)}, train=("model",), taus=(None,) * 3)
@@ -302,26 +311,10 @@ def test_a_non_finite_step_inside_a_block_is_skipped_alone(fast_backend):
 
 
 def test_a_loss_that_stops_early_takes_no_blocks():
-    model = torch.nn.Linear(3, 1)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-    optimizer.param_groups[0]["initial_lr"] = 0.1
-    stepper = Stepper(
-        grad_norm_clipping=0.0,
-        max_nonfinite_updates=3,
-        lr_schedule="constant",
-        total_steps=100,
-        progress=TrainingProgress(),
-    )
-
-    def loss(inputs, train):
-        value = model(inputs["x"]).mean()
-        return StepLoss(value, {}, proceed=torch.tensor(True))
-
-    step = TrainStep(
-        loss, modules={"model": model}, groups=[ParameterGroup("model", optimizer)], stepper=stepper
-    )
+    _, _, _, step = scaled_linear_step("off", proceed=True)
     with pytest.raises(ValueError, match="one call at a time, not in a block"):
-        step.steps({"x": torch.randn(1, 4, 3)}, train=("model",), taus=(None, None))
+        block = {"x": torch.randn(1, 4, 3), "scale": torch.ones(4)}
+        step.steps(block, train=("model",), taus=(None, None))
 
 
 def test_rollouts_impala_and_ppo_match_eager(fast_backend):
@@ -626,30 +619,7 @@ def test_checkpoints_hold_the_same_state_on_either_path(fast_backend):
 def test_a_non_finite_step_is_skipped_in_the_graph_and_counted(fast_backend):
     """The guard is a `where` in the graph: a non-finite loss leaves every parameter and
     moment as it was, counts a skipped update, and enough in a row stop the run."""
-    model = torch.nn.Linear(3, 1)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-    optimizer.param_groups[0]["initial_lr"] = 0.1
-    progress = TrainingProgress()
-    stepper = Stepper(
-        grad_norm_clipping=0.0,
-        max_nonfinite_updates=2,
-        lr_schedule="constant",
-        total_steps=100,
-        progress=progress,
-    )
-
-    def loss(inputs, train):
-        value = (model(inputs["x"]) * inputs["scale"]).mean()
-        return StepLoss(value, {"loss": value.detach()})
-
-    step = TrainStep(
-        loss,
-        modules={"model": model},
-        groups=[ParameterGroup("model", optimizer)],
-        stepper=stepper,
-        compile="on",
-        log=lambda line: None,
-    )
+    model, optimizer, progress, step = scaled_linear_step("on", max_nonfinite_updates=2)
     x = torch.randn(5, 3)
     for _ in range(6):
         assert step({"x": x, "scale": torch.tensor(1.0)}, train=("model",)).applied

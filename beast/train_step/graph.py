@@ -1,9 +1,10 @@
 """The compiled step's function (beast/train_step/__init__.py): one optimizer step of
-one kind, from the flat buffers to the flat buffers, written for torch.compile to make
-one graph of: the forward passes and losses, the gradients (torch.func over every
-trained parameter at once), the norm and its clipping, the finiteness verdict, the
-optimizers' arithmetic, the target updates and the priorities, with no host
-synchronisation inside. A skipped step is a `where`, not a branch on the host."""
+one kind, or a block of them one after another, from the flat buffers to the flat
+buffers, written for torch.compile to make one graph of: the forward passes and losses,
+the gradients (torch.func over every trained parameter at once), the norm and its
+clipping, the finiteness verdict, the optimizers' arithmetic, the target updates and
+the priorities, with no host synchronisation inside. A skipped step is a `where`, not a
+branch on the host."""
 
 from __future__ import annotations
 
