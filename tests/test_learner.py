@@ -29,6 +29,7 @@ from beast.optim import build_optimizer
 from beast.replay import PrioritizedReplay, SequenceBuilder, sequence_spec
 from beast.replay_sink import ReplaySource, SequenceSink
 from beast.thread_tuner import ThreadTuner, setup_key
+from beast.train_step import auto, compiler
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -87,6 +88,7 @@ def make_learner(
     target_update_period=3,
     min_replay_size=4,
     max_nonfinite_updates=3,
+    compile="off",
 ) -> tuple[Learner, list]:
     model, target, actor_model = q_model(use_lstm), q_model(use_lstm), q_model(use_lstm)
     progress = progress or TrainingProgress()
@@ -98,7 +100,7 @@ def make_learner(
         total_steps=total_steps,
         progress=progress,
     )
-    context = LearnerContext(torch.device("cpu"), False, stepper, progress)
+    context = LearnerContext(torch.device("cpu"), False, stepper, progress, compile=compile)
     optimizer_flags = SimpleNamespace(optimizer="adam", learning_rate=1e-3, epsilon=1e-3)
     update = SequenceQUpdate(
         model,
@@ -176,6 +178,32 @@ def test_a_block_of_batches_is_one_update_each_and_one_priority_update(period):
     item reprioritised, three updates and 24 samples counted."""
     learner, _ = make_learner(target_update_period=period)
     twin, _ = make_learner(target_update_period=period)
+    check_block(learner, twin, same)
+
+
+def test_a_compiled_block_of_sequences_steps_as_one_at_a_time(monkeypatch):
+    """The same with the update compiled (torch's aot_eager backend: the block's traced
+    graph on eager kernels), after its eager probes: R2D2's recurrent sequences, burn-in
+    and target copy inside the block in one graph, to float tolerance."""
+    monkeypatch.setattr(compiler, "BACKEND", "aot_eager")
+    monkeypatch.setattr(auto, "EAGER_PROBES", 2)
+    learner, _ = make_learner(target_update_period=2, compile="on")
+    twin, _ = make_learner(target_update_period=2)
+    for _ in range(3):  # the eager probes, then the compiled block
+        check_block(learner, twin, close)
+    assert learner.update.train_step.path == "compiled"
+
+
+def close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+    return True
+
+
+def check_block(learner: Learner, twin: Learner, same) -> None:
+    """`learner` takes a block of 3 batches of 8; `twin` the same batches one by one."""
+    steps_before = learner.update.train_step.steps_taken
+    updates_before = learner.progress.num_updates
     drawn = learner.source.replay.sample(8, torch.Generator().manual_seed(0), parts=3)
     block = Batch(drawn.batch, drawn.weights, drawn.indices, drawn.generations, parts=3)
     parts = block.split()
@@ -189,9 +217,10 @@ def test_a_block_of_batches_is_one_update_each_and_one_priority_update(period):
     assert same(parameters(learner.update.model), parameters(twin.update.model))
     assert same(parameters(learner.update.target_model), parameters(twin.update.target_model))
     assert same(parameters(learner.update.model), parameters(learner.actor_model))
-    assert learner.update.train_step.steps_taken == 3  # in one call
-    assert stats.num_updates == learner.progress.num_updates == learner.update.num_updates == 3
-    assert int(learner.source.sink.sampled[0]) == 24
+    assert learner.update.train_step.steps_taken == steps_before + 3  # in one call
+    assert learner.progress.num_updates == updates_before + 3 == learner.update.num_updates
+    assert stats.num_updates == learner.progress.num_updates
+    assert int(learner.source.sink.sampled[0]) == 8 * learner.update.num_updates
     tree = learner.source.sink.replay.tree
     assert (tree.get(drawn.indices) != 1.0).all()  # every item's new priority written
 
