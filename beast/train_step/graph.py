@@ -103,7 +103,7 @@ class StepGraph:
         state = (flat, target_flat, steps, buffers)
         results = []
         for i, part in enumerate(split_block(inputs, parts, cut)):
-            state, result = self._one(*state, lr, tau[i], held, part, kind=kind, used=used)
+            state, result = self._one(state, lr, tau[i], held, part, kind=kind, used=used)
             if parts > 1 and result[4] is not None:
                 raise ValueError(STOPS_EARLY)
             results.append(result)
@@ -131,10 +131,7 @@ class StepGraph:
 
     def _one(
         self,
-        flat: Tensor,
-        target_flat: Tensor,
-        steps: Tensor,
-        buffers: dict[str, Tensor],
+        buffers_in: tuple[Tensor, Tensor, Tensor, dict[str, Tensor]],
         lr: Tensor,
         tau: Tensor,
         held: tuple[Tensor, ...],
@@ -143,9 +140,11 @@ class StepGraph:
         kind: Train,
         used: Used | None,
     ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        """One step of `kind` on `inputs` from the given buffers' values, written nowhere:
-        the buffers' new values, and the step's loss, gradient norm, finiteness, new
-        weights' finiteness, `proceed` (None: the loss has none), stats and priorities."""
+        """One step of `kind` on `inputs` from the values of `step`'s buffers (flat,
+        target_flat, steps, buffers), written nowhere: the buffers' new values, and the
+        step's loss, gradient norm, finiteness, new weights' finiteness, `proceed` (None:
+        the loss has none), stats and priorities."""
+        flat, target_flat, steps, buffers = buffers_in
         program, layout, state, clipping = self.program, self.layout, self.state, self.clipping
         trained = {id(p): i for i, p in enumerate(layout.params)}
         followed = {id(p): i for i, p in enumerate(layout.target_params)}
