@@ -208,6 +208,21 @@ def test_transition_replay_dqn_with_priorities_matches_eager(fast_backend):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def block_of(batches: list[Batch], device: str = "cpu") -> Batch:
+    """The batches as one block, as a replay samples `--updates_per_sample` of them: cut
+    along dim 0 of 1-D tensors and dim 1 of the others (interface.py `split_block`)."""
+    return Batch(
+        data={
+            key: torch.cat([b.data[key] for b in batches], dim=0 if value.dim() == 1 else 1).to(
+                device
+            )
+            for key, value in batches[0].data.items()
+        },
+        weights=torch.cat([b.weights for b in batches]).to(device),
+        parts=len(batches),
+    )
+
+
 @pytest.mark.parametrize(("backend", "parts"), [("aot_eager", 4), ("inductor", 2)])
 def test_a_block_of_steps_is_one_compiled_call_that_steps_as_one_at_a_time(
     monkeypatch, tmp_path, backend, parts
@@ -225,14 +240,7 @@ def test_a_block_of_steps_is_one_compiled_call_that_steps_as_one_at_a_time(
     )
     for i in range(5):
         batches = [transition_batch(8, parts * i + k, continuous=False) for k in range(parts)]
-        block = Batch(
-            data={
-                key: torch.cat([b.data[key] for b in batches], dim=0 if value.dim() == 1 else 1)
-                for key, value in batches[0].data.items()
-            },
-            weights=torch.cat([b.weights for b in batches]),
-            parts=parts,
-        )
+        block = block_of(batches)
         for each in progress:
             each.step = 100 * i
         infos_a = [update_a(copy.deepcopy(batch)) for batch in batches]
@@ -249,6 +257,35 @@ def test_a_block_of_steps_is_one_compiled_call_that_steps_as_one_at_a_time(
     assert step.path == "compiled", update_b.log_lines
     assert step.steps_taken == 5 * parts == update_b.num_updates == update_a.num_updates
     assert step._calls[("model",)] == 5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_block_of_steps_replays_as_one_cuda_graph_that_steps_as_one_at_a_time(
+    monkeypatch, tmp_path
+):
+    """On CUDA a block of 4 DQN steps (the target copied inside it every third step) is
+    one graph replay, and it makes the steps and priorities that eager steps on the CPU
+    make taking the batches one by one."""
+    monkeypatch.setattr(auto, "EAGER_PROBES", 2)
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))
+    flags = ("--hidden_size", "16", "--batch_size", "8", "--target_update_period", "3")
+    model_a, update_a, progress_a = build("dqn", CARTPOLE, "off", *flags, "--n_step", "3")
+    model_b, update_b, progress_b = build(
+        "dqn", CARTPOLE, "on", *flags, "--n_step", "3", device="cuda"
+    )
+    for i in range(5):
+        batches = [transition_batch(8, 4 * i + k, continuous=False) for k in range(4)]
+        progress_a.step = progress_b.step = 100 * i
+        infos_a = [update_a(copy.deepcopy(batch)) for batch in batches]
+        infos_b = update_b.block(block_of(batches, "cuda"))
+        for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True):
+            torch.testing.assert_close(b.cpu(), a, rtol=1e-3, atol=1e-4)
+        for info_a, info_b in zip(infos_a, infos_b, strict=True):
+            torch.testing.assert_close(
+                info_b.priorities.cpu(), info_a.priorities, rtol=1e-3, atol=1e-4
+            )
+    assert update_b.train_step.path == "CUDA graph", update_b.log_lines
+    assert update_b.train_step.steps_taken == 20 == update_a.num_updates
 
 
 def scaled_linear_step(compile: str, *, max_nonfinite_updates: int = 3, proceed: bool = False):
