@@ -1004,6 +1004,22 @@ def test_auto_tries_a_cheap_compilation_again_that_once_measured_no_faster():
     assert auto.worth_compiling(0.010, faster, 100, "cpu")[0] is True
 
 
+def test_auto_expects_a_block_of_steps_to_build_for_longer():
+    """Before a first build, a call of 4 steps is expected to cost 1.9 times a one-step
+    build (`BUILD_SHARE_PER_EXTRA_STEP`): calls that would repay one step's build but
+    not the block's stay eager, and say what the block's would cost."""
+    unknown = auto.StepRecord("s")
+    # 10 ms a call, 60% of it saved (the CPU's assumed ratio): 4 ms a call. 3,000 calls
+    # save 12 s: a one-step build's 10 s, not a block's 19 s; 5,000 save 20 s.
+    assert auto.worth_compiling(0.010, unknown, 3_000, "cpu", 1)[0] is True
+    worth, reason = auto.worth_compiling(0.010, unknown, 3_000, "cpu", 4)
+    assert not worth and "compiling costs about 19 s the first time" in reason
+    assert auto.worth_compiling(0.010, unknown, 5_000, "cpu", 4)[0] is True
+    # Once built, a later run's cost is its record's (a load), whatever the block.
+    loaded = unknown._replace(compile_seconds=0.5)
+    assert auto.worth_compiling(0.010, loaded, 3_000, "cpu", 4)[0] is True
+
+
 def test_the_update_settles_only_once_its_compiled_step_is_timed(
     fast_backend, monkeypatch, tmp_path
 ):

@@ -18,6 +18,7 @@ from beast.train_step.interface import Train
 
 __all__ = [
     "COMPILED_RATIO",
+    "BUILD_SHARE_PER_EXTRA_STEP",
     "EAGER_PROBES",
     "KEEP_COMPILED_BELOW",
     "RETRY_BELOW_SECONDS",
@@ -37,6 +38,10 @@ __all__ = [
 # control and MuJoCo (benchmarks/RESULTS.md), 0.8-1.1 for convolutional networks, whose
 # time is their convolutions'; on CUDA 0.1-0.3.
 FIRST_COMPILE_SECONDS = {"cpu": 10.0, "cpu convolutions": 30.0, "cuda": 60.0}
+# A call of K steps (a block, `TrainStep.steps`) unrolls them in one graph, whose build
+# takes longer: each step past the first adds about this share of a one-step build (DQN
+# CartPole's block of 4: 51 s against 27 s for one step; PPO's of 5: 51 s against 25).
+BUILD_SHARE_PER_EXTRA_STEP = 0.3
 COMPILED_RATIO = {"cpu": 0.6, "cpu convolutions": 0.9, "cuda": 0.3}
 # A compiled step kept only if at least this much faster than the eager one, measured.
 KEEP_COMPILED_BELOW = 0.97
@@ -104,18 +109,25 @@ def hardware(device: torch.device, modules: Iterable[nn.Module]) -> str:
 
 
 def worth_compiling(
-    eager: float, record: StepRecord, steps_left: int | None, hardware: str
+    eager: float,
+    record: StepRecord,
+    steps_left: int | None,
+    hardware: str,
+    steps_per_call: int = 1,
 ) -> tuple[bool, str]:
-    """Whether compiling a step pays over the steps left (--compile auto), and why not;
-    before a first compilation on this machine, it assumes `hardware`'s cost and
-    compiled-to-eager time ratio (`FIRST_COMPILE_SECONDS`, `COMPILED_RATIO`)."""
+    """Whether compiling a step pays over the calls left (--compile auto), and why not.
+    `eager`: seconds a call (of `steps_per_call` optimizer steps); `steps_left`: calls.
+    Before a first compilation on this machine, it assumes `hardware`'s cost and
+    compiled-to-eager time ratio (`FIRST_COMPILE_SECONDS`, `COMPILED_RATIO`), the cost
+    grown for a call of several steps (`BUILD_SHARE_PER_EXTRA_STEP`)."""
     if steps_left is None:
         return True, ""
     ratio = COMPILED_RATIO[hardware]
     cost = record.compile_seconds
     first = cost is None
     if first:
-        cost = FIRST_COMPILE_SECONDS[hardware]
+        extra_steps = max(steps_per_call - 1, 0)
+        cost = FIRST_COMPILE_SECONDS[hardware] * (1 + BUILD_SHARE_PER_EXTRA_STEP * extra_steps)
     measured = record.compiled / record.eager if record.eager and record.compiled else None
     if measured is not None and (measured < KEEP_COMPILED_BELOW or cost >= RETRY_BELOW_SECONDS):
         ratio = measured

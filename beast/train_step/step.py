@@ -306,7 +306,7 @@ class TrainStep:
         already built is loaded at once."""
         eager = statistics.median(self._timings[kind][1:])  # the first warms caches up
         record = self._record(kind, inputs)
-        reason = self._not_worth(kind, eager, record)
+        reason = self._not_worth(kind, eager, record, parts)
         if reason is not None:
             self._decided[kind] = None
             took = self._milliseconds_a_step(kind, eager)
@@ -387,13 +387,17 @@ class TrainStep:
         params = self._layout.params if self._layout else []
         return auto.StepRecord.load(auto.signature(self.loss, kind, inputs, params, self._device()))
 
-    def _not_worth(self, kind: Train, eager: float, record: auto.StepRecord) -> str | None:
-        """Under --compile auto, why compiling a step of `eager` seconds would not pay over
-        the steps left; None where it would, or where the mode is not auto."""
+    def _not_worth(
+        self, kind: Train, eager: float, record: auto.StepRecord, parts: int
+    ) -> str | None:
+        """Under --compile auto, why compiling a call of `parts` steps, `eager` seconds,
+        would not pay over the calls left; None where it would, or where the mode is not
+        auto."""
         if self.mode != "auto":
             return None
         hardware = auto.hardware(self._device(), self.program.modules())
-        worth, reason = auto.worth_compiling(eager, record, self._calls_left(kind), hardware)
+        calls_left = self._calls_left(kind)
+        worth, reason = auto.worth_compiling(eager, record, calls_left, hardware, parts)
         return None if worth else reason
 
     def _known_key(self, kind: Train, arguments: tuple[Any, ...]) -> str:
@@ -445,7 +449,7 @@ class TrainStep:
         layout = self._layout
         assert layout is not None
         record = self._record(kind, inputs)
-        if record.eager is None or self._not_worth(kind, record.eager, record) is not None:
+        if record.eager is None or self._not_worth(kind, record.eager, record, parts) is not None:
             return False
         try:
             reached = known.get("reached")
