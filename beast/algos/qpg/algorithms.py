@@ -56,7 +56,7 @@ from beast.fields import index_inputs, model_inputs
 from beast.models import ModelError
 from beast.normalize import find_observation_normalizer
 from beast.optim import build_optimizer
-from beast.train_step import ParameterGroup, StepLoss, TargetNetwork
+from beast.train_step import ParameterGroup, StepLoss, StepResult, TargetNetwork
 
 __all__ = [
     "DDPG",
@@ -302,10 +302,13 @@ class ActorCriticQUpdate(OptimizerUpdate):
 
     @abc.abstractmethod
     def noise(self, batch_size: int, action_dim: int) -> dict[str, Tensor]:
-        """The standard normal draws the losses need, by name."""
+        """The standard normal draws the losses need, by name: [rows, B, d] each, the
+        batch on dim 1 as the batch's other fields have it, so that a block's draws are
+        cut as its batches are (`split_block`)."""
 
-    def groups_to_train(self) -> tuple[str, ...]:
-        """The groups the next update trains."""
+    def groups_to_train(self, ahead: int = 0) -> tuple[str, ...]:
+        """The groups the update `ahead` updates after the next one trains (the next
+        one's at 0), its earlier ones all applied."""
         return ("critic", "actor")
 
     def critic_values(
@@ -318,15 +321,37 @@ class ActorCriticQUpdate(OptimizerUpdate):
         return self.net.critic(inputs, actions.unsqueeze(0))[:, 0]
 
     def __call__(self, batch: Batch) -> UpdateInfo:
-        data = batch.data
-        B = data["n_steps"].shape[0]
-        inputs = dict(data)
-        inputs.update(self.noise(B, self.low.shape[0]))
+        if batch.parts != 1:
+            raise ValueError(f"a block of {batch.parts} batches takes `block`, one update each")
+        return self._steps(batch, self.groups_to_train())[0]
+
+    def block(self, batch: Batch) -> list[UpdateInfo] | None:
+        """A replay's block of batches in one call of the train step, one update each,
+        where every update of it trains the same groups (SAC's and DDPG's always do); None
+        where they differ (TD3's delayed actor), and the learner takes them one by one."""
+        train = self.groups_to_train()
+        if any(self.groups_to_train(ahead) != train for ahead in range(1, batch.parts)):
+            return None
+        return self._steps(batch, train)
+
+    def _steps(self, batch: Batch, train: tuple[str, ...]) -> list[UpdateInfo]:
+        """One optimizer step on each of `batch`'s parts, training `train`, each with its
+        own noise drawn in turn (the draws a call per batch would make), the targets
+        averaged after each step that trains the actor."""
+        parts = batch.parts
+        B = batch.data["n_steps"].shape[0] // parts
+        draws = [self.noise(B, self.low.shape[0]) for _ in range(parts)]
+        inputs = dict(batch.data)
+        inputs.update({key: torch.cat([d[key] for d in draws], dim=1) for key in draws[0]})
         if batch.weights is not None:
             inputs["weights"] = batch.weights
-        train = self.groups_to_train()
-        averages = "actor" in train
-        result = self.train_step(inputs, train=train, tau=self.config.tau if averages else None)
+        tau = self.config.tau if "actor" in train else None
+        results = self.train_step.steps(inputs, train=train, taus=[tau] * parts)
+        return [self.step_info(result) for result in results]
+
+    def step_info(self, result: StepResult) -> UpdateInfo:
+        """What one step of a call reports; an applied one counts, and the first ends the
+        random warm-up."""
         stats = dict(result.stats)
         if not result.applied:
             return UpdateInfo(stats=stats)
@@ -377,8 +402,8 @@ class TD3Update(ActorCriticQUpdate):
         self.last_actor_loss = torch.tensor(float("nan"))
         self.target_noise, self.target_noise_clip = target_noise, target_noise_clip
 
-    def groups_to_train(self) -> tuple[str, ...]:
-        if (self.num_updates + 1) % self.policy_delay == 0:
+    def groups_to_train(self, ahead: int = 0) -> tuple[str, ...]:
+        if (self.num_updates + ahead + 1) % self.policy_delay == 0:
             return ("critic", "actor")
         return ("critic",)
 
@@ -386,7 +411,7 @@ class TD3Update(ActorCriticQUpdate):
         if self.target_noise == 0.0:
             return {}
         device = self.low.device
-        return {"target_noise": torch.randn(batch_size, action_dim).to(device)}
+        return {"target_noise": torch.randn(1, batch_size, action_dim).to(device)}
 
     def losses(self, inputs: Mapping[str, Tensor], train: tuple[str, ...]) -> StepLoss:
         net = self.net
@@ -396,7 +421,7 @@ class TD3Update(ActorCriticQUpdate):
             if "target_noise" in inputs:
                 target_actions = smoothed_target_actions(
                     target_actions,
-                    inputs["target_noise"],
+                    inputs["target_noise"][0],
                     self.target_noise,
                     self.target_noise_clip,
                 )
@@ -417,8 +442,8 @@ class TD3Update(ActorCriticQUpdate):
         stats["total_loss"] = total.detach()
         return StepLoss(total, stats)
 
-    def __call__(self, batch: Batch) -> UpdateInfo:
-        info = super().__call__(batch)
+    def step_info(self, result: StepResult) -> UpdateInfo:
+        info = super().step_info(result)
         stats = dict(info.stats)
         # Every update logs the same columns: the latest actor loss between actor updates.
         if "actor_loss" in stats:
@@ -455,12 +480,12 @@ class SACUpdate(ActorCriticQUpdate):
             return self.temperature.log_alpha
         return self.fixed_alpha.log()
 
-    def groups_to_train(self) -> tuple[str, ...]:
+    def groups_to_train(self, ahead: int = 0) -> tuple[str, ...]:
         return ("critic", "actor", "alpha") if self.learn_alpha else ("critic", "actor")
 
     def noise(self, batch_size: int, action_dim: int) -> dict[str, Tensor]:
-        draws = torch.randn(2, batch_size, action_dim).to(self.low.device)
-        return {"noise_next": draws[0], "noise_now": draws[1]}
+        """Row 0 draws a' at x_{s+k} (the targets), row 1 a at x_s (the actor's loss)."""
+        return {"noise": torch.randn(2, batch_size, action_dim).to(self.low.device)}
 
     def draw(self, inputs: Mapping[str, Tensor], noise: Tensor) -> tuple[Tensor, Tensor]:
         """A reparametrised a ~ pi(.|x) for one row of inputs: ([B, d], log pi [B])."""
@@ -478,12 +503,12 @@ class SACUpdate(ActorCriticQUpdate):
         )
         # The next action a' ~ pi(.|x_{s+k}) without gradient (half the actor's backward).
         with torch.no_grad():
-            next_action, next_log_prob = self.draw(bootstrap, inputs["noise_next"])
+            next_action, next_log_prob = self.draw(bootstrap, inputs["noise"][0])
             next_q = self.target.critic(bootstrap, next_action.unsqueeze(0))[:, 0].float()
             targets = soft_q_targets(returns, inputs["terminal"], next_q, next_log_prob, alpha)
         q = self.critic_values(step, actions, frozen=False)
         loss_critic = critic_loss(q, targets, inputs.get("weights"))
-        drawn, log_prob = self.draw(step, inputs["noise_now"])
+        drawn, log_prob = self.draw(step, inputs["noise"][1])
         q_pi = self.critic_values(step, drawn, frozen=True)
         loss_actor = (alpha * log_prob - q_pi.min(dim=0).values).mean()
         total = loss_critic + loss_actor
