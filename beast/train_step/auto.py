@@ -17,8 +17,8 @@ from beast.records import read_record, write_record
 from beast.train_step.interface import Train
 
 __all__ = [
-    "COMPILED_RATIO",
     "BUILD_SHARE_PER_EXTRA_STEP",
+    "COMPILED_RATIO",
     "EAGER_PROBES",
     "KEEP_COMPILED_BELOW",
     "RETRY_BELOW_SECONDS",
@@ -111,16 +111,16 @@ def hardware(device: torch.device, modules: Iterable[nn.Module]) -> str:
 def worth_compiling(
     eager: float,
     record: StepRecord,
-    steps_left: int | None,
+    calls_left: int | None,
     hardware: str,
     steps_per_call: int = 1,
 ) -> tuple[bool, str]:
     """Whether compiling a step pays over the calls left (--compile auto), and why not.
-    `eager`: seconds a call (of `steps_per_call` optimizer steps); `steps_left`: calls.
+    `eager`: seconds a call (of `steps_per_call` optimizer steps), `calls_left` of them.
     Before a first compilation on this machine, it assumes `hardware`'s cost and
     compiled-to-eager time ratio (`FIRST_COMPILE_SECONDS`, `COMPILED_RATIO`), the cost
     grown for a call of several steps (`BUILD_SHARE_PER_EXTRA_STEP`)."""
-    if steps_left is None:
+    if calls_left is None:
         return True, ""
     ratio = COMPILED_RATIO[hardware]
     cost = record.compile_seconds
@@ -131,7 +131,7 @@ def worth_compiling(
     measured = record.compiled / record.eager if record.eager and record.compiled else None
     if measured is not None and (measured < KEEP_COMPILED_BELOW or cost >= RETRY_BELOW_SECONDS):
         ratio = measured
-    saving = steps_left * eager * (1.0 - ratio)
+    saving = calls_left * eager * (1.0 - ratio)
     if saving > cost:
         return True, ""
     hint = (
@@ -142,5 +142,5 @@ def worth_compiling(
     )
     return False, (
         f"compiling costs about {cost:.0f} s{' the first time' if first else ''}, and"
-        f" {steps_left:,} steps would save about {saving:.0f} s{hint}"
+        f" {calls_left:,} more calls of the step would save about {saving:.0f} s{hint}"
     )
