@@ -60,6 +60,7 @@ __all__ = [
     "Update",
     "UpdateInfo",
     "as_outputs",
+    "require_one_batch",
 ]
 
 
@@ -333,6 +334,13 @@ class LearnerContext:
             stopping=self.stopping,
             identity=self.step_identity,
         )
+
+
+def require_one_batch(batch: Batch) -> None:
+    """ValueError unless `batch` is one batch: an update that takes blocks in `block`
+    refuses one in `__call__`, whose result is one update's."""
+    if batch.parts != 1:
+        raise ValueError(f"a block of {batch.parts} batches takes `block`, one update each")
 
 
 class Update(abc.ABC):

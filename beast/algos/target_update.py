@@ -12,7 +12,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from beast.algos.base import Batch, LearnerContext, OptimizerUpdate, UpdateInfo
+from beast.algos.base import (
+    Batch,
+    LearnerContext,
+    OptimizerUpdate,
+    UpdateInfo,
+    require_one_batch,
+)
 from beast.models import copy_weights
 from beast.train_step import ParameterGroup, TargetNetwork, TrainStep
 
@@ -62,8 +68,7 @@ class TargetNetworkUpdate(OptimizerUpdate):
         stats to report before each step's own."""
 
     def __call__(self, batch: Batch) -> UpdateInfo:
-        if batch.parts != 1:
-            raise ValueError(f"a block of {batch.parts} batches takes `block`, one update each")
+        require_one_batch(batch)
         return self.block(batch)[0]
 
     def block(self, batch: Batch) -> list[UpdateInfo]:

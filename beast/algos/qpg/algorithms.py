@@ -32,6 +32,7 @@ from beast.algos.base import (
     TransitionReplay,
     Update,
     UpdateInfo,
+    require_one_batch,
 )
 from beast.algos.nstep import NStepReturns
 from beast.algos.policies import SquashedPolicy
@@ -321,8 +322,7 @@ class ActorCriticQUpdate(OptimizerUpdate):
         return self.net.critic(inputs, actions.unsqueeze(0))[:, 0]
 
     def __call__(self, batch: Batch) -> UpdateInfo:
-        if batch.parts != 1:
-            raise ValueError(f"a block of {batch.parts} batches takes `block`, one update each")
+        require_one_batch(batch)
         return self._steps(batch, self.groups_to_train())[0]
 
     def block(self, batch: Batch) -> list[UpdateInfo] | None:
@@ -342,7 +342,10 @@ class ActorCriticQUpdate(OptimizerUpdate):
         B = batch.data["n_steps"].shape[0] // parts
         draws = [self.noise(B, self.low.shape[0]) for _ in range(parts)]
         inputs = dict(batch.data)
-        inputs.update({key: torch.cat([d[key] for d in draws], dim=1) for key in draws[0]})
+        if parts == 1:  # one batch (TD3's every call): its draws as they are, no copy
+            inputs.update(draws[0])
+        else:
+            inputs.update({key: torch.cat([d[key] for d in draws], dim=1) for key in draws[0]})
         if batch.weights is not None:
             inputs["weights"] = batch.weights
         tau = self.config.tau if "actor" in train else None
