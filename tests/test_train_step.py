@@ -864,6 +864,41 @@ def test_cuda_graph_replays_match_eager():
         torch.testing.assert_close(b.cpu(), a, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_cuda_graph_captures_while_another_thread_copies_to_the_gpu():
+    """Central inference copies each batch of observations to the GPU in a thread of its
+    own while the learner captures its step: the capture must neither fail nor fail the
+    copies (a capture in CUDA's global mode did both: "operation not permitted when
+    stream is capturing", and Pong's run died of it on an H100)."""
+    from beast.train_step.cuda_graph import CudaGraphStep
+
+    def step(weights: Tensor, inputs: dict[str, Tensor]) -> tuple[Tensor]:
+        weights.add_(inputs["x"].mean())
+        return (weights * 2,)
+
+    stop, errors = threading.Event(), []
+
+    def copy_to_gpu() -> None:
+        try:
+            while not stop.is_set():
+                torch.randn(64, 1024).to("cuda").sum().item()
+        except Exception as error:  # the inference thread's failure, kept for the assert
+            errors.append(error)
+
+    copier = threading.Thread(target=copy_to_gpu)
+    copier.start()
+    try:
+        for _ in range(20):
+            weights = torch.zeros(4, device="cuda")
+            graphed = CudaGraphStep(step, (weights, {"x": torch.ones(8, device="cuda")}))
+            (out,) = graphed(weights, {"x": torch.full((8,), 3.0, device="cuda")})
+            torch.testing.assert_close(out.cpu(), torch.full((4,), 6.0))
+    finally:
+        stop.set()
+        copier.join()
+    assert not errors, errors
+
+
 def test_a_compiled_step_no_faster_than_eager_gives_way_to_it(fast_backend, monkeypatch, tmp_path):
     """Under --compile auto the run times its first compiled steps against the eager ones
     and keeps the compiled step only if it is faster (here nothing is fast enough), said

@@ -23,6 +23,10 @@ class CudaGraphStep:
     their addresses, so the graph updates them in place. Warm-up runs go to copies of the
     state on a side stream (cuBLAS and the allocator set up outside the capture); the
     capture itself runs nothing. A batch of another shape runs the compiled step as is.
+
+    The capture's error mode is thread-local: central inference, in threads of its own,
+    copies observations to the GPU throughout, which CUDA's global mode forbids to every
+    thread while any captures (the copy and the capture both failed, on Pong).
     """
 
     def __init__(self, step: Callable[..., tuple[Any, ...]], arguments: tuple[Any, ...]):
@@ -37,7 +41,7 @@ class CudaGraphStep:
                 step(*copied(state), self.inputs)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.outputs = step(*state, self.inputs)
 
     def __call__(self, *arguments: Any) -> tuple[Any, ...]:
