@@ -198,14 +198,14 @@ class Stepper:
         self._stepped[id(optimizers[0])] = params
         self.steps_applied += 1
 
-    def _skipped(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+    def _skipped(self, loss: torch.Tensor | float, grad_norm: torch.Tensor | float) -> None:
         """Count a non-finite step; NonFiniteError after max_nonfinite_updates in a row."""
         self.progress.skipped_updates += 1
         self._consecutive_nonfinite += 1
         if self._consecutive_nonfinite >= self.max_nonfinite_updates:
             raise NonFiniteError(
                 f"{self._consecutive_nonfinite} consecutive updates had a non-finite loss or"
-                f" gradient (loss {float(loss.detach())}, gradient norm {float(grad_norm)});"
+                f" gradient (loss {float(loss)}, gradient norm {float(grad_norm)});"
                 " lower --learning_rate, check the env's rewards and observations, or raise"
                 " --max_nonfinite_updates"
             )
@@ -215,8 +215,8 @@ class Stepper:
         *,
         finite: bool,
         weights_finite: bool,
-        loss: torch.Tensor,
-        grad_norm: torch.Tensor,
+        loss: torch.Tensor | float,
+        grad_norm: torch.Tensor | float,
         optimizers: Sequence[torch.optim.Optimizer],
     ) -> bool:
         """Account for a step taken elsewhere (beast/train_step's compiled step, which
@@ -395,12 +395,25 @@ def _block_priorities(priorities: list[torch.Tensor | None]) -> torch.Tensor | N
 
 
 def _mean_stats(stats: list[Mapping[str, Any]]) -> dict[str, float]:
-    """Each logged scalar averaged over a block's updates (one update: as it is)."""
-    if len(stats) == 1:
-        return {key: float(value) for key, value in stats[0].items()}
-    keys = dict.fromkeys(key for each in stats for key in each)
+    """Each logged scalar averaged over a block's updates (one update: as it is). The
+    tensors among them are read in one stack: a DQN block's 4 updates of 6 scalars were
+    24 reads, one at a time (1.5% of its learner thread's time in a run, py-spy)."""
+    tensors = [
+        value for each in stats for value in each.values() if isinstance(value, torch.Tensor)
+    ]
+    read = iter(torch.stack([t.reshape(()) for t in tensors]).tolist() if tensors else ())
+    floats = [
+        {
+            key: next(read) if isinstance(value, torch.Tensor) else float(value)
+            for key, value in each.items()
+        }
+        for each in stats
+    ]
+    if len(floats) == 1:
+        return floats[0]
+    keys = dict.fromkeys(key for each in floats for key in each)
     return {
-        key: sum(float(each[key]) for each in stats if key in each)
-        / sum(1 for each in stats if key in each)
+        key: sum(each[key] for each in floats if key in each)
+        / sum(1 for each in floats if key in each)
         for key in keys
     }

@@ -368,9 +368,10 @@ class RunLog:
                 **self._eval_columns,
             }
             self._write_csv_row(row)
-            for ret, length in zip(stats.episode_returns, stats.episode_steps, strict=True):
-                self._episodes.writerow([stats.step, ret, length])
-            self._episodes_file.flush()
+            if stats.episode_returns:
+                for ret, length in zip(stats.episode_returns, stats.episode_steps, strict=True):
+                    self._episodes.writerow([stats.step, ret, length])
+                self._episodes_file.flush()
             # The same stats as logs.csv, one scalar per column, against the step, at most
             # one row per TENSORBOARD_INTERVAL: a TensorBoard row of 20 scalars costs ~1.3 ms,
             # a tenth of a SAC update and more than half a DQN one.

@@ -587,14 +587,23 @@ class TrainStep:
         if not bool(proceed[0]):  # (a call of one step: a block's loss has no proceed)
             return [StepResult(False, True, stats[0], priorities[0])]
         optimizers = [self.groups[name].optimizer for name in kind]
-        verdicts = zip(finite.tolist(), weights_finite.tolist(), strict=True)
+        # Read from the device once a call, not once a step.
+        verdicts = zip(
+            finite.tolist(),
+            weights_finite.tolist(),
+            totals.tolist(),
+            grad_norms.tolist(),
+            strict=True,
+        )
         results = []
-        for i, (tau, (finite_i, weights_finite_i)) in enumerate(zip(taus, verdicts, strict=True)):
+        for i, (tau, (finite_i, weights_finite_i, total, norm)) in enumerate(
+            zip(taus, verdicts, strict=True)
+        ):
             applied = self.stepper.record(
                 finite=finite_i,
                 weights_finite=weights_finite_i,
-                loss=totals[i],
-                grad_norm=grad_norms[i],
+                loss=total,
+                grad_norm=norm,
                 optimizers=optimizers,
             )
             if applied and tau is not None:
