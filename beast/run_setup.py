@@ -30,6 +30,7 @@ from beast.envs.batch import resolve_backend
 from beast.evaluator import Evaluation, build_evaluator, describe_evaluation
 from beast.learner import NonFiniteError, UpdateStats
 from beast.logs import RunLog
+from beast.train_step import MODULES_IN_USE
 from beast.wandb_log import WandbSettings
 
 __all__ = [
@@ -56,6 +57,8 @@ class TrainingError(RuntimeError):
 # garbage collection): Python prints "Exception ignored" there and drops it, and a run
 # with no end would train on. So the runs' loops look here too (`raise_if_stop_requested`).
 _STOP_REQUESTED = threading.Event()
+# A wait for a compilation this long is said beside the progress line (`report`).
+_SAY_WAITS_OVER_SECONDS = 5.0
 
 
 def raise_keyboard_interrupt(signum: int, frame: Any) -> None:
@@ -203,6 +206,9 @@ def report(run: Run, log: RunLog) -> None:
         log.print(status)
     else:
         log.report_progress()
+    waited = MODULES_IN_USE.waiting_seconds()
+    if waited >= _SAY_WAITS_OVER_SECONDS:
+        log.print(f"the learner waits for its update's compilation ({waited:.0f} s so far)")
 
 
 def end_of_run(run: Run) -> str:

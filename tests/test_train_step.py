@@ -44,6 +44,7 @@ from beast.train_step import (
     compiler,
     package,
 )
+from beast.train_step.background import ModulesInUse
 from beast.train_step.flat import Layout, used_from_reached, used_parameters
 from tests.test_monobeast import processes_with_marker, wait_until_gone
 
@@ -1015,6 +1016,35 @@ def test_a_step_waiting_for_a_compilation_gives_up_when_the_run_stops(monkeypatc
     assert update.train_step.steps_taken == taken
     for compilation in update.train_step._compilations.values():
         compilation.join()
+
+
+def test_a_wait_for_a_compilation_is_timed_for_the_progress_line():
+    """`waiting_seconds`, which the progress line reports: how long a step has waited for
+    a compilation that holds the modules; 0 for a step that waits for none, and once the
+    wait is over."""
+    modules = ModulesInUse()
+    with modules.held():
+        assert modules.waiting_seconds() == 0.0
+    release, seen = threading.Event(), []
+
+    def compilation() -> None:
+        with modules.for_compilation():
+            release.wait(5.0)
+
+    modules.compilation_starting()
+    holder = threading.Thread(target=compilation)
+    holder.start()
+
+    def look_then_release() -> None:
+        time.sleep(0.4)
+        seen.append(modules.waiting_seconds())
+        release.set()
+
+    threading.Thread(target=look_then_release).start()
+    with modules.held():
+        assert modules.waiting_seconds() == 0.0
+    holder.join()
+    assert 0.3 < seen[0] < 5.0
 
 
 def test_a_compilation_thread_is_no_daemon_even_when_a_daemon_starts_it():

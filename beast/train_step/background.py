@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -50,19 +51,34 @@ class ModulesInUse:
         # every step: Python's locks are not fair).
         self._compilation_holds = threading.Event()
         self._compilation_holds.set()
+        # Who waits for a compilation, and since when (`waiting_seconds`).
+        self._waiting: dict[object, float] = {}
 
     @contextlib.contextmanager
     def held(self, stopping: threading.Event | None = None) -> Iterator[None]:
         """Held for one step (or a checkpoint, an evaluation), once any compilation under
         way is done; StepAbandoned if `stopping` is set while it waits."""
-        if not _wait_for(self._compilation_holds.wait, stopping) or not _wait_for(
-            lambda seconds: self._lock.acquire(timeout=seconds), stopping
-        ):
-            raise StepAbandoned("the run stopped while the step waited for a compilation")
+        if not (self._compilation_holds.is_set() and self._lock.acquire(blocking=False)):
+            waiter = object()
+            self._waiting[waiter] = time.monotonic()
+            try:
+                if not _wait_for(self._compilation_holds.wait, stopping) or not _wait_for(
+                    lambda seconds: self._lock.acquire(timeout=seconds), stopping
+                ):
+                    raise StepAbandoned("the run stopped while the step waited for a compilation")
+            finally:
+                del self._waiting[waiter]
         try:
             yield
         finally:
             self._lock.release()
+
+    def waiting_seconds(self) -> float:
+        """How long the longest waiter (a step, a checkpoint) has waited for a compilation;
+        0 when none waits. The progress line says so: on CUDA a run's steps stop for the
+        whole compilation (30-90 s of "SPS 0" on an H100 otherwise unexplained)."""
+        started = list(self._waiting.values())
+        return time.monotonic() - min(started) if started else 0.0
 
     def compilation_starting(self) -> None:
         """Before a compilation thread starts: the next step waits until it holds them."""
