@@ -203,6 +203,7 @@ class Stepper:
         self.progress.skipped_updates += 1
         self._consecutive_nonfinite += 1
         if self._consecutive_nonfinite >= self.max_nonfinite_updates:
+            loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
             raise NonFiniteError(
                 f"{self._consecutive_nonfinite} consecutive updates had a non-finite loss or"
                 f" gradient (loss {float(loss)}, gradient norm {float(grad_norm)});"

@@ -263,6 +263,8 @@ class ReplaySink(abc.ABC):
         returns: list[float] = []
         lengths: list[int] = []
         dropped = 0
+        if np.array_equal(counts, cursor):  # most calls: a DQN learner asks every 16 steps
+            return returns, lengths, dropped
         for row in range(self.num_actors):
             start, end = int(cursor[row]), int(counts[row])
             if end - start > EPISODE_RING_SIZE // 2:
