@@ -56,7 +56,7 @@ from beast.run_setup import (
     stop_on_signals,
 )
 from beast.supervisor import ActorPool, ForkServerError
-from beast.train_step import compilations_under_way
+from beast.train_step import MODULES_IN_USE
 
 __all__ = [
     "TrainingError",
@@ -113,11 +113,8 @@ def build_inference(run: Run, num_updates=lambda: 0) -> tuple[InferenceTable, In
 
 
 def _save(run: Run, log: RunLog) -> None:
-    if compilations_under_way():  # its lock keeps the optimizers' state (ModulesInUse)
-        log.print(
-            "the checkpoint waits for the learner's compilation under way to end"
-            " (a minute or two at most)"
-        )
+    if MODULES_IN_USE.compilation_holds_them():  # and the optimizers' state with them
+        log.print("the checkpoint waits for the learner's compilation under way to end")
     if not run.save():
         log.print("the model has non-finite weights: keeping the previous checkpoint")
 

@@ -1037,14 +1037,15 @@ def test_a_wait_for_a_compilation_is_timed_for_the_progress_line():
 
     def look_then_release() -> None:
         time.sleep(0.4)
-        seen.append(modules.waiting_seconds())
+        seen.extend([modules.waiting_seconds(), modules.compilation_holds_them()])
         release.set()
 
     threading.Thread(target=look_then_release).start()
     with modules.held():
         assert modules.waiting_seconds() == 0.0
+        assert not modules.compilation_holds_them()
     holder.join()
-    assert 0.3 < seen[0] < 5.0
+    assert 0.3 < seen[0] < 5.0 and seen[1]
 
 
 def test_a_compilation_thread_is_no_daemon_even_when_a_daemon_starts_it():

@@ -53,6 +53,7 @@ class ModulesInUse:
         self._compilation_holds.set()
         # Who waits for a compilation, and since when (`waiting_seconds`).
         self._waiting: dict[object, float] = {}
+        self._compiling = False  # `compilation_holds_them`
 
     @contextlib.contextmanager
     def held(self, stopping: threading.Event | None = None) -> Iterator[None]:
@@ -90,9 +91,19 @@ class ModulesInUse:
         try:
             with self._lock:
                 self._compilation_holds.set()
-                yield
+                self._compiling = True
+                try:
+                    yield
+                finally:
+                    self._compiling = False
         finally:
             self._compilation_holds.set()  # whatever happened: never a stuck learner
+
+    def compilation_holds_them(self) -> bool:
+        """Whether a compilation holds them now: a step or a checkpoint would wait for it
+        (on CUDA for the whole compilation; on CPU while a trace is exported, not while
+        its package builds)."""
+        return self._compiling
 
 
 # Every update's steps and compilations in this process take turns through it.
