@@ -113,7 +113,7 @@ def build_inference(run: Run, num_updates=lambda: 0) -> tuple[InferenceTable, In
 
 
 def _save(run: Run, log: RunLog) -> None:
-    if MODULES_IN_USE.compilation_holds_them():  # and the optimizers' state with them
+    if MODULES_IN_USE.compilation_holds_them():  # `Run.save` takes them too
         log.print("the checkpoint waits for the learner's compilation under way to end")
     if not run.save():
         log.print("the model has non-finite weights: keeping the previous checkpoint")

@@ -550,8 +550,9 @@ def test_actor_critic_blocks_step_as_one_batch_at_a_time(fast_backend, algo, com
     (model_a, update_a), (model_b, update_b), progress = pair(
         algo, PENDULUM, *flags, compile=compile
     )
-    blocks, close = (4, {"rtol": 1e-6, "atol": 1e-7}) if compile == "off" else (3, {})
-    close = close or {"rtol": 1e-4, "atol": 1e-5}
+    blocks, close = (
+        (4, {"rtol": 1e-6, "atol": 1e-7}) if compile == "off" else (3, {"rtol": 1e-4, "atol": 1e-5})
+    )
     for i in range(blocks):
         batches = [transition_batch(8, 4 * i + k, continuous=True) for k in range(4)]
         for each in progress:

@@ -342,10 +342,13 @@ class ActorCriticQUpdate(OptimizerUpdate):
         B = batch.data["n_steps"].shape[0] // parts
         draws = [self.noise(B, self.low.shape[0]) for _ in range(parts)]
         inputs = dict(batch.data)
-        if parts == 1:  # one batch (TD3's every call): its draws as they are, no copy
-            inputs.update(draws[0])
-        else:
-            inputs.update({key: torch.cat([d[key] for d in draws], dim=1) for key in draws[0]})
+        # One batch (TD3's every call) takes its draws as they are, uncopied.
+        inputs.update(
+            {
+                key: draws[0][key] if parts == 1 else torch.cat([d[key] for d in draws], dim=1)
+                for key in draws[0]
+            }
+        )
         if batch.weights is not None:
             inputs["weights"] = batch.weights
         tau = self.config.tau if "actor" in train else None
