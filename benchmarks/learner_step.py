@@ -3,6 +3,7 @@
     python -m benchmarks.learner_step                      # every case, 1 thread, CPU
     python -m benchmarks.learner_step --only dqn,sac --threads 2
     python -m benchmarks.learner_step --beside 1           # with an acting process busy
+    python -m benchmarks.learner_step --only td3_pendulum --flags "--updates_per_sample 1"
     python -m benchmarks.learner_step --device cuda        # + the CUDA-graph replay
 
 Each case is a real algorithm's update (its shipped config for the env, the network its
@@ -19,8 +20,11 @@ synchronisation.
 
 Cases: dqn (256-256, batch 64), ppo_cartpole (64-64 separate MLPs, the 256-step
 minibatch), ppo_halfcheetah, sac_halfcheetah and sac_pendulum (256-256, batch 256),
-impala_atari (T=80, B=8), ppo_atari, r2d2_atari, rainbow_atari, user_model (DQN on
-CartPole with `UserQNetwork` below, as `--model benchmarks.learner_step:UserQNetwork`).
+td3_pendulum (400-300, batch 256: its block of 4 trains the critic alone, then critic
+and actor, by turns), impala_atari (T=80, B=8), ppo_atari, r2d2_atari, rainbow_atari,
+user_model (DQN on CartPole with `UserQNetwork` below, as `--model
+benchmarks.learner_step:UserQNetwork`). `--flags` adds run flags to every case's
+(`--updates_per_sample 1`: one step a call).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import multiprocessing
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -96,6 +100,7 @@ CASES = {
         Case("ppo_halfcheetah", ("--algo", "ppo", "--env", "HalfCheetah-v5"), "HalfCheetah-v5"),
         Case("sac_halfcheetah", ("--algo", "sac", "--env", "HalfCheetah-v5"), "HalfCheetah-v5"),
         Case("sac_pendulum", ("--algo", "sac", "--env", "Pendulum-v1"), "Pendulum-v1"),
+        Case("td3_pendulum", ("--algo", "td3", "--env", "Pendulum-v1"), "Pendulum-v1"),
         Case("impala_atari", ("--env", "PongNoFrameskip-v4"), "PongNoFrameskip-v4"),
         Case(
             "ppo_atari",
@@ -381,6 +386,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=5, help="timings per variant")
     parser.add_argument("--beside", type=int, default=0, help="acting processes beside it")
     parser.add_argument(
+        "--flags",
+        default="",
+        help='run flags added to every case\'s, e.g. "--updates_per_sample 1"',
+    )
+    parser.add_argument(
         "--precision",
         default="fp32",
         choices=("fp32", "bf16"),
@@ -425,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     context = multiprocessing.get_context("spawn")
     for name in names:
-        case = CASES[name]
+        case = replace(CASES[name], argv=CASES[name].argv + tuple(args.flags.split()))
         stop = context.Event()
         actors = [
             context.Process(target=_acting_load, args=(case.actor_env, stop), daemon=True)

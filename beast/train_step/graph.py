@@ -1,10 +1,10 @@
 """The compiled step's function (beast/train_step/__init__.py): one optimizer step of
-one kind, or a block of them one after another, from the flat buffers to the flat
-buffers, written for torch.compile to make one graph of: the forward passes and losses,
-the gradients (torch.func over every trained parameter at once), the norm and its
-clipping, the finiteness verdict, the optimizers' arithmetic, the target updates and
-the priorities, with no host synchronisation inside. A skipped step is a `where`, not a
-branch on the host."""
+one kind, or a block of steps one after another (each of its own kind), from the flat
+buffers to the flat buffers, written for torch.compile to make one graph of: the
+forward passes and losses, the gradients (torch.func over every trained parameter at
+once), the norm and its clipping, the finiteness verdict, the optimizers' arithmetic,
+the target updates and the priorities, with no host synchronisation inside. A skipped
+step is a `where`, not a branch on the host."""
 
 from __future__ import annotations
 
@@ -82,32 +82,32 @@ class StepGraph:
         held: tuple[Tensor, ...],
         inputs: dict[str, Tensor],
         *,
-        kind: Train,
-        used: Used | None,
+        trains: tuple[Train, ...],
+        used: tuple[Used | None, ...],
         cut: tuple[str, ...] | None = None,
     ) -> tuple[Any, ...]:
-        """`tau.shape[0]` steps of `kind`, one on each part of `inputs` (a block of that
-        many batches, `split_block` cutting the inputs `cut` names; one part: `inputs`
-        whole), each from the weights the
-        one before left: writes `flat`, `target_flat`, `steps` and `buffers` in place,
-        once, after the last. Returns, one entry per step: the losses, the gradient norms,
-        their finiteness, the new weights' finiteness, whether the loss let the step
-        proceed ([parts] tensors each), and the stats and priorities (lists). `lr` holds
-        each group's rate, in the layout's group order; `held` the modules' other tensors
-        (`self.held`). After step i the targets move `tau[i]` of the way (0 leaves them,
-        without a second graph for the steps that do not average). Parameters this kind
-        does not reach (`used`) are not stepped. A kind that trains nothing (`kind` empty)
+        """`tau.shape[0]` steps, step i training the groups `trains[i]` names, one on each
+        part of `inputs` (a block of that many batches, `split_block` cutting the inputs
+        `cut` names; one part: `inputs` whole), each from the weights the one before left:
+        writes `flat`, `target_flat`, `steps` and `buffers` in place, once, after the last.
+        Returns, one entry per step: the losses, the gradient norms, their finiteness, the
+        new weights' finiteness, whether the loss let the step proceed ([parts] tensors
+        each), and the stats and priorities (lists). `lr` holds each group's rate, in the
+        layout's group order; `held` the modules' other tensors (`self.held`). After step
+        i the targets move `tau[i]` of the way (0 leaves them, without a second graph for
+        the steps that do not average). Parameters step i does not reach (`used[i]`) are
+        not stepped. A step that trains nothing (`trains[i]` empty: every step of its call)
         is the loss's forward pass alone: its outputs, a zero gradient norm, and nothing
         written."""
         parts = tau.shape[0]
         state = (flat, target_flat, steps, buffers)
         results = []
         for i, part in enumerate(split_block(inputs, parts, cut)):
-            state, result = self._one(state, lr, tau[i], held, part, kind=kind, used=used)
+            state, result = self._one(state, lr, tau[i], held, part, kind=trains[i], used=used[i])
             if parts > 1 and result[4] is not None:
                 raise ValueError(STOPS_EARLY)
             results.append(result)
-        if kind:
+        if any(trains):
             new_flat, new_target, new_steps, new_buffers = state
             if self.layout.target_ranges:
                 target_flat.copy_(new_target)

@@ -4,14 +4,25 @@ target networks."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ParameterGroup", "StepLoss", "StepResult", "TargetNetwork", "Train", "split_block"]
+__all__ = [
+    "Kind",
+    "ParameterGroup",
+    "StepLoss",
+    "StepResult",
+    "TargetNetwork",
+    "Train",
+    "kind_of",
+    "per_step",
+    "split_block",
+    "step_trains",
+]
 
 
 class StepLoss(NamedTuple):
@@ -65,6 +76,40 @@ class TargetNetwork:
 
 # A kind of step: the names of the groups it trains (its graph's one static choice).
 Train = tuple[str, ...]
+# A call's kind: a `Train` where every step of the call trains the same groups; where a
+# block's steps differ (TD3's delayed actor: the critic alone, then critic and actor),
+# the tuple of its steps' Trains, one per step, each of them training some group.
+Kind = Train | tuple[Train, ...]
+
+
+def kind_of(trains: Sequence[Train]) -> Kind:
+    """The kind of a call whose steps train `trains`, one `Train` per step: that Train
+    where they are all the same, else the steps' Trains. ValueError for a step that
+    trains nothing beside one that trains something."""
+    first = trains[0]
+    if all(train == first for train in trains):
+        return first
+    if not all(trains):
+        raise ValueError(
+            f"a block's steps train {list(trains)}: a step that trains nothing (a forward"
+            " pass) is a call of its own"
+        )
+    return tuple(trains)
+
+
+def per_step(kind: Kind | Sequence[Sequence[str]]) -> bool:
+    """Whether `kind` names each step's groups (a sequence of them per step), not the
+    groups every step trains."""
+    return bool(kind) and not isinstance(kind[0], str)
+
+
+def step_trains(kind: Kind, parts: int) -> tuple[Train, ...]:
+    """What each of the `parts` steps of a call of `kind` trains."""
+    if per_step(kind):
+        if len(kind) != parts:
+            raise ValueError(f"a kind of {len(kind)} steps called with {parts}")
+        return kind  # type: ignore[return-value]
+    return (kind,) * parts  # type: ignore[return-value]
 
 
 def split_block(

@@ -24,12 +24,16 @@ from beast.train_step.cuda_graph import CudaGraphStep
 from beast.train_step.flat import Layout, OptimizerState, Used, used_from_reached, used_parameters
 from beast.train_step.graph import STOPS_EARLY, Program, StepGraph, copied
 from beast.train_step.interface import (
+    Kind,
     ParameterGroup,
     StepLoss,
     StepResult,
     TargetNetwork,
     Train,
+    kind_of,
+    per_step,
     split_block,
+    step_trains,
 )
 
 __all__ = ["COMPILE_MODES", "TrainStep"]
@@ -119,22 +123,22 @@ class TrainStep:
         self.program = Program(modules, loss)
         self.path = "eager"  # what the last step ran: eager, compiled, CUDA graph
         self.compile_seconds = 0.0  # spent compiling (or loading cached graphs)
-        self._calls: collections.Counter[Train] = collections.Counter()  # by kind
-        self._steps: collections.Counter[Train] = collections.Counter()  # by kind
-        self._cuts: dict[Train, tuple[str, ...] | None] = {}  # what each kind's blocks cut
-        self._timings: dict[Train, list[float]] = {}  # each kind's timed eager steps
-        self._decided: dict[Train, Callable[..., tuple[Any, ...]] | None] = {}
-        self._records: dict[Train, auto.StepRecord] = {}  # kinds whose compiled steps are timed
-        self._compiled_seconds: dict[Train, float] = {}
-        self._compilations: dict[Train, threading.Thread] = {}  # under way (or done)
-        self._compiled_steps: dict[Train, Callable[..., tuple[Any, ...]]] = {}  # to adopt
-        self._compiled_timings: dict[Train, list[float]] = {}
+        self._calls: collections.Counter[Kind] = collections.Counter()  # by kind
+        self._steps: collections.Counter[Kind] = collections.Counter()  # by kind
+        self._cuts: dict[Kind, tuple[str, ...] | None] = {}  # what each kind's blocks cut
+        self._timings: dict[Kind, list[float]] = {}  # each kind's timed eager steps
+        self._decided: dict[Kind, Callable[..., tuple[Any, ...]] | None] = {}
+        self._records: dict[Kind, auto.StepRecord] = {}  # kinds whose compiled steps are timed
+        self._compiled_seconds: dict[Kind, float] = {}
+        self._compilations: dict[Kind, threading.Thread] = {}  # under way (or done)
+        self._compiled_steps: dict[Kind, Callable[..., tuple[Any, ...]]] = {}  # to adopt
+        self._compiled_timings: dict[Kind, list[float]] = {}
         # CPU: the seconds a kind's package took to build in this run (0: loaded).
-        self._build_seconds: dict[Train, float] = {}
-        self._used: dict[Train, Used | None] = {}
-        self._looked_up: set[Train] = set()  # kinds whose known package was looked for
+        self._build_seconds: dict[Kind, float] = {}
+        self._used: dict[Train, Used | None] = {}  # by the groups a step trains
+        self._looked_up: set[Kind] = set()  # kinds whose known package was looked for
         # CPU: each traced kind's key before its trace, and its package (`_remember`).
-        self._known_keys: dict[Train, tuple[str, str]] = {}
+        self._known_keys: dict[Kind, tuple[str, str]] = {}
         self._layout: Layout | None = None
         self._state: OptimizerState | None = None
         self._lr: Tensor | None = None
@@ -208,7 +212,7 @@ class TrainStep:
         self,
         inputs: Mapping[str, Any],
         *,
-        train: Sequence[str],
+        train: Sequence[str] | Sequence[Sequence[str]],
         taus: Sequence[float | None],
         cut: Sequence[str] | None = None,
     ) -> list[StepResult]:
@@ -216,7 +220,10 @@ class TrainStep:
         batch of the block `inputs` holds (`split_block`: a replay's --updates_per_sample
         batches, drawn at once), each from the weights the one before left; after step i,
         if it was applied and `taus[i]` is given, every target network moved `taus[i]` of
-        the way. Compiled, the block is one graph: no return to Python between its steps.
+        the way. `train` may name each step's groups instead, one sequence per step (TD3's
+        delayed actor: the critic alone, then critic and actor); each pattern of them is a
+        kind of its own. Compiled, the block is one graph: no return to Python between its
+        steps.
         `cut` names the inputs the block's parts cut (None: every one); the others every
         step reads whole (PPO's batch, which each minibatch's `index` picks from). Every
         call of a kind cuts the same inputs.
@@ -224,7 +231,12 @@ class TrainStep:
         The taus are fixed before the call: an algorithm whose targets follow every n-th
         applied step counts a step skipped inside the block (non-finite) as applied, there
         alone. A loss with `proceed` (an early stop) takes its steps one call at a time."""
-        kind = tuple(train)
+        if per_step(train):
+            if len(train) != len(taus):
+                raise ValueError(f"{len(train)} steps' groups for {len(taus)} steps")
+            kind = kind_of([tuple(names) for names in train])
+        else:
+            kind = tuple(train)
         cut = None if cut is None else tuple(cut)
         if self._cuts.setdefault(kind, cut) != cut:
             raise ValueError(
@@ -235,7 +247,7 @@ class TrainStep:
             return self._step(kind, inputs, tuple(taus))
 
     def _step(
-        self, kind: Train, inputs: Mapping[str, Any], taus: tuple[float | None, ...]
+        self, kind: Kind, inputs: Mapping[str, Any], taus: tuple[float | None, ...]
     ) -> list[StepResult]:
         self._calls[kind] += 1
         self._steps[kind] += len(taus)
@@ -260,18 +272,16 @@ class TrainStep:
     # -- eager
 
     def _run_eager(
-        self, kind: Train, inputs: Mapping[str, Any], taus: tuple[float | None, ...]
+        self, kind: Kind, inputs: Mapping[str, Any], taus: tuple[float | None, ...]
     ) -> list[StepResult]:
         started = time.perf_counter()
         self.path = "eager"
-        groups = [self.groups[name] for name in kind]
-        optimizers = [group.optimizer for group in groups]
-        params = [p for group in groups for p in group.parameters]
         parts = len(taus)
         results = []
-        for part, tau in zip(split_block(inputs, parts, self._cuts[kind]), taus, strict=True):
-            out = self.loss(part, kind)
-            if not kind:  # a forward pass alone
+        blocks = split_block(inputs, parts, self._cuts[kind])
+        for part, tau, train in zip(blocks, taus, step_trains(kind, parts), strict=True):
+            out = self.loss(part, train)
+            if not train:  # a forward pass alone
                 results.append(StepResult(False, False, out.stats, out.priorities))
                 continue
             if out.proceed is not None:
@@ -279,27 +289,29 @@ class TrainStep:
                     raise ValueError(STOPS_EARLY)
                 if not bool(out.proceed):
                     return [StepResult(False, True, out.stats, out.priorities)]
-            applied = self.stepper(out.total, optimizers, params)
+            groups = [self.groups[name] for name in train]
+            params = [p for group in groups for p in group.parameters]
+            applied = self.stepper(out.total, [group.optimizer for group in groups], params)
             if applied and tau is not None:
                 for averager in self._eager_targets:
                     averager(tau)
+            if applied and self._compiling and train not in self._used:
+                # What the compiled step of this train must reproduce (beast/train_step/
+                # __init__.py): the parameters its backward pass reached.
+                layout = self._layout
+                assert layout is not None
+                self._used[train] = used_parameters(
+                    layout, [i for name in train for i in layout.group_params[name]]
+                )
             results.append(StepResult(applied, False, out.stats, out.priorities))
         complete = not kind or all(result.applied for result in results)
         if complete and self._compiling and kind not in self._decided:
-            # What the compiled step of this kind must reproduce (beast/train_step/
-            # __init__.py), and what an eager step costs.
-            if kind and kind not in self._used:
-                layout = self._layout
-                assert layout is not None
-                self._used[kind] = used_parameters(
-                    layout, [i for name in kind for i in layout.group_params[name]]
-                )
-            self._timings.setdefault(kind, []).append(time.perf_counter() - started)
+            self._timings.setdefault(kind, []).append(time.perf_counter() - started)  # its cost
         return results
 
     # -- the decision, and compiling
 
-    def _decide(self, kind: Train, inputs: Mapping[str, Any], parts: int) -> None:
+    def _decide(self, kind: Kind, inputs: Mapping[str, Any], parts: int) -> None:
         """Compile this kind of step, or keep it eager (--compile auto, where compiling
         would cost more than it saves over the steps left; said once in the log). A build
         runs in the background (`background`), and a stop never waits for it; a package
@@ -314,7 +326,10 @@ class TrainStep:
             return
         self._records[kind] = record._replace(eager=eager)
         function = functools.partial(
-            self._graph.step, kind=kind, used=self._used.get(kind), cut=self._cuts[kind]
+            self._graph.step,
+            trains=step_trains(kind, parts),
+            used=self._step_used(kind, parts),
+            cut=self._cuts[kind],
         )
         arguments = self._arguments(inputs, copies=True, parts=parts)
         started = time.perf_counter()
@@ -334,7 +349,7 @@ class TrainStep:
                 key = self._known_key(kind, self._arguments(inputs, copies=False, parts=parts))
                 self._known_keys[kind] = (key, traced.path)
         compilation = compilation_thread(
-            "-".join(kind), self._compile, kind, function, arguments, traced, started
+            _name(kind), self._compile, kind, function, arguments, traced, started
         )
         self._compilations[kind] = compilation
         # A package an earlier run built is loaded here, in the learner's thread: 0.3 s,
@@ -348,7 +363,7 @@ class TrainStep:
             compilation.run()
             self._adopt(kind, inputs, parts)
 
-    def _adopt(self, kind: Train, inputs: Mapping[str, Any], parts: int) -> None:
+    def _adopt(self, kind: Kind, inputs: Mapping[str, Any], parts: int) -> None:
         """A finished compilation: its step from now on (in a CUDA graph on CUDA, captured
         here, in the learner's thread), said once; or eager, said once, if it failed."""
         del self._compilations[kind]
@@ -365,7 +380,7 @@ class TrainStep:
                 self.log(f"no CUDA graph for {_subject(kind)} ({compiler.first_line(error)})")
         compiler.configure_compiler()  # this thread runs the step, and recompiles it if need be
         self._decided[kind] = compiled
-        self._remember(kind)
+        self._remember(kind, parts)
         seconds = self._compiled_seconds[kind]
         record = self._records[kind]
         eager = f"eager it took {self._milliseconds_a_step(kind, record.eager)}"
@@ -382,13 +397,13 @@ class TrainStep:
         # package (a build, this run's alone, is not counted).
         self._records[kind] = record._replace(compile_seconds=seconds - (built or 0.0))
 
-    def _record(self, kind: Train, inputs: Mapping[str, Any]) -> auto.StepRecord:
+    def _record(self, kind: Kind, inputs: Mapping[str, Any]) -> auto.StepRecord:
         """What compiling this kind of step cost and gained in earlier runs."""
         params = self._layout.params if self._layout else []
         return auto.StepRecord.load(auto.signature(self.loss, kind, inputs, params, self._device()))
 
     def _not_worth(
-        self, kind: Train, eager: float, record: auto.StepRecord, parts: int
+        self, kind: Kind, eager: float, record: auto.StepRecord, parts: int
     ) -> str | None:
         """Under --compile auto, why compiling a call of `parts` steps, `eager` seconds,
         would not pay over the calls left; None where it would, or where the mode is not
@@ -400,7 +415,7 @@ class TrainStep:
         worth, reason = auto.worth_compiling(eager, record, calls_left, hardware, parts)
         return None if worth else reason
 
-    def _known_key(self, kind: Train, arguments: tuple[Any, ...]) -> str:
+    def _known_key(self, kind: Kind, arguments: tuple[Any, ...]) -> str:
         """`package.known_step_key` of this kind of step, for these arguments."""
         assert self.identity is not None
         loss = getattr(self.loss, "__qualname__", type(self.loss).__qualname__)
@@ -414,18 +429,18 @@ class TrainStep:
         identity = repr((self.identity, loss, kind, cut, modules, optimizers, clipping))
         return package.known_step_key(identity, arguments)
 
-    def _remember(self, kind: Train) -> None:
+    def _remember(self, kind: Kind, parts: int) -> None:
         """A kind traced and packaged in this run: its package under its key before the
         trace, with the parameters it reaches, for the next run's `_load_known`."""
         known = self._known_keys.pop(kind, None)
         if known is None:
             return
         key, path = known
-        used = self._used.get(kind)
-        reached = None if used is None else used.params.tolist()
+        # Each step's, in order (None: every parameter).
+        reached = [None if u is None else u.params.tolist() for u in self._step_used(kind, parts)]
         write_record(_KNOWN_PACKAGES, key, {"package": os.path.basename(path), "reached": reached})
 
-    def _load_known(self, kind: Train, inputs: Mapping[str, Any], parts: int) -> bool:
+    def _load_known(self, kind: Kind, inputs: Mapping[str, Any], parts: int) -> bool:
         """At a kind's first step on CPU: the package an earlier run recorded for this
         step (`_remember`), loaded (in milliseconds) and adopted with no trace and no
         eager step before it, where --compile auto finds it worth loading. False where
@@ -451,17 +466,22 @@ class TrainStep:
         record = self._record(kind, inputs)
         if record.eager is None or self._not_worth(kind, record.eager, record, parts) is not None:
             return False
+        trains = step_trains(kind, parts)
         try:
-            reached = known.get("reached")
-            used = None if reached is None else used_from_reached(layout, reached)
+            used = tuple(
+                None if reached is None else used_from_reached(layout, reached)
+                for reached in known["reached"]
+            )
+            if len(used) != parts:
+                raise ValueError(f"{len(used)} steps recorded for {parts}")
             function = functools.partial(
-                self._graph.step, kind=kind, used=used, cut=self._cuts[kind]
+                self._graph.step, trains=trains, used=used, cut=self._cuts[kind]
             )
             compiled = package.PackagedStep(function, MODULES_IN_USE.for_compilation, self.stopping)
             compiled.add_package(package.package_path(name), arguments)
         except Exception:  # a record or package this torch cannot read: traced instead
             return False
-        self._used[kind] = used
+        self._used.update(zip(trains, used, strict=True))
         self._decided[kind] = compiled
         self._records[kind] = record  # its first steps timed against eager's, as ever
         seconds = time.perf_counter() - started
@@ -484,17 +504,22 @@ class TrainStep:
         steps_so_far = self._steps[kind] if kind else self.steps_taken
         return steps_left * self._calls[kind] // max(1, steps_so_far)
 
-    def _milliseconds_a_step(self, kind: Train, seconds: float | None) -> str:
+    def _milliseconds_a_step(self, kind: Kind, seconds: float | None) -> str:
         """A call's `seconds`, per step of the calls of `kind` so far, for the log."""
         per_call = self._steps[kind] / max(1, self._calls[kind])
         return f"{(seconds or 0.0) / max(1.0, per_call) * 1e3:.2f} ms a step"
+
+    def _step_used(self, kind: Kind, parts: int) -> tuple[Used | None, ...]:
+        """The parameters each of the `parts` steps of a call of `kind` reaches (`Used`;
+        None: all of them), as its eager steps found them."""
+        return tuple(self._used.get(train) for train in step_trains(kind, parts))
 
     def _device(self) -> torch.device:
         return self._layout.flat.device if self._layout is not None else torch.device("cpu")
 
     def _compile(
         self,
-        kind: Train,
+        kind: Kind,
         function: Callable[..., tuple[Any, ...]],
         arguments: tuple[Any, ...],
         traced: package.Trace | None,
@@ -566,7 +591,7 @@ class TrainStep:
 
     def _run_compiled(
         self,
-        kind: Train,
+        kind: Kind,
         compiled: Callable[..., tuple[Any, ...]],
         inputs: Mapping[str, Any],
         taus: tuple[float | None, ...],
@@ -586,7 +611,6 @@ class TrainStep:
             return [StepResult(False, False, *each) for each in zip(stats, priorities, strict=True)]
         if not bool(proceed[0]):  # (a call of one step: a block's loss has no proceed)
             return [StepResult(False, True, stats[0], priorities[0])]
-        optimizers = [self.groups[name].optimizer for name in kind]
         # Read from the device once a call, not once a step.
         verdicts = zip(
             finite.tolist(),
@@ -596,22 +620,23 @@ class TrainStep:
             strict=True,
         )
         results = []
-        for i, (tau, (finite_i, weights_finite_i, total, norm)) in enumerate(
-            zip(taus, verdicts, strict=True)
+        trains = step_trains(kind, len(taus))
+        for i, (tau, train, (finite_i, weights_finite_i, total, norm)) in enumerate(
+            zip(taus, trains, verdicts, strict=True)
         ):
             applied = self.stepper.record(
                 finite=finite_i,
                 weights_finite=weights_finite_i,
                 loss=total,
                 grad_norm=norm,
-                optimizers=optimizers,
+                optimizers=[self.groups[name].optimizer for name in train],
             )
             if applied and tau is not None:
                 self._buffer_targets(tau)
             results.append(StepResult(applied, False, stats[i], priorities[i]))
         return results
 
-    def _time_compiled(self, kind: Train, record: auto.StepRecord, seconds: float) -> None:
+    def _time_compiled(self, kind: Kind, record: auto.StepRecord, seconds: float) -> None:
         """Time the first compiled steps of a kind against the eager ones: under
         --compile auto, keep the compiled step only if it is faster (said once if not;
         --compile on keeps it regardless), and keep what compiling cost and gained for
@@ -664,7 +689,14 @@ class TrainStep:
         self._lr_multiplier = multiplier
 
 
-def _subject(kind: Train) -> str:
+def _name(kind: Kind) -> str:
+    """A kind in a thread's name: its groups ("critic-actor"), or its steps' one after
+    another ("critic/critic-actor")."""
+    trains = kind if per_step(kind) else (kind,)
+    return "/".join("-".join(train) for train in trains)
+
+
+def _subject(kind: Kind) -> str:
     """What a log line about `kind`'s path names: the update's steps, or its forward pass
     (a kind that trains nothing)."""
     return "the learner's update" if kind else "the learner's forward pass before its steps"

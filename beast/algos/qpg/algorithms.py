@@ -323,26 +323,26 @@ class ActorCriticQUpdate(OptimizerUpdate):
 
     def __call__(self, batch: Batch) -> UpdateInfo:
         require_one_batch(batch)
-        return self._steps(batch, self.groups_to_train())[0]
+        return self._steps(batch)[0]
 
-    def block(self, batch: Batch) -> list[UpdateInfo] | None:
+    def block(self, batch: Batch) -> list[UpdateInfo]:
         """A replay's block of batches in one call of the train step, one update each,
-        where every update of it trains the same groups (SAC's and DDPG's always do); None
-        where they differ (TD3's delayed actor), and the learner takes them one by one."""
-        train = self.groups_to_train()
-        if any(self.groups_to_train(ahead) != train for ahead in range(1, batch.parts)):
-            return None
-        return self._steps(batch, train)
+        each training the groups it would train called alone: SAC's and DDPG's every
+        group, TD3's the critic alone and then critic and actor by turns (its delayed
+        actor: a pattern of steps fixed before the call, so that a step skipped as
+        non-finite inside the block shifts none of the later ones, there alone)."""
+        return self._steps(batch)
 
-    def _steps(self, batch: Batch, train: tuple[str, ...]) -> list[UpdateInfo]:
-        """One optimizer step on each of `batch`'s parts, training `train`, each with its
-        own noise drawn in turn (the draws a call per batch would make), the targets
-        averaged after each step that trains the actor."""
+    def _steps(self, batch: Batch) -> list[UpdateInfo]:
+        """One optimizer step on each of `batch`'s parts, step i training
+        `groups_to_train(i)`, each with its own noise drawn in turn (the draws a call per
+        batch would make), the targets averaged after each step that trains the actor."""
         parts = batch.parts
+        trains = [self.groups_to_train(ahead) for ahead in range(parts)]
         B = batch.data["n_steps"].shape[0] // parts
         draws = [self.noise(B, self.low.shape[0]) for _ in range(parts)]
         inputs = dict(batch.data)
-        # One batch (TD3's every call) takes its draws as they are, uncopied.
+        # One batch takes its draws as they are, uncopied.
         inputs.update(
             {
                 key: draws[0][key] if parts == 1 else torch.cat([d[key] for d in draws], dim=1)
@@ -351,8 +351,8 @@ class ActorCriticQUpdate(OptimizerUpdate):
         )
         if batch.weights is not None:
             inputs["weights"] = batch.weights
-        tau = self.config.tau if "actor" in train else None
-        results = self.train_step.steps(inputs, train=train, taus=[tau] * parts)
+        taus = [self.config.tau if "actor" in train else None for train in trains]
+        results = self.train_step.steps(inputs, train=trains, taus=taus)
         return [self.step_info(result) for result in results]
 
     def step_info(self, result: StepResult) -> UpdateInfo:
