@@ -14,7 +14,8 @@ An algorithm states its update once, as a `TrainStep` over:
 and calls it once per optimizer step with the batch's tensors (and, training nothing,
 `train=()`, for a forward pass alone: PPO's fixed targets), or once for several steps,
 one on each batch of a block (`TrainStep.steps`: a replay's --updates_per_sample
-batches, PPO's minibatches), which compiled are one graph. The engine runs the rest,
+batches, PPO's minibatches; each step may train groups of its own, as TD3's delayed
+actor has it), which compiled are one graph. The engine runs the rest,
 the same way for every algorithm and every user model (`--model`):
 
 - Eager: the loss, `backward`, and the learner's `Stepper` (gradient clipping, the
