@@ -46,6 +46,7 @@ from beast.train_step import (
 )
 from beast.train_step.background import ModulesInUse
 from beast.train_step.flat import Layout, used_from_reached, used_parameters
+from beast.train_step.interface import kind_of, step_trains
 from tests.test_monobeast import processes_with_marker, wait_until_gone
 
 CARTPOLE = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), num_actions=2)
@@ -337,6 +338,30 @@ def test_a_non_finite_step_inside_a_block_is_skipped_alone(fast_backend):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert eager[2] == compiled[2] == 1 and eager[3] == compiled[3] == 14.0
     assert compiled[4] == "compiled"
+
+
+def test_a_block_names_each_steps_groups_or_every_steps():
+    """`train` names every step's groups, or each step's (one sequence per step): a block
+    whose steps all train the same groups is that kind, whatever the form; one whose
+    steps differ is the tuple of its steps' groups. A step that trains nothing goes in no
+    such block, and every step needs its groups."""
+    critic, both = ("critic",), ("critic", "actor")
+    assert kind_of([critic, critic]) == critic
+    assert kind_of([critic, both]) == (critic, both)
+    assert step_trains(critic, 3) == (critic, critic, critic)
+    assert step_trains((critic, both), 2) == (critic, both)
+    assert step_trains((), 2) == ((), ())
+    with pytest.raises(ValueError, match="a step that trains nothing"):
+        kind_of([(), critic])
+    with pytest.raises(ValueError, match="called with 3"):
+        step_trains((critic, both), 3)
+    _, _, _, step = scaled_linear_step("off")
+    block = {"x": torch.randn(1, 4, 3), "scale": torch.ones(4)}
+    with pytest.raises(ValueError, match="1 steps' groups for 2 steps"):
+        step.steps(block, train=[("model",)], taus=(None, None))
+    step.steps(block, train=[("model",), ("model",)], taus=(None, None))
+    step.steps(block, train=("model",), taus=(None, None))
+    assert step._calls == {("model",): 2}
 
 
 def test_a_loss_that_stops_early_takes_no_blocks():
