@@ -621,6 +621,10 @@ class TrainStep:
         )
         results = []
         trains = step_trains(kind, len(taus))
+        # Each distinct step's optimizers, listed once a call (a block of one kind: once).
+        optimizers = {
+            train: [self.groups[name].optimizer for name in train] for train in set(trains)
+        }
         for i, (tau, train, (finite_i, weights_finite_i, total, norm)) in enumerate(
             zip(taus, trains, verdicts, strict=True)
         ):
@@ -629,7 +633,7 @@ class TrainStep:
                 weights_finite=weights_finite_i,
                 loss=total,
                 grad_norm=norm,
-                optimizers=[self.groups[name].optimizer for name in train],
+                optimizers=optimizers[train],
             )
             if applied and tau is not None:
                 self._buffer_targets(tau)
