@@ -766,6 +766,48 @@ def test_a_failed_compilation_is_said_once_and_the_run_goes_on_eagerly(monkeypat
         assert torch.equal(a, b)
 
 
+def test_a_build_removes_what_earlier_builds_left_in_the_cache(tmp_path):
+    """inductor leaves each build's C++ and library in its cache beside the package that
+    holds them; a build removes those nothing has written to for an hour, and nothing
+    else: not a build's of the last hour (one may be under way), not the instruction-set
+    probes, the packages or anything not a build's."""
+    now = time.time()
+
+    def made(name: str, files: dict[str, float]) -> str:
+        """A directory of the cache holding `files` (relative path: age in seconds)."""
+        for relative, age in files.items():
+            path = tmp_path / name / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("x")
+            os.utime(path, (now - age, now - age))
+        for directory in sorted((tmp_path / name).rglob("*"), reverse=True):
+            if directory.is_dir():
+                os.utime(directory, (now - 7200, now - 7200))
+        os.utime(tmp_path / name, (now - 7200, now - 7200))
+        return name
+
+    def hashed(tag: str) -> str:
+        return "c" + tag * 51
+
+    old_build = made(hashed("a"), {"cw.wrapper.cpp": 7200, "cw.wrapper.so": 7200, "cw/f": 7200})
+    recent_build = made(hashed("b"), {"cw.wrapper.cpp": 7200, "cw.kernel.cpp": 60})
+    recent_inside = made(hashed("c"), {"cw.wrapper.cpp": 7200, "cw_CxxBuild/o.o": 30})
+    # A file renamed inside it lately (a build's temporary made final) dates only its folder.
+    renamed_inside = made(hashed("e"), {"cw.wrapper.cpp": 7200, "cw/o.so": 7200})
+    os.utime(tmp_path / renamed_inside / "cw", (now - 30, now - 30))
+    not_a_build = made(hashed("d"), {"notes.txt": 7200})
+    probe = made("3g", {"c3g.cpp": 7200, "c3g.so": 7200})
+    packages = made("steps", {"c.pt2": 7200})
+    short_name = made("cabc", {"cw.wrapper.cpp": 7200})
+
+    assert package._remove_build_leftovers(str(tmp_path), now) == 1
+    left = {entry.name for entry in tmp_path.iterdir()}
+    assert old_build not in left
+    kept = {recent_build, recent_inside, renamed_inside, not_a_build, probe, packages}
+    assert left == {*kept, short_name}
+    assert package._remove_build_leftovers(str(tmp_path), now + 3600) == 3
+
+
 def test_a_package_build_under_way_stops_with_the_run(monkeypatch, tmp_path):
     """A package builds in a child process beside the run; a run that stops stops it
     (no process left behind) and the build says so with `BuildStopped`, no error."""
