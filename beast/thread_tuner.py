@@ -11,9 +11,12 @@ learner's `step` calls it after each update, in the learner's threads and under
 Measuring costs: the windows at the losing count run slower (a DQN CartPole run went
 from 1,600 to 750-900 agent steps/s in its 2-thread windows, about 3 s of a 25 s race).
 So the choice is kept by setup (`setup_key`: the run's flags but its identity, the CPU,
-the candidates, torch's version) beside the compiled graphs (beast/records.py), and a
-later run of the same setup starts at the remembered count without measuring, as
---compile auto starts from its records.
+the candidates, torch's version and beast's code) beside the compiled graphs
+(beast/records.py), and a later run of the same setup starts at the remembered count
+without measuring, as --compile auto starts from its records. A new version of beast
+measures again: what it changed in the learner's or the actors' cost can move the
+balance (a compiled step made DQN's learner 2x faster), and a choice measured once
+would otherwise hold for every later version.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 import torch
 
 from beast.config import RUN_NAMING_FLAGS, Config
-from beast.records import read_record, record_path, write_record
+from beast.records import read_record, record_path, source_digest, write_record
 
 __all__ = [
     "RECORD_FILE",
@@ -60,14 +63,14 @@ def _cpu_name() -> str:
 def setup_key(config: Any, candidates: Sequence[int]) -> str:
     """What identifies a setup whose best thread count carries over between runs: every
     flag of `config` (a dataclass) but the run's identity (`_RUN_IDENTITY`), the CPU's
-    name, the candidate counts and torch's version."""
+    name, the candidate counts, torch's version and beast's code (`source_digest`)."""
     flags = sorted(
         (field.name, repr(getattr(config, field.name)))
         for field in dataclasses.fields(config)
         if field.name not in _RUN_IDENTITY
     )
     text = repr((flags, _cpu_name(), sorted(set(candidates)), torch.__version__))
-    return hashlib.sha1(text.encode()).hexdigest()
+    return hashlib.sha1(text.encode() + source_digest()).hexdigest()
 
 
 class ThreadTuner:

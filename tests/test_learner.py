@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from beast import thread_tuner
 from beast.algos.base import Batch, LearnerContext
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.algos.r2d2 import SequenceQUpdate, r2d2_loss
@@ -416,6 +417,9 @@ def test_the_thread_tuners_choice_is_remembered_for_the_same_setup(tmp_path, mon
 
     more_actors = parse_args(["--algo", "dqn", "--env", "CartPole-v1", "--num_actors", "2"])
     assert setup_key(more_actors, [1, 2]) != key
+    with monkeypatch.context() as patched:  # another version of beast measures again
+        patched.setattr(thread_tuner, "source_digest", lambda: b"beast's code, edited")
+        assert setup_key(config, [1, 2]) != key
     fresh = ThreadTuner([1, 2], lines.append, record_key=setup_key(more_actors, [1, 2]))
     fresh.after_update(0, updates_ready=True)
     assert fresh.chosen is None

@@ -676,7 +676,7 @@ def test_a_package_an_earlier_run_recorded_is_its_first_step_untraced(monkeypatc
     ):
         assert package.known_step_key("settings", other) != key
     assert package.known_step_key("settings", copy.deepcopy(arguments)) == key
-    monkeypatch.setattr(package, "_source_digest", lambda: b"beast's code, edited")
+    monkeypatch.setattr(package, "source_digest", lambda: b"beast's code, edited")
     assert traced("settings")
 
 

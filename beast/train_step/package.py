@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import pathlib
 import re
 import shutil
 import signal
@@ -41,7 +40,7 @@ from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_loads
 
 from beast.graph_capture import capturing_graph
-from beast.records import compile_cache_dir
+from beast.records import compile_cache_dir, source_digest
 from beast.train_step import compiler
 from beast.train_step.compiler import inductor_patch
 from beast.train_step.graph import copied
@@ -186,22 +185,11 @@ def known_step_key(identity: str, arguments: tuple[Any, ...]) -> str:
     another key, and the step is traced as before."""
     digest = hashlib.sha256()
     digest.update(repr((_FORMAT, torch.__version__, _instruction_set(), identity)).encode())
-    digest.update(_source_digest())
+    digest.update(source_digest())
     tensors, structure = _tensors_and_shapes(arguments)
     digest.update(repr(structure).encode())
     digest.update(repr([(t.stride(), t.device) for t in tensors]).encode())
     return digest.hexdigest()[:32]
-
-
-@functools.cache
-def _source_digest() -> bytes:
-    """A digest of every Python file of beast (5 ms)."""
-    root = pathlib.Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
-    return digest.digest()
 
 
 def loads_only(traced: Trace | None) -> bool:
