@@ -3,9 +3,10 @@
 `--compile auto` keeps what compiling a step cost and gained (beast/train_step/auto.py
 `StepRecord`) and the thread tuner the thread count it measured best
 (beast/thread_tuner.py): both are a JSON file of {key: entry} beside the compiled
-graphs (`compile_cache_dir`), read and written here. Their keys, and the names of the
-compiled steps' packages, hold `source_digest`: what one version of beast measured or
-built is not taken for another's.
+graphs (`compile_cache_dir`), read and written here. The thread tuner's keys and those
+under which packages are recorded (beast/train_step/package.py `known_step_key`) hold
+`source_digest`: what one version of beast measured or recorded is not taken for
+another's.
 """
 
 from __future__ import annotations
