@@ -54,6 +54,7 @@ from beast.measure import synthetic_batch
 from beast.replay import sequence_spec
 from beast.train_step import auto as compile_auto
 from beast.transition_replay import step_spec
+from benchmarks.races import split_flags
 
 __all__ = ["CASES", "UserQNetwork", "main"]
 
@@ -387,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--beside", type=int, default=0, help="acting processes beside it")
     parser.add_argument(
         "--flags",
-        default="",
+        type=split_flags,
+        default=(),
         help='run flags added to every case\'s, e.g. "--updates_per_sample 1"',
     )
     parser.add_argument(
@@ -435,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     context = multiprocessing.get_context("spawn")
     for name in names:
-        case = replace(CASES[name], argv=CASES[name].argv + tuple(args.flags.split()))
+        case = replace(CASES[name], argv=CASES[name].argv + args.flags)
         stop = context.Event()
         actors = [
             context.Process(target=_acting_load, args=(case.actor_env, stop), daemon=True)

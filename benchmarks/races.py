@@ -523,7 +523,9 @@ def _race_names(text: str) -> tuple[str, ...]:
     return names
 
 
-def _beast_flags(text: str) -> tuple[str, ...]:
+def split_flags(text: str) -> tuple[str, ...]:
+    """Run flags given as one string ("--compile on --updates_per_sample 4"), split as a
+    shell would; argparse's error (one line, exit code 2) where they cannot be."""
     try:
         return tuple(shlex.split(text))
     except ValueError as error:
@@ -555,7 +557,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--beast_flags",
-        type=_beast_flags,
+        type=split_flags,
         default=(),
         help="extra monobeast.py flags for beast's side, one string: --beast_flags \"--compile"
         ' on --updates_per_sample 4" (a single flag: --beast_flags=--no-dueling)',
