@@ -4,7 +4,7 @@
     python monobeast.py --mode test --xpid <run>
 
 Flags: `python monobeast.py --help`. This file only parses flags and hands
-over to beast.runner / beast.play; bad input exits with status 2 and
+over to beast.run.runner / beast.trained.play; bad input exits with status 2 and
 one line saying what is wrong.
 """
 
@@ -18,15 +18,15 @@ PROG = "monobeast.py"
 def main(argv: Sequence[str] | None = None) -> int:
     import sys
 
-    from beast import fork_server
+    from beast.acting import fork_server
 
     # First: the actors' fork server imports torch on the other core meanwhile.
     fork_server.start_for(sys.argv[1:] if argv is None else argv)
-    from beast.cli import run_entry_point
     from beast.config import parse_args
+    from beast.run.cli import run_entry_point
 
     def train(config) -> None:
-        from beast.runner import train as train_monobeast
+        from beast.run.runner import train as train_monobeast
 
         train_monobeast(config)
 
@@ -34,6 +34,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from beast.cli import exit_process
+    from beast.run.cli import exit_process
 
     exit_process(main())

@@ -6,7 +6,7 @@
 
 Flags: `python polybeast.py --help` (monobeast's, plus the cluster's). This
 file only parses flags and hands over to beast.poly.trainer /
-beast.play; bad input exits with status 2 and one line saying what is
+beast.trained.play; bad input exits with status 2 and one line saying what is
 wrong. See docs/polybeast.md.
 """
 
@@ -18,8 +18,8 @@ PROG = "polybeast.py"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from beast.cli import run_entry_point
     from beast.poly.config import parse_poly_args
+    from beast.run.cli import run_entry_point
 
     def train(config) -> None:
         from beast.poly.trainer import train as train_polybeast
@@ -30,6 +30,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from beast.cli import exit_process
+    from beast.run.cli import exit_process
 
     exit_process(main())

@@ -11,7 +11,7 @@ from setuptools import find_packages, setup
 MUJOCO = ["gymnasium[mujoco]>=1.0", "mujoco>=3,<4"]
 # The API and settings beast drives (env_seed, gray_scale, use_inter_area_resize).
 ENVPOOL = "envpool>=1.2.5,<1.3"
-# --wandb (beast/wandb_log.py), checked with 0.31: a 20 MB wheel, 56 MB installed (its Go
+# --wandb (beast/outputs/wandb_log.py), checked with 0.31: a 20 MB wheel, 56 MB installed (its Go
 # core included), plus OpenTelemetry and httpx (about 2 MB).
 WANDB = ["wandb>=0.31"]
 # python -m beast.export --format onnx and running its files (beast/export.py): torch's

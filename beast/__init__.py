@@ -23,13 +23,13 @@ _API = {
     "TrainResult": "beast.api",
     "export": "beast.api",
     "load_policy": "beast.api",
-    "Policy": "beast.policy",
-    "EvalResult": "beast.play",
+    "Policy": "beast.trained.policy",
+    "EvalResult": "beast.trained.play",
     "Config": "beast.config",
     "ConfigError": "beast.config",
     "EnvError": "beast.envs",
-    "TrainingError": "beast.run_setup",
-    "CheckpointError": "beast.checkpoint",
+    "TrainingError": "beast.run.lifecycle",
+    "CheckpointError": "beast.outputs.checkpoint",
 }
 
 __all__ = [*_API, "__version__"]

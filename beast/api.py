@@ -1,6 +1,6 @@
 """The Python API: `beast.train(...)` and `beast.evaluate(...)`, for notebooks, scripts and
 tuners (docs/api.md); `beast.export(...)` and `beast.load_policy(...)` for a trained policy
-outside the engine (beast/exporting.py, beast/policy.py, docs/export.md).
+outside the engine (beast/trained/export.py, beast/trained/policy.py, docs/export.md).
 
 `train` takes the flags as keyword arguments, under the command line's names, checked and
 layered as the command line's are (beast.config.config_from_flags: defaults < the tuned
@@ -8,7 +8,7 @@ configs/<algo>/<family>.yaml for `env` < the arguments), so `beast.train(env="Ca
 is `python monobeast.py --env CartPole-v1`; or a Config (`beast.config.parse_args`, a
 result's `.config`), a dict of flags, or a YAML file, as `--config`. `env` and `model`
 may also be the objects themselves, an env factory or class and a model class or
-factory: they become `module:qualname` strings (beast.references) that every process of
+factory: they become `module:qualname` strings (beast.util.references) that every process of
 the run imports, that the run's files record, and that `evaluate` and a resume read
 back.
 
@@ -34,14 +34,14 @@ from typing import Any
 
 import yaml
 
-from beast.checkpoint import load_latest_checkpoint
 from beast.config import AUTO, Config, ConfigError, config_from_dict, config_from_flags
-from beast.exporting import export, load_policy
-from beast.logs import RETURN_WINDOW
-from beast.play import EvalResult, test
-from beast.policy import Policy
+from beast.outputs.checkpoint import load_latest_checkpoint
+from beast.outputs.logs import RETURN_WINDOW
 from beast.poly.config import PolyConfig
-from beast.references import reference
+from beast.trained.export import export, load_policy
+from beast.trained.play import EvalResult, test
+from beast.trained.policy import Policy
+from beast.util.references import reference
 
 __all__ = ["Policy", "TrainResult", "evaluate", "export", "load_policy", "train"]
 
@@ -67,7 +67,7 @@ class TrainResult:
 
 def _flag_value(key: str, value: Any) -> Any:
     """A keyword argument as the flag's value: an env or model object becomes its import
-    path (beast.references), a path object its string."""
+    path (beast.util.references), a path object its string."""
     if key in ("env", "model") and not isinstance(value, str):
         return reference(value, key)
     if isinstance(value, os.PathLike):
@@ -212,7 +212,7 @@ def train(
     if base is PolyConfig:
         from beast.poly.trainer import train as run
     else:
-        from beast.runner import train as run
+        from beast.run.runner import train as run
     start = time.monotonic()
     run(run_config)
     return _train_result(run_config.run_dir, base, time.monotonic() - start)

@@ -40,7 +40,7 @@ _WARMUP = 500
 
 
 def _batcher_actor(batcher, inputs, outputs, latencies_ns, total: int, tensors: bool) -> None:
-    torch.set_num_threads(1)  # as beast.actor does
+    torch.set_num_threads(1)  # as beast.acting.actor does
     for i in range(total):
         start = time.perf_counter_ns()
         if tensors:

@@ -7,7 +7,7 @@ The figures are IMPALA's: its policy acts (beast/algos/policies.py `CategoricalP
 its actor-critic update learns (beast/algos/impala.py). A benchmark may name an
 algorithm; the runtime (beast/) never imports this module.
 
-`inference` compares the two policy modes (beast/inference.py): env only; acting with
+`inference` compares the two policy modes (beast/acting/inference.py): env only; acting with
 central and with local inference, first with `TrivialModel` (a forward pass that costs
 nothing, so the ratio to env only is what the engine adds) and then with the real model;
 one request's round trip through CentralPolicy, the Batcher and an idle inference
@@ -19,8 +19,8 @@ One run measures, repeat after repeat, one after the other on the same machine:
 
 - env only: random actions, the same preprocessing, one env per process and as many
   processes as actors (`benchmarks.env_throughput`);
-- acting only: the real actor processes (`beast.actor.run_actor`, started as
-  `beast.runner` starts them) with the real model and no learning: a consumer thread
+- acting only: the real actor processes (`beast.acting.actor.run_actor`, started as
+  `beast.run.runner` starts them) with the real model and no learning: a consumer thread
   hands every full rollout slot straight back to the free queue;
 - learner only: one update exactly as a monobeast IMPALA run makes it (forward, IMPALA
   loss, and through the learner's `Stepper` backward, gradient clipping, the
@@ -67,21 +67,21 @@ import torch
 from torch import nn
 
 from beast import envs
-from beast.actor import ActorSettings
+from beast.acting.actor import ActorSettings
+from beast.acting.inference import CentralPolicy, InferenceServer, InferenceTable
+from beast.acting.supervisor import ActorPool
 from beast.algos.base import Batch, LearnerContext
 from beast.algos.impala import ActorCriticUpdate, Impala, impala_loss
 from beast.algos.policies import CategoricalPolicy
-from beast.buffers import RolloutBuffers, rollout_spec
 from beast.config import AUTO, Config, config_for, int_or_auto
-from beast.engine import acting_bf16, select_precision
+from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
 from beast.fields import Field, box_obs, core_state_shapes
-from beast.inference import CentralPolicy, InferenceServer, InferenceTable
-from beast.learner import Stepper, TrainingProgress
-from beast.measure import TrivialModel, synthetic_batch, torch_threads
+from beast.learning.learner import Stepper, TrainingProgress
 from beast.models import build_model, copy_weights
 from beast.native import QueueClosed
-from beast.optim import build_optimizer
-from beast.supervisor import ActorPool
+from beast.run.engine import acting_bf16, select_precision
+from beast.run.measure import TrivialModel, synthetic_batch, torch_threads
+from beast.train_step.optim import build_optimizer
 
 __all__ = [
     "ActingResult",
@@ -191,7 +191,8 @@ def _batch_to(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[s
 
 
 class LearnerStep:
-    """One learner update as a monobeast IMPALA run makes it (`beast.learner.Learner.step`),
+    """One learner update as a monobeast IMPALA run makes it
+    (`beast.learning.learner.Learner.step`),
     in a given variant.
 
     IMPALA's update (`beast.algos.impala.ActorCriticUpdate`: forward over [T+1, B], IMPALA
@@ -202,7 +203,7 @@ class LearnerStep:
     batch hand-off is left out: synthetic batches are ready.
 
     Batches are the learner's: rollout fields `[T+1, B, ...]` and the recurrent state at
-    their start as `core_state_i` fields (`beast.measure.synthetic_batch`, or
+    their start as `core_state_i` fields (`beast.run.measure.synthetic_batch`, or
     `RolloutBuffers.gather`).
 
     Args:
@@ -453,7 +454,7 @@ def measure_acting(
 ) -> ActingResult:
     """Agent steps/s of real actor processes with the real model and no learning.
 
-    Actors start as `beast.runner.train` starts them (forkserver, the supervisor's
+    Actors start as `beast.run.runner.train` starts them (forkserver, the supervisor's
     `ActorPool` running `run_actor`, shared `RolloutBuffers`, a shared-memory model) and
     act with IMPALA's policy (`CategoricalPolicy`: a sample from the logits, stored with
     the logits and the baseline). A consumer thread here takes each full slot and puts
@@ -464,7 +465,7 @@ def measure_acting(
 
     Args:
         actor_model: the model to act with (shared memory is set up here); default a
-            fresh IMPALA model `model` seeded with `seed`. A `beast.measure.TrivialModel`
+            fresh IMPALA model `model` seeded with `seed`. A `beast.run.measure.TrivialModel`
             of IMPALA's outputs measures what the engine costs around a forward pass
             that costs nothing.
         policy: "local" (each actor runs the model) or "central" (an inference thread
@@ -638,7 +639,7 @@ _LATENCY_WARMUP = 500
 
 
 def _latency_actor(table: InferenceTable, total: int, latencies_ns: torch.Tensor) -> None:
-    torch.set_num_threads(1)  # as beast.actor does
+    torch.set_num_threads(1)  # as beast.acting.actor does
     policy = CentralPolicy(table, 0, lambda: True)
     k = table.num_envs
     inputs = {

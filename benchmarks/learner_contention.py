@@ -23,7 +23,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from beast import envs
-from beast.measure import synthetic_batch, torch_threads
+from beast.run.measure import synthetic_batch, torch_threads
 from benchmarks import bench
 
 

@@ -45,15 +45,15 @@ from torch import nn
 
 from beast import envs
 from beast.algos.base import Batch, LearnerContext, Rollouts, SequenceReplay, TransitionReplay
-from beast.buffers import rollout_spec
 from beast.config import parse_args
-from beast.engine import build_algorithm, build_checked_model
+from beast.experience.rollout_slots import rollout_spec
+from beast.experience.sequence_replay import sequence_spec
+from beast.experience.transition_replay import step_spec
 from beast.fields import Field, core_state_shapes
-from beast.learner import Stepper, TrainingProgress
-from beast.measure import synthetic_batch
-from beast.replay import sequence_spec
+from beast.learning.learner import Stepper, TrainingProgress
+from beast.run.engine import build_algorithm, build_checked_model
+from beast.run.measure import synthetic_batch
 from beast.train_step import auto as compile_auto
-from beast.transition_replay import step_spec
 from benchmarks.races import split_flags
 
 __all__ = ["CASES", "UserQNetwork", "main"]
@@ -184,7 +184,7 @@ def synthetic(algorithm, model: nn.Module, batch_size: int, seed: int = 0) -> Ba
 
 class GradientRecorder:
     """A learner's stepper that only differentiates: the flat gradient of the last loss
-    (zeros for a parameter it does not reach), and no step (beast/learner.py `Stepper`)."""
+    (zeros for a parameter it does not reach), and no step (beast/learning/learner.py `Stepper`)."""
 
     grad_norm_clipping = 0.0
 
@@ -254,7 +254,7 @@ class Timed:
 
     def __call__(self) -> None:
         """One learner update: a block in one call where the update takes blocks, else
-        each of its batches in turn (beast/learner.py `Learner.step`)."""
+        each of its batches in turn (beast/learning/learner.py `Learner.step`)."""
         batch = copy.copy(self.batch)
         if batch.parts == 1 or self.update.block(batch) is None:
             for part in batch.split():

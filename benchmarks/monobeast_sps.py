@@ -51,8 +51,8 @@ _CLEAN_ENVIRON = dict(os.environ)
 
 def learner_threads(stdout: str) -> int | None:
     """The learner's torch threads: the thread tuner's choice where the run said one
-    ("learner threads: 2 (agent steps/s ..."; beast/thread_tuner.py), else the count it
-    started with ("learner on cpu in fp32 with 1 thread(s)"; beast/runner.py); None if
+    ("learner threads: 2 (agent steps/s ..."; beast/learning/thread_tuner.py), else the count it
+    started with ("learner on cpu in fp32 with 1 thread(s)"; beast/run/runner.py); None if
     neither line is there."""
     found = re.findall(r"learner threads: (\d+) \(", stdout) or re.findall(
         r"learner on \S+ in \S+ with (\d+) thread", stdout

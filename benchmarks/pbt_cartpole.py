@@ -17,7 +17,7 @@ import sys
 
 import yaml
 
-from beast.sweep import load_sweep, run_sweep
+from beast.tune.sweep import load_sweep, run_sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = os.path.join(ROOT, "configs", "sweeps", "impala_cartpole_pbt.yaml")

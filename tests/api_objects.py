@@ -1,6 +1,6 @@
 """Envs and models as a user passes them to `beast.train(env=..., model=...)`: objects
 defined at module level of an importable module, which actor processes import by
-`module:qualname` (beast/references.py). Used by tests/test_api.py."""
+`module:qualname` (beast/util/references.py). Used by tests/test_api.py."""
 
 from __future__ import annotations
 

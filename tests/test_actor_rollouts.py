@@ -49,7 +49,7 @@ def test_slots_hold_exactly_what_the_envs_and_model_produced(policy, num_env_spl
     assert core_state(batch) == ()  # no LSTM: no recurrent state stored
     ids = batch["rollout_id"]
     assert bool((ids == ids[0]).all()), "a slot holds steps of two rollouts"
-    # Low 32 bits of an id: rollout number * K + env index (beast/actor.py).
+    # Low 32 bits of an id: rollout number * K + env index (beast/acting/actor.py).
     by_env = defaultdict(list)
     for column, rollout_id in enumerate(ids[0].tolist()):
         counter = rollout_id & 0xFFFFFFFF

@@ -1,4 +1,4 @@
-"""The Python API (beast/api.py, beast/references.py): `beast.train` and `beast.evaluate`
+"""The Python API (beast/api.py, beast/util/references.py): `beast.train` and `beast.evaluate`
 in this process and in scripts, envs and models given as objects, and the one-line
 refusals of objects that actor processes cannot import."""
 
@@ -191,13 +191,13 @@ def test_objects_that_actors_cannot_import_are_refused_in_one_line(
 
 
 def test_objects_become_import_paths_a_fresh_process_resolves():
-    from beast.references import import_module, reference
+    from beast.util.references import import_module, reference
 
     assert reference(make_cartpole, "env") == "tests.api_objects:make_cartpole"
     assert reference(Holder.Nested, "env") == "tests.api_objects:Holder.Nested"
     assert reference(TinyActorCritic, "model") == "tests.user_models:TinyActorCritic"
     code = (
-        "from beast.references import import_module;"
+        "from beast.util.references import import_module;"
         "print(import_module('tests.api_objects').Holder.Nested.__qualname__)"
     )
     out = subprocess.run(

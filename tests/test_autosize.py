@@ -7,10 +7,11 @@ import os
 import pytest
 import torch
 
-from beast import autosize, envs
+from beast import envs
 from beast.config import AUTO, ConfigError, parse_args
-from beast.engine import build_algorithm
-from beast.measure import TrivialModel
+from beast.run import autosize
+from beast.run.engine import build_algorithm
+from beast.run.measure import TrivialModel
 from tests.in_process import run_monobeast
 from tests.test_monobeast import CARTPOLE_SMALL
 

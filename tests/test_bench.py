@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from beast.algos.policies import CategoricalPolicy
-from beast.buffers import rollout_spec
 from beast.envs import EnvError
+from beast.experience.rollout_slots import rollout_spec
 from beast.fields import box_obs, core_state
-from beast.measure import synthetic_batch
+from beast.run.measure import synthetic_batch
 from benchmarks import bench, peers, races
 from benchmarks import sb3_qpg_side_by_side as qpg
 from benchmarks.monobeast_sps import learner_threads

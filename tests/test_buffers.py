@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from beast.algos.policies import CategoricalPolicy
-from beast.buffers import RolloutBuffers, rollout_spec
+from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
 from beast.fields import box_obs, core_state, core_state_key, shared_zeros
 
 
@@ -89,7 +89,7 @@ def test_shared_zeros_do_not_touch_their_pages_until_written():
     then share_memory_() needed 2 GiB at the peak: private zeros, then the copy)."""
     code = (
         "import torch\n"
-        "from beast.buffers import shared_zeros\n"
+        "from beast.experience.rollout_slots import shared_zeros\n"
         "def peak_mib():\n"
         "    status = open('/proc/self/status').read()\n"
         "    return int(status.split('VmHWM:')[1].split()[0]) // 1024\n"
@@ -110,7 +110,7 @@ def test_synchronous_lanes_wait_for_the_update_their_rollouts_feed():
     import os
     import threading
 
-    from beast.rollout_source import RolloutSource
+    from beast.experience.rollout_source import RolloutSource
 
     T = 3
     spec = rollout_spec(

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from beast.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from beast.outputs.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from tests.in_process import run_monobeast
 from tests.test_monobeast import (
     assert_refused_in_one_line,

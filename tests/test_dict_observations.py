@@ -25,16 +25,16 @@ import torch
 from gymnasium import spaces
 
 import monobeast
-from beast.actor import env_sources, policy_inputs
+from beast.acting.actor import env_sources, policy_inputs
+from beast.acting.inference import CentralPolicy, InferenceTable, LocalPolicy, record_arrays
+from beast.algos.normalize import ObservationNormalizer
 from beast.algos.policies import CategoricalPolicy
-from beast.buffers import RolloutBuffers, rollout_spec
 from beast.envs.batch import make_env_batch
+from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
+from beast.experience.sequence_replay import PrioritizedReplay, SequenceBuilder, sequence_spec
+from beast.experience.transition_replay import RingAppender, RingReplay, step_spec
 from beast.fields import Field
-from beast.inference import CentralPolicy, InferenceTable, LocalPolicy, record_arrays
 from beast.models import build_model
-from beast.normalize import ObservationNormalizer
-from beast.replay import PrioritizedReplay, SequenceBuilder, sequence_spec
-from beast.transition_replay import RingAppender, RingReplay, step_spec
 from tests.test_inference import make_server
 from tests.test_matrix import ALGO_FLAGS, COMMON, LAYOUT, entry, ray_address  # noqa: F401
 from tests.test_monobeast import assert_refused_in_one_line

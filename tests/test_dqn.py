@@ -22,9 +22,9 @@ from beast.algos.dqn import (
     q_loss,
 )
 from beast.algos.nstep import NStepReturns, n_step_returns
+from beast.experience.transition_replay import RingAppender, RingReplay, step_spec
 from beast.fields import Field, box_obs
 from beast.models import polyak_update
-from beast.transition_replay import RingAppender, RingReplay, step_spec
 from tests.test_monobeast import assert_refused_in_one_line
 
 # 1. C51 projection (Bellemare et al. 2017, algorithm 1).

@@ -1,4 +1,4 @@
-"""The engine around the algorithms (beast.engine, beast.serial): your own model as
+"""The engine around the algorithms (beast.run.engine, beast.run.serial): your own model as
 --model package.module:Name for any algorithm, the start-up check of any model (one
 line, exit 2), --serial, and the rule that the shared machinery names no algorithm."""
 
@@ -19,7 +19,7 @@ import torch
 from beast import envs
 from beast.algos import ALGORITHMS
 from beast.config import ConfigError, parse_args
-from beast.engine import build_algorithm, build_checked_model
+from beast.run.engine import build_algorithm, build_checked_model
 from tests.in_process import run_monobeast
 from tests.test_learning import best_mean_of_100
 from tests.test_monobeast import (

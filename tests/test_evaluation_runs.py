@@ -19,7 +19,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import monobeast
-from beast.logs import EVAL_COLUMNS
+from beast.outputs.logs import EVAL_COLUMNS
 from tests.in_process import run_monobeast
 from tests.test_matrix import ALGO_FLAGS, COMMON, ENVS, LAYOUT
 from tests.test_monobeast import (

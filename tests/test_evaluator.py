@@ -1,5 +1,5 @@
-"""Evaluation during training (beast/evaluator.py) and the episode loop it shares with
---mode test (beast/play.py `play_episodes`), without the entry points: the schedule,
+"""Evaluation during training (beast/run/evaluator.py) and the episode loop it shares with
+--mode test (beast/trained/play.py `play_episodes`), without the entry points: the schedule,
 the evaluation itself, the evaluator process and its supervision.
 (The entry points' runs with --eval_interval: tests/test_evaluation_runs.py.)"""
 
@@ -20,12 +20,15 @@ from gymnasium.envs.classic_control import CartPoleEnv
 from torch import nn
 
 from beast import envs
+from beast.acting.error_board import ErrorBoard
+from beast.acting.inference import LocalPolicy
 from beast.algos.policies import EpsilonGreedyPolicy
-from beast.checkpoint import BEST_CHECKPOINT_NAME, load_checkpoint
 from beast.config import config_for
-from beast.engine import build_algorithm, build_checked_model
-from beast.error_board import ErrorBoard
-from beast.evaluator import (
+from beast.learning.learner import UpdateStats
+from beast.models import copy_weights
+from beast.outputs.checkpoint import BEST_CHECKPOINT_NAME, load_checkpoint
+from beast.run.engine import build_algorithm, build_checked_model
+from beast.run.evaluator import (
     EVAL_SEED_OFFSET,
     EvalChannel,
     EvalSchedule,
@@ -33,10 +36,7 @@ from beast.evaluator import (
     EvalWorker,
     run_evaluator,
 )
-from beast.inference import LocalPolicy
-from beast.learner import UpdateStats
-from beast.models import copy_weights
-from beast.play import play_episodes
+from beast.trained.play import play_episodes
 
 # A test of the evaluator process that hangs fails after this long.
 WAIT_SECONDS = 60

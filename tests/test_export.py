@@ -2,7 +2,7 @@
 
 For every algorithm a short run (CartPole-v1; Pendulum-v1 for continuous actions; the Dict
 versions for one algorithm of each kind) is played by `--mode test` itself
-(`beast.play`, the Q-networks' --test_epsilon set to 0) for 100 steps, recording what
+(`beast.trained.play`, the Q-networks' --test_epsilon set to 0) for 100 steps, recording what
 its policy was given and the action it took. The run's policy from `beast.load_policy(run)`,
 and from the TorchScript and ONNX (onnxruntime) files `beast.export` wrote, then gets the
 same observations, rewards and done flags, carrying its own state (the last action and an
@@ -31,17 +31,17 @@ import torch
 
 import beast
 from beast import envs
+from beast.acting.inference import LocalPolicy
 from beast.algos.policies import CategoricalPolicy
 from beast.api import evaluate
-from beast.checkpoint import (
+from beast.config import ConfigError
+from beast.outputs.checkpoint import (
     CHECKPOINT_NAME,
     load_checkpoint,
     save_best_checkpoint,
     save_checkpoint,
 )
-from beast.config import ConfigError
-from beast.exporting import main as export_main
-from beast.inference import LocalPolicy
+from beast.trained.export import main as export_main
 from tests.in_process import run_main, run_monobeast
 from tests.test_matrix import ALGO_FLAGS
 
@@ -49,7 +49,7 @@ STEPS = 100
 ONNX_PACKAGES = ("onnx", "onnxruntime", "onnxscript")
 SPREAD_TRIES = 10
 # --mode test's module.
-MODE_TEST = importlib.import_module("beast.play")
+MODE_TEST = importlib.import_module("beast.trained.play")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +137,7 @@ class Recording:
 
 
 def record_mode_test(run_dir: str, case: Case, monkeypatch) -> Recording:
-    """Play the run with `beast.play` (--mode test) and record STEPS steps of its
+    """Play the run with `beast.trained.play` (--mode test) and record STEPS steps of its
     policy, through a LocalPolicy that keeps a copy of every call."""
     recording = Recording([], [], [], [], [])
 

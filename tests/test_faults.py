@@ -1,6 +1,6 @@
 """Faults with real processes: what dies, and that nothing is lost, doubled or left behind.
 
-The rollout-slot protocol (beast/buffers.py) is checked first on its own: a process
+The rollout-slot protocol (beast/experience/rollout_slots.py) is checked first on its own: a process
 writing rollouts is SIGKILLed again and again, sometimes inside a queue call, and after
 each death every slot must be on a queue or marked as the dead writer's, and exactly
 once on a queue after `reclaim`.
@@ -32,14 +32,14 @@ import numpy as np
 import pytest
 import torch
 
-import beast.runner
+import beast.run.runner
+from beast.acting.supervisor import ActorPool
 from beast.algos.policies import CategoricalPolicy
-from beast.buffers import RolloutBuffers, owner_id, rollout_spec
+from beast.experience.rollout_slots import RolloutBuffers, owner_id, rollout_spec
 from beast.fields import box_obs, is_core_state
 from beast.native import NO_OWNER, IndexQueue
-from beast.run_setup import raise_if_stop_requested, raise_keyboard_interrupt, stop_on_signals
-from beast.supervisor import ActorPool
-from beast.threads import process_alive
+from beast.run.lifecycle import raise_if_stop_requested, raise_keyboard_interrupt, stop_on_signals
+from beast.util.threads import process_alive
 from tests.in_process import run_monobeast, run_polybeast
 from tests.test_monobeast import shm_entries
 
@@ -215,7 +215,7 @@ def pools(monkeypatch) -> list[ActorPool]:
             super().__init__(**kwargs)
             recorded.append(self)
 
-    monkeypatch.setattr(beast.runner, "ActorPool", RecordedPool)
+    monkeypatch.setattr(beast.run.runner, "ActorPool", RecordedPool)
     return recorded
 
 

@@ -1,4 +1,4 @@
-"""The actors' fork server (beast/fork_server.py): started first by monobeast.py where
+"""The actors' fork server (beast/acting/fork_server.py): started first by monobeast.py where
 the flags may start actors, never where they cannot, and stopped without waiting and
 without leaving a zombie."""
 
@@ -13,8 +13,7 @@ import pytest
 PROBE = textwrap.dedent(
     """
     import multiprocessing.forkserver, os, sys, time
-    from beast import fork_server
-
+    from beast.acting import fork_server
     fork_server.start_for(sys.argv[1:])
     pid = multiprocessing.forkserver._forkserver._forkserver_pid
     print("torch imported here:", "torch" in sys.modules)

@@ -1,4 +1,4 @@
-"""Central inference (beast/inference.py): the request table, the actor's side, the server.
+"""Central inference (beast/acting/inference.py): the request table, the actor's side, the server.
 
 The native Batcher's own contract (every request answered once, wakes, resets,
 close, killed actors) is tested in test_batcher.py; these tests cover what the
@@ -20,16 +20,16 @@ import numpy as np
 import pytest
 import torch
 
-from beast.actor import ERROR_BOARD_BYTES, ActorSettings, run_actor
-from beast.algos.policies import CategoricalPolicy, EpsilonGreedyPolicy
-from beast.buffers import RolloutBuffers, rollout_spec
-from beast.fields import box_obs, core_state_shapes
-from beast.inference import (
+from beast.acting.actor import ERROR_BOARD_BYTES, ActorSettings, run_actor
+from beast.acting.inference import (
     CentralPolicy,
     InferenceServer,
     InferenceTable,
     LocalPolicy,
 )
+from beast.algos.policies import CategoricalPolicy, EpsilonGreedyPolicy
+from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
+from beast.fields import box_obs, core_state_shapes
 from beast.models import AgentOutput, build_model, build_q_model
 from beast.native import QueueClosed
 from tests.test_monobeast import CARTPOLE_SMALL, shm_entries, wait_until_gone
@@ -247,7 +247,7 @@ _COMPILE_BESIDE_BF16_SERVING = """
 import threading
 import torch
 from torch import nn
-from beast.inference import forward_precision
+from beast.acting.inference import forward_precision
 
 torch.set_num_threads(1)
 

@@ -19,13 +19,13 @@ from beast.algos.distributions import Categorical
 from beast.algos.impala import ActorCriticUpdate, Impala
 from beast.algos.laser import Laser
 from beast.algos.policies import CategoricalPolicy
-from beast.buffers import RolloutBuffers, rollout_spec
 from beast.config import CONFIGS_DIR, ConfigError, config_for, load_config_file, parse_args
+from beast.experience.rollout_replay import RolloutReplay
+from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
+from beast.experience.rollout_source import RolloutSource
 from beast.fields import box_obs, core_state, core_state_shapes
-from beast.learner import Learner, Stepper, TrainingProgress
+from beast.learning.learner import Learner, Stepper, TrainingProgress
 from beast.models import build_model
-from beast.rollout_replay import RolloutReplay
-from beast.rollout_source import RolloutSource
 from tests.in_process import run_monobeast
 
 LOSS_KWARGS = {

@@ -1,4 +1,4 @@
-"""Contract of beast.learner with a replay: one update (loss, step, priorities,
+"""Contract of beast.learning.learner with a replay: one update (loss, step, priorities,
 publishing, target copies, counters), env-step progress, the learning-rate schedule,
 the non-finite guard, and the threads' start/finish/stop.
 
@@ -18,19 +18,19 @@ import numpy as np
 import pytest
 import torch
 
-from beast import thread_tuner
 from beast.algos.base import Batch, LearnerContext
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.algos.r2d2 import SequenceQUpdate, r2d2_loss
 from beast.config import parse_args
+from beast.experience.replay_sink import ReplaySource, SequenceSink
+from beast.experience.sequence_replay import PrioritizedReplay, SequenceBuilder, sequence_spec
 from beast.fields import box_obs, core_state_shapes
-from beast.learner import Learner, NonFiniteError, Stepper, TrainingProgress
+from beast.learning import thread_tuner
+from beast.learning.learner import Learner, NonFiniteError, Stepper, TrainingProgress
+from beast.learning.thread_tuner import ThreadTuner, setup_key
 from beast.models import build_q_model, copy_weights
-from beast.optim import build_optimizer
-from beast.replay import PrioritizedReplay, SequenceBuilder, sequence_spec
-from beast.replay_sink import ReplaySource, SequenceSink
-from beast.thread_tuner import ThreadTuner, setup_key
 from beast.train_step import auto, compiler
+from beast.train_step.optim import build_optimizer
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -426,12 +426,12 @@ def test_the_thread_tuners_choice_is_remembered_for_the_same_setup(tmp_path, mon
 
 
 def test_optimizers_import_no_dynamo_until_something_else_does():
-    """beast.optim runs torch.optim's dynamo-disabled functions plainly until dynamo is
+    """beast.train_step.optim runs torch.optim's dynamo-disabled functions plainly until dynamo is
     imported (1 s of a run's start otherwise), and as torch would from then on."""
     probe = """
 import sys, torch
 from types import SimpleNamespace
-from beast.optim import build_optimizer
+from beast.train_step.optim import build_optimizer
 model = torch.nn.Linear(3, 2)
 for name in ("adam", "rmsprop"):
     config = SimpleNamespace(

@@ -8,9 +8,9 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from beast.eval_result import EvalResult
-from beast.learner import UpdateStats
-from beast.logs import EVAL_COLUMNS, RunLog, format_duration, pip_freeze
+from beast.learning.learner import UpdateStats
+from beast.outputs.eval_result import EvalResult
+from beast.outputs.logs import EVAL_COLUMNS, RunLog, format_duration, pip_freeze
 
 
 def stats(step: int, returns=(), loss: float = 1.5) -> UpdateStats:
@@ -51,7 +51,7 @@ def test_csv_and_tensorboard_hold_the_same_stats(tmp_path, config, monkeypatch):
     log = RunLog(str(tmp_path), config, 100, stream=io.StringIO())
     log.record(stats(10, returns=[1.0, 3.0], loss=2.0))
     log.record(stats(15, returns=[5.0], loss=7.0))  # within TENSORBOARD_INTERVAL: CSV only
-    monkeypatch.setattr("beast.logs.TENSORBOARD_INTERVAL", 0.0)
+    monkeypatch.setattr("beast.outputs.logs.TENSORBOARD_INTERVAL", 0.0)
     log.record(stats(20, loss=1.0))
     log.close()
     with open(tmp_path / "logs.csv") as f:

@@ -5,7 +5,7 @@ import pytest
 
 from beast import envs
 from beast.config import ConfigError
-from beast.play import _VideoRecorder
+from beast.trained.play import _VideoRecorder
 
 
 def test_atari_episode_frames_are_written_as_mp4(tmp_path):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from beast.plot import load_curve, main, plot_runs
+from beast.outputs.plot import load_curve, main, plot_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

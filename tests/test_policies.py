@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from beast.acting.inference import record_arrays
 from beast.algos.policies import CategoricalPolicy, EpsilonGreedyPolicy, actor_epsilons
-from beast.inference import record_arrays
 
 
 @pytest.mark.parametrize("n", [1, 2, 8, 256])

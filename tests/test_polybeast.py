@@ -31,23 +31,23 @@ ray = pytest.importorskip("ray")
 from beast.algos.base import LearnerContext  # noqa: E402
 from beast.algos.impala import ActorCriticUpdate, impala_loss  # noqa: E402
 from beast.algos.policies import CategoricalPolicy, EpsilonGreedyPolicy  # noqa: E402
-from beast.buffers import (  # noqa: E402
+from beast.config import ConfigError, config_for  # noqa: E402
+from beast.experience.replay_sink import SequenceSink  # noqa: E402
+from beast.experience.rollout_slots import (  # noqa: E402
     RolloutBuffers,
     check_rollout,
     commit,
     rollout_spec,
 )
-from beast.config import ConfigError, config_for  # noqa: E402
+from beast.experience.rollout_source import RolloutSource  # noqa: E402
+from beast.experience.sequence_replay import PrioritizedReplay, sequence_spec  # noqa: E402
 from beast.fields import box_obs  # noqa: E402
-from beast.learner import Learner, Stepper, TrainingProgress  # noqa: E402
+from beast.learning.learner import Learner, Stepper, TrainingProgress  # noqa: E402
 from beast.models import build_model  # noqa: E402
-from beast.optim import build_optimizer  # noqa: E402
 from beast.poly.config import PolyConfig, parse_poly_args  # noqa: E402
 from beast.poly.env_server import EnvServer, Incarnation  # noqa: E402
 from beast.poly.feeders import ServerPool  # noqa: E402
-from beast.replay import PrioritizedReplay, sequence_spec  # noqa: E402
-from beast.replay_sink import SequenceSink  # noqa: E402
-from beast.rollout_source import RolloutSource  # noqa: E402
+from beast.train_step.optim import build_optimizer  # noqa: E402
 from tests.test_learning import best_mean_of_100  # noqa: E402
 from tests.test_monobeast import (  # noqa: E402
     ROOT,

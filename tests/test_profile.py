@@ -5,7 +5,13 @@ import time
 import numpy as np
 import torch
 
-from beast.profile import ACTOR_PHASES, LEARNER_PHASES, PhaseClock, format_profile, shared_counters
+from beast.util.profile import (
+    ACTOR_PHASES,
+    LEARNER_PHASES,
+    PhaseClock,
+    format_profile,
+    shared_counters,
+)
 from tests.in_process import run_monobeast
 from tests.test_monobeast import CARTPOLE_SMALL
 

@@ -32,10 +32,10 @@ from beast.algos.qpg.functions import (
 )
 from beast.algos.qpg.networks import ActorCriticQNet, EnsembleMLP
 from beast.config import parse_args
-from beast.engine import build_algorithm
 from beast.envs import EnvSpec
-from beast.learner import Stepper, TrainingProgress
+from beast.learning.learner import Stepper, TrainingProgress
 from beast.models import PolyakAverager
+from beast.run.engine import build_algorithm
 from tests.in_process import run_monobeast
 from tests.test_monobeast import assert_refused_in_one_line
 

@@ -16,7 +16,7 @@ import torch
 
 from beast import envs
 from beast.config import parse_args
-from beast.engine import (
+from beast.run.engine import (
     build_algorithm,
     build_checked_model,
     build_experience,

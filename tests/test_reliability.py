@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from beast.algos.policies import CategoricalPolicy
-from beast.buffers import RolloutBuffers, owner_id, rollout_spec
-from beast.checkpoint import (
+from beast.experience.rollout_slots import RolloutBuffers, owner_id, rollout_spec
+from beast.fields import box_obs
+from beast.outputs.checkpoint import (
     CHECKPOINT_NAME,
     PREVIOUS_CHECKPOINT_NAME,
     CheckpointError,
@@ -29,7 +30,6 @@ from beast.checkpoint import (
     load_latest_checkpoint,
     save_checkpoint,
 )
-from beast.fields import box_obs
 from tests.in_process import run_monobeast
 from tests.test_learning import CARTPOLE_FLAGS, best_mean_of_100
 from tests.test_monobeast import (

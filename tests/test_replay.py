@@ -1,4 +1,5 @@
-"""Contract of beast.replay: sequence building, prioritized sampling, weights, dedup.
+"""Contract of beast.experience.sequence_replay: sequence building, prioritized sampling, weights,
+dedup.
 
 SequenceBuilder is checked against the R2D2 layout on random streams with
 episode ends (windows every seq_len - overlap steps, never crossing an
@@ -18,15 +19,15 @@ import numpy as np
 import pytest
 import torch
 
-from beast.fields import Field, box_obs
-from beast.replay import (
+from beast.experience.prioritized import importance_weights, stratified_draws, stratified_parts
+from beast.experience.sequence_replay import (
     PrioritizedReplay,
     SequenceBuilder,
     replay_footprint,
     sequence_spec,
     storage_spec,
 )
-from beast.sum_tree_replay import importance_weights, stratified_draws, stratified_parts
+from beast.fields import Field, box_obs
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

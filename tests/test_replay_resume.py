@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from beast.config import parse_args
-from beast.runner import start_run
+from beast.run.runner import start_run
 from tests.in_process import run_monobeast
 from tests.test_monobeast import CARTPOLE_SMALL, read_csv, start, wait_until_gone
 from tests.test_r2d2_monobeast import R2D2_SMALL

@@ -1,5 +1,5 @@
-"""Contract of beast.replay_sink: the sink's counters, episode rings, rate limit, and
-what the actor loop (beast.actor) writes through it: sequences, steps, episodes.
+"""Contract of beast.experience.replay_sink: the sink's counters, episode rings, rate limit, and
+what the actor loop (beast.acting.actor) writes through it: sequences, steps, episodes.
 
 The actor runs in-process against a scripted env batch whose observations name
 their (env, step), so every stored row can be checked against what the env saw
@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-from beast import actor as actor_module
-from beast.actor import Actor, ActorSettings
+from beast.acting import actor as actor_module
+from beast.acting.actor import Actor, ActorSettings
+from beast.acting.inference import LocalPolicy
 from beast.algos.policies import EpsilonGreedyPolicy
+from beast.experience.replay_sink import EPISODE_RING_SIZE, SequenceSink
+from beast.experience.sequence_replay import PrioritizedReplay, sequence_spec
 from beast.fields import box_obs, core_state_shapes
-from beast.inference import LocalPolicy
 from beast.models import build_q_model
-from beast.profile import ACTOR_PHASES, PhaseClock
-from beast.replay import PrioritizedReplay, sequence_spec
-from beast.replay_sink import EPISODE_RING_SIZE, SequenceSink
+from beast.util.profile import ACTOR_PHASES, PhaseClock
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

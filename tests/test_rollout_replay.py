@@ -1,4 +1,4 @@
-"""Contract of beast.rollout_replay: FIFO overwrite order, uniform sampling without
+"""Contract of beast.experience.rollout_replay: FIFO overwrite order, uniform sampling without
 replacement within a call, every field of a rollout kept together (behaviour
 logits and initial recurrent state included), copies out, shared memory, and
 concurrent add/sample without torn rollouts."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from beast.algos.policies import CategoricalPolicy
-from beast.buffers import rollout_spec
+from beast.experience.rollout_replay import RolloutReplay
+from beast.experience.rollout_slots import rollout_spec
 from beast.fields import box_obs
-from beast.rollout_replay import RolloutReplay
 
 UNROLL_LENGTH = 3
 NUM_ACTIONS = 2

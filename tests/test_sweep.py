@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from beast.config import ConfigError
-from beast.sweep import command, expand, is_finished, load_sweep, slot_resources
+from beast.tune.sweep import command, expand, is_finished, load_sweep, slot_resources
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

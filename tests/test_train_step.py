@@ -32,9 +32,9 @@ from torch.utils._pytree import tree_flatten
 
 from beast.algos.base import Batch, LearnerContext
 from beast.config import parse_args
-from beast.engine import build_algorithm
 from beast.envs.spec import EnvSpec
-from beast.learner import NonFiniteError, Stepper, TrainingProgress
+from beast.learning.learner import NonFiniteError, Stepper, TrainingProgress
+from beast.run.engine import build_algorithm
 from beast.train_step import (
     ParameterGroup,
     StepAbandoned,
@@ -78,7 +78,7 @@ def build(
     identity: str | None = None,
 ):
     """An algorithm's update on a tiny network, seeded: two builds start identical.
-    `identity`: the run's step identity (beast/engine.py `step_identity`)."""
+    `identity`: the run's step identity (beast/run/engine.py `step_identity`)."""
     env = "Pendulum-v1" if spec.continuous else "CartPole-v1"
     config = parse_args(["--algo", algo, "--env", env, *flags])
     torch.manual_seed(0)
@@ -1135,7 +1135,7 @@ def test_a_runs_set_up_and_its_checkpoints_wait_while_a_compilation_exports(tmp_
     `torch.manual_seed` die of KeyError: 'custom' while an earlier in-process run's
     compilation exported. A run's set-up waits for an earlier run's compilation to end;
     a checkpoint waits while a compilation holds the modules."""
-    from beast.run_setup import start_run
+    from beast.run.lifecycle import start_run
     from beast.train_step import MODULES_IN_USE
     from beast.train_step.background import compilation_thread
 

@@ -1,4 +1,4 @@
-"""Contract of beast.transition_replay: rings of steps, n-step windows, frame dedup.
+"""Contract of beast.experience.transition_replay: rings of steps, n-step windows, frame dedup.
 
 Every test writes a random step stream with the env batch's semantics (beast/envs/batch.py):
 row t's reward and terminated flag belong to the transition INTO row t; a stream's first
@@ -20,15 +20,15 @@ import numpy as np
 import pytest
 import torch
 
-from beast.fields import Field, box_obs
-from beast.native import SumTree
-from beast.transition_replay import (
+from beast.experience.transition_replay import (
     RingAppender,
     RingReplay,
     TransitionSink,
     ring_footprint,
     step_spec,
 )
+from beast.fields import Field, box_obs
+from beast.native import SumTree
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

@@ -33,15 +33,15 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from beast.actor import Actor, ActorSettings
+from beast.acting.actor import Actor, ActorSettings
 from beast.algos.base import as_outputs
 from beast.algos.dqn import q_learning_targets
 from beast.algos.nstep import n_step_returns
 from beast.algos.r2d2 import n_step_double_q_targets
 from beast.config import parse_args
-from beast.engine import build_algorithm, build_experience
 from beast.envs import env_spec, make
-from beast.profile import ACTOR_PHASES, PhaseClock
+from beast.run.engine import build_algorithm, build_experience
+from beast.util.profile import ACTOR_PHASES, PhaseClock
 
 LIMIT, GAMMA = 3, 0.9
 EXPECTED = {2: 28.9, 1: 27.01, 0: 25.309}
@@ -209,7 +209,7 @@ def test_n_step_double_q_targets_bootstrap_from_the_final_observation(algo):
 
 @pytest.mark.parametrize("algo", ["apex", "dqn"])
 def test_transition_targets_bootstrap_from_the_final_observation(algo):
-    """The transition replay (beast/transition_replay.py): a window that reaches the
+    """The transition replay (beast/experience/transition_replay.py): a window that reaches the
     truncated row stops there (k = 3, 2, 1 from x = 0, 1, 2), and its bootstrap row is the
     final observation [3]; no transition starts at it."""
     algorithm, model, actor, source = run_actor(algo)

@@ -19,10 +19,10 @@ import time
 import pytest
 import yaml
 
-from beast.checkpoint import load_latest_checkpoint, save_checkpoint
-from beast.sweep import load_sweep, main, run_sweep
+from beast.outputs.checkpoint import load_latest_checkpoint, save_checkpoint
 from beast.tune import optuna_search, pbt
 from beast.tune.runs import Evaluation, evaluations, read_rows
+from beast.tune.sweep import load_sweep, main, run_sweep
 
 optuna = pytest.importorskip("optuna")
 

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from beast.logs import ScalarWriter
+from beast.outputs.logs import ScalarWriter
 from tests.test_monobeast import (
     CARTPOLE_SMALL,
     ROOT,

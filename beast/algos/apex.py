@@ -5,7 +5,7 @@ double-Q network on 3-step returns from a prioritized transition replay (exponen
 and 0.4), and many envs, each exploring with its own fixed epsilon (section 4.1:
 ``eps_i = 0.4 ** (1 + 7 i / (N - 1))``, `beast.algos.policies.actor_epsilons`) rather
 than one annealed schedule. Actors write every step once into their env's ring
-(beast/transition_replay.py), and run free of the learner unless
+(beast/experience/transition_replay.py), and run free of the learner unless
 --samples_per_insert asks them to wait.
 """
 

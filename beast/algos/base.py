@@ -110,7 +110,7 @@ class Policy(abc.ABC):
         """The action of the policy built with `explore=False` (--mode test), as torch ops on
         the model's outputs for n envs (`[1, n, ...]`, as `bind`'s function gets them):
         int64 [n] or float32 [n, d], before the env's bounds clip it. What an exported
-        policy computes (beast/policy.py); a Q-network's is greedy, without --test_epsilon.
+        policy computes (beast/trained/policy.py); a Q-network's is greedy, without --test_epsilon.
         """
         raise NotImplementedError(
             f"{type(self).__name__} has no deterministic action, so its policy cannot be"
@@ -121,8 +121,8 @@ class Policy(abc.ABC):
 @dataclass(frozen=True)
 class Rollouts:
     """Actors write fixed-length rollouts of `unroll_length` + 1 steps into the rollout slots
-    (beast/buffers.py) and the learner takes `--batch_size` of them per batch. With
-    `replay_size` > 0, a FIFO of whole rollouts (beast/rollout_replay.py) replaces
+    (beast/experience/rollout_slots.py) and the learner takes `--batch_size` of them per batch. With
+    `replay_size` > 0, a FIFO of whole rollouts (beast/experience/rollout_replay.py) replaces
     `num_replayed` of each batch's rollouts with replayed ones. `synchronous`: actors wait
     for the weights of each update before their next rollouts, and a batch is one rollout
     of every env (`--batch_size` must be the number of envs; `RolloutSource`)."""
@@ -137,7 +137,8 @@ class Rollouts:
 class SequenceReplay:
     """Actors cut their envs' steps into sequences of `seq_len` + 1 rows (overlapping by
     `seq_overlap`) and add them to a shared prioritized replay of `capacity` sequences
-    (beast/replay.py); the learner samples `--batch_size` of them once `min_size` are in.
+    (beast/experience/sequence_replay.py); the learner samples `--batch_size` of them once
+    `min_size` are in.
     With `samples_per_insert` > 0, actors pause when they insert faster than the learner
     samples that many per insert."""
 
@@ -154,7 +155,7 @@ class SequenceReplay:
 @dataclass(frozen=True)
 class TransitionReplay:
     """Actors append every env step to their env's ring in a shared replay of `capacity`
-    transitions (beast/transition_replay.py); the learner samples `--batch_size` of them,
+    transitions (beast/experience/transition_replay.py); the learner samples `--batch_size` of them,
     with their `n_step` windows and frame stacks built at sampling, once `min_size` steps
     are in. `prioritized`: by priority (PER's exponents), else uniformly. With
     `samples_per_insert` > 0, actors pause when they step faster than the learner samples
@@ -179,11 +180,11 @@ class Batch(NamedTuple):
     data: the experience's fields time-major, `[L, B, ...]` (rollouts: L = T + 1;
         sequences: seq_len + 1 rows; transitions: 2 rows, the step and its bootstrap
         step, plus n_step_rewards [n, B], n_steps [B] and terminal [B],
-        beast/transition_replay.py); recurrent-state fields `core_state_i`
+        beast/experience/transition_replay.py); recurrent-state fields `core_state_i`
         `[d0, B, ...]`, the state at row 0.
     weights: float32 [B] importance weights of a prioritized replay (normalised by their
         max; 0 for a sample to ignore), else None.
-    The rest is the source's bookkeeping (beast/learner.py): slots and generations to
+    The rest is the source's bookkeeping (beast/learning/learner.py): slots and generations to
     send priorities back to (or a synchronous source's rollout slots, freed after the
     update), the agent steps and finished episodes the batch accounts for.
     parts: a replay's block of that many batches, one after another along the batch
@@ -232,7 +233,7 @@ def batch_rewards(data: Mapping[str, Tensor]) -> Tensor:
 
 
 class OptimizerStep(Protocol):
-    """The learner's optimizer step as an algorithm sees it (beast/learner.py `Stepper`).
+    """The learner's optimizer step as an algorithm sees it (beast/learning/learner.py `Stepper`).
 
     Named here by what algorithms use of it, so that this interface does not import the
     learner, which imports the interface."""
@@ -250,7 +251,8 @@ class OptimizerStep(Protocol):
 
 
 class Progress(Protocol):
-    """The run's counters as an algorithm reads them (beast/learner.py `TrainingProgress`)."""
+    """The run's counters as an algorithm reads them (beast/learning/learner.py
+    `TrainingProgress`)."""
 
     @property
     def step(self) -> int:
@@ -269,11 +271,11 @@ class LearnerContext:
 
     device: where the model and batches live.
     bf16: run forward passes under bf16 autocast (`autocast()`); losses stay float32.
-    step: the one optimizer step (beast/learner.py `Stepper`): zero_grad, backward,
+    step: the one optimizer step (beast/learning/learner.py `Stepper`): zero_grad, backward,
         clipping, the non-finite guard, the learning-rate schedule, the step.
     progress: the run's counters (agent steps, updates), read-only for the algorithm.
     scale_rewards: a batch's data -> its rewards `[L, B]` as the loss must see them
-        (--normalize_reward scales them, beast/normalize.py; else `data["reward"]`).
+        (--normalize_reward scales them, beast/algos/normalize.py; else `data["reward"]`).
         Models read the raw `data["reward"]`, as they did when acting.
     compile: --compile: whether `train_step` compiles the update (on, off, or auto:
         where it pays, beast/train_step).
@@ -439,9 +441,9 @@ class Algorithm(abc.ABC):
 
     def build_model(self) -> nn.Module:
         """The network: the user's `--model package.module:Name`, or a built-in one; with
-        --normalize_obs, behind the running normaliser (beast/normalize.py)."""
+        --normalize_obs, behind the running normaliser (beast/algos/normalize.py)."""
+        from beast.algos.normalize import ObservationNormalizer
         from beast.models import build_user_model, is_user_model
-        from beast.normalize import ObservationNormalizer
 
         if is_user_model(self.config.model):
             model = build_user_model(self.config, self.spec)

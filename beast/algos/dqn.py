@@ -6,7 +6,7 @@ Hessel et al. 2018 (here without noisy nets). Categorical DQN (C51): Bellemare e
 2017. Pure functions first (tensors in, tensors out, every constant an argument), then
 the plug-ins (beast/algos/base.py).
 
-A batch (beast/transition_replay.py) holds B transitions, each as two rows, ``[2, B]``:
+A batch (beast/experience/transition_replay.py) holds B transitions, each as two rows, ``[2, B]``:
 the step s it starts at and its bootstrap step s + k, with
 
     n_step_rewards  float [n, B]  r_{s+1} ... r_{s+n}, 0 past the k rewards taken

@@ -81,8 +81,8 @@ from beast.algos.distributions import ActionDistribution, Categorical
 from beast.algos.dtypes import compute_dtype
 from beast.config import flag, require_fraction, require_nonnegative
 from beast.fields import core_state, model_inputs
-from beast.optim import build_optimizer
 from beast.train_step import ParameterGroup, StepLoss
+from beast.train_step.optim import build_optimizer
 
 __all__ = [
     "REWARD_CLIPPING_MODES",

@@ -2,7 +2,7 @@
 "Off-Policy Actor-Critic with Shared Experience Replay", arXiv:1909.11583).
 
 LASER is IMPALA whose batches mix fresh rollouts with rollouts replayed from a
-FIFO (beast/rollout_replay.py, which the `Laser` plug-in below asks for through
+FIFO (beast/experience/rollout_replay.py, which the `Laser` plug-in below asks for through
 its experience; the mixing is the paper's section 3, Proposition 3), plus this
 loss. The loss does not know which
 rollouts were replayed: it reads the behaviour logits stored with every step,
@@ -193,7 +193,7 @@ def laser_loss(
 @dataclass(frozen=True)
 class LaserArgs(ImpalaArgs):
     """LASER (Schmitt et al. 2019): IMPALA plus a FIFO replay of whole rollouts mixed into
-    every batch (beast/rollout_replay.py) and this module's trust region."""
+    every batch (beast/experience/rollout_replay.py) and this module's trust region."""
 
     replay_ratio: float = flag(
         1.0,

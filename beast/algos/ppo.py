@@ -31,7 +31,8 @@ Stale data. beast's actors do not stop for the learner, so a batch can come from
 several updates old. Two answers, `--synchronous` (the default) or not:
 
 - synchronous: actors wait, after each rollout, for the update it feeds (the engine's
-  synchronous rollouts: beast/rollout_source.py `RolloutSource`); every batch is one rollout of
+  synchronous rollouts: beast/experience/rollout_source.py `RolloutSource`); every batch is one
+  rollout of
   every env acted by the weights it updates (but for the first step of each rollout),
   as in Stable-Baselines3 and CleanRL. `--batch_size` must be the number of envs.
 - asynchronous: actors never wait; the surrogate's ratio is to the behaviour policy that
@@ -67,8 +68,8 @@ from beast.algos.gae import generalized_advantages
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards, step_discounts_and_valid
 from beast.config import ConfigError, flag, require_fraction, require_nonnegative
 from beast.fields import core_state, index_inputs, map_inputs, model_inputs
-from beast.optim import build_optimizer
 from beast.train_step import ParameterGroup, StepLoss
+from beast.train_step.optim import build_optimizer
 
 __all__ = [
     "A2C",

@@ -31,7 +31,7 @@ from beast.algos.value_rescaling import (
 )
 from beast.config import require_fraction, require_nonnegative, require_positive
 from beast.models import build_q_model
-from beast.optim import build_optimizer
+from beast.train_step.optim import build_optimizer
 
 __all__ = [
     "QLearningAlgorithm",

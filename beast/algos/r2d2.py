@@ -7,7 +7,8 @@ Reinforcement Learning", section 2 and 3. Ape-X: Horgan et al. 2018,
 tensors out, every constant an argument.
 
 Batch layout: replayed sequences of ``L`` rows, time-major, the same
-alignment as beast's rollouts (``beast.buffers``; ``beast.replay`` stores
+alignment as beast's rollouts (``beast.experience.rollout_slots``;
+``beast.experience.sequence_replay`` stores
 ``L = seq_len + 1``: the steps and the one after them). Row t holds
 
     obs           [L, B, ...]  the observation x_t

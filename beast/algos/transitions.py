@@ -1,4 +1,5 @@
-"""What every learner on the transition replay (beast/transition_replay.py) shares: the DQN
+"""What every learner on the transition replay (beast/experience/transition_replay.py) shares: the
+DQN
 family and Ape-X (beast/algos/dqn.py), DDPG, TD3 and SAC (beast/algos/qpg/). Their
 batches hold each transition's window of k <= n rewards (``n_step_rewards [n, B]``,
 ``n_steps [B]``), their flags the replay's size and fill, the n of the returns, the
@@ -26,7 +27,8 @@ __all__ = [
     "scaled_n_step_returns",
 ]
 
-# The replay stores each window's length k <= n as a uint8 (n_steps, beast/transition_replay.py).
+# The replay stores each window's length k <= n as a uint8 (n_steps,
+# beast/experience/transition_replay.py).
 _MAX_N_STEP = 255
 
 

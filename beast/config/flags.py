@@ -43,12 +43,12 @@ __all__ = [
 AUTO = "auto"
 # Env families with tuned files, configs/<algo>/<family>.yaml (not every algorithm has all).
 FAMILIES = ("atari", "classic", "mujoco")
-# --wandb without the package (beast/logs.py says the same if its import fails).
+# --wandb without the package (beast/outputs/logs.py says the same if its import fails).
 WANDB_MISSING = "--wandb needs the wandb package: pip install wandb (or pip install -e '.[wandb]')"
 # Flags that name, place, log, checkpoint or supervise a run: what the run computes per
 # step does not depend on them. The thread tuner's remembered counts
-# (beast/thread_tuner.py `setup_key`) and the compiled step's key before its trace
-# (beast/engine.py `step_identity`) leave them out, each with what else it may ignore.
+# (beast/learning/thread_tuner.py `setup_key`) and the compiled step's key before its trace
+# (beast/run/engine.py `step_identity`) leave them out, each with what else it may ignore.
 RUN_NAMING_FLAGS = frozenset(
     {
         "mode",
@@ -159,7 +159,7 @@ class Config:
         2,
         "Actor processes. auto: every core but one with a GPU learner; with a CPU learner, the"
         " cores' share that the measured acting cost takes beside the measured learner cost"
-        " (beast/autosize.py; a few seconds at start-up, the choice is logged).",
+        " (beast/run/autosize.py; a few seconds at start-up, the choice is logged).",
     )
     num_envs_per_actor: int | str = flag(
         8,
@@ -178,7 +178,7 @@ class Config:
         choices=("auto", "loop", "ale_vector", "envpool"),
     )
 
-    # Inference (beast/inference.py).
+    # Inference (beast/acting/inference.py).
     policy: str = flag(
         "auto",
         "Where actions are computed: local (each actor runs a CPU model copy) or central (actors"

@@ -28,7 +28,7 @@ Every backend exposes the same arrays, updated in place by `step` (actors keep
     discounted_return [K] float32    with `return_discount` gamma: each env's running
                                      G_t = reward_t + gamma * G_{t-1}, restarted after an
                                      episode end (--normalize_reward's statistic,
-                                     beast/normalize.py); zeros without
+                                     beast/algos/normalize.py); zeros without
 
 Auto-reset differs by how an episode ends, so that every target can do the right thing
 at each end:

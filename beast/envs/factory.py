@@ -6,7 +6,7 @@ Names:
       arguments; a result that is not a `gymnasium.Env` is taken to speak the old gym
       API and wrapped in `OldGymAdapter`. (`package.module:EnvId-v0`, Gymnasium's own
       "import this module, then make this id" form, works too.) The running script's
-      own module name finds the running script (`beast.references.import_module`).
+      own module name finds the running script (`beast.util.references.import_module`).
 
 Atari: a Gymnasium id whose entry point is ale_py's `AtariEnv` gets the DeepMind
 preprocessing (see `beast.envs.atari`). Its AtariEnv is always created with
@@ -51,7 +51,7 @@ from beast.envs.atari import (
 )
 from beast.envs.spec import EnvError, EnvSpec, env_spec, is_image
 from beast.envs.wrappers import EpisodeStatistics, Float32Observation, SeedFirstReset
-from beast.references import import_module
+from beast.util.references import import_module
 
 __all__ = ["env_family", "make", "probe_spec", "refuse_episodic_life", "spaces_family"]
 
@@ -181,7 +181,7 @@ def probe_spec(name: str) -> EnvSpec:
     in the process that parses the flags, before the run's own envs exist. Envs whose
     name gives their family are never made here, nor any env of a run given --config or
     --family (for an env whose constructor is costly). The start-up line reads the family
-    again from the spec that start-up's own probe made (beast.engine.prepare), without a
+    again from the spec that start-up's own probe made (beast.run.engine.prepare), without a
     third construction.
     """
     env = make(name)

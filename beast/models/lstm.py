@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from beast.graph_capture import capturing
 from beast.models.base import (
     CoreState,
     ModelError,
@@ -20,6 +19,7 @@ from beast.models.base import (
     float_obs,
     time_and_batch,
 )
+from beast.util.graph_capture import capturing
 
 __all__ = []
 

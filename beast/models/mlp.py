@@ -91,7 +91,7 @@ class MultiInputTorso(nn.Module):
         features = [torso(obs_leaf(obs, path)) for path, torso in images]
         if self._vector_paths:
             leaves = [obs_leaf(obs, path) for path in self._vector_paths]
-            # shape[0], not len(): a trace (beast/exporting.py) keeps the batch size variable.
+            # shape[0], not len(): a trace (beast/trained/export.py) keeps the batch size variable.
             vectors = [leaf.reshape(leaf.shape[0], -1) for leaf in leaves]
             x = vectors[0] if len(vectors) == 1 else torch.cat(vectors, dim=1)
             features.append(x if self.vector_torso is None else self.vector_torso(x))

@@ -13,7 +13,7 @@ from torch import nn
 
 from beast.fields import map_inputs, model_inputs
 from beast.models.base import ModelError
-from beast.references import import_module
+from beast.util.references import import_module
 
 __all__ = [
     "build_user_model",

@@ -2,7 +2,7 @@
 code that touches ffi/lib.
 
 `IndexQueue` is a FIFO of int32 rollout-slot indices shared by the learner and
-actor processes (the free/full protocol of `beast.buffers`). It lives in C
+actor processes (the free/full protocol of `beast.experience.rollout_slots`). It lives in C
 (`index_queue.c`) over shared memory that Python allocates and owns:
 
 - a process that dies mid-call cannot deadlock the others (robust mutex);

@@ -6,7 +6,7 @@
     rollouts.py     rollouts staged outside shared memory, committed to slots whole
     feeders.py      env servers' placement and restarts; the threads that fill slots
     distributed.py  several learners: torch.distributed gradient reduction
-    trainer.py      LearnerNode (slots + beast.learner.Learner + servers), train()
+    trainer.py      LearnerNode (slots + beast.learning.learner.Learner + servers), train()
 
 Ray is imported only when a run starts, so `import beast.poly` works without it.
 """

@@ -1,7 +1,7 @@
 """Several learners: torch.distributed data parallelism for beast's Learner.
 
 Each learner process (a Ray actor, see beast/poly/trainer.py) runs the
-unchanged `beast.learner.Learner` on batches from its own env servers and
+unchanged `beast.learning.learner.Learner` on batches from its own env servers and
 gives a `GradientReducer` to its `Stepper` as the `reduce_gradients` hook. On
 every optimizer step, after the backward pass and before the step, every
 learner calls it (it is a collective: all of them, every step, finite or not;

@@ -7,7 +7,7 @@ with the algorithm's policy (beast/algos), as an actor does. Two ways to act, pe
 `--policy`:
 
     local    `rollout()` steps the K envs T times with the server's own CPU
-             copy of the model (`beast.inference.LocalPolicy`, the actors'
+             copy of the model (`beast.acting.inference.LocalPolicy`, the actors'
              local policy) and returns what the learner's experience takes
              from them: a whole rollout, `[K, T+1, ...]` per field, or the
              sequences cut from those T steps with their episodes and step
@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from beast.actor import env_sources, policy_inputs
-from beast.engine import build_algorithm
+from beast.acting.actor import env_sources, policy_inputs
+from beast.acting.inference import LocalPolicy, record_arrays
 from beast.envs.batch import make_env_batch
-from beast.inference import LocalPolicy, record_arrays
 from beast.poly.config import PolyConfig
+from beast.run.engine import build_algorithm
 
 __all__ = ["EnvServer", "Incarnation", "RolloutTimes"]
 
@@ -133,7 +133,7 @@ class EnvServer:
             self.policy = LocalPolicy(self.model, policy, k, params)
             self.inputs = policy_inputs(self.env_batch, self.last_action)
             # Rollout ids: a random 31-bit prefix per process and a counter; unique per
-            # rollout and per env, as beast/buffers.py's torn-slot check needs.
+            # rollout and per env, as beast/experience/rollout_slots.py's torn-slot check needs.
             self.writer, self.staging = recipe.writer(
                 {**env_sources(self.env_batch, self.last_action), **self.policy.record},
                 publish_every=self.unroll_length,

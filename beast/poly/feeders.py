@@ -24,7 +24,8 @@ lost with its server is simply never written:
                       the same writer a server would use, commits what is
                       complete, sends the actions.
 
-With synchronous rollouts (beast/rollout_source.py `RolloutSource`) a server's next rollout
+With synchronous rollouts (beast/experience/rollout_source.py `RolloutSource`) a server's next
+rollout
 waits for the update its last one feeds: both feeders hold a server back once its
 rollout is committed, until the learner frees that rollout's slots (the update is out),
 and meanwhile serve the others; the receiver then asks for one rollout at a time, with
@@ -45,9 +46,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from beast.acting.inference import record_arrays
 from beast.algos.base import Policy, as_outputs
 from beast.fields import map_inputs, model_inputs
-from beast.inference import record_arrays
 from beast.poly.config import PolyConfig
 from beast.poly.env_server import EnvServer, Incarnation, RolloutTimes
 

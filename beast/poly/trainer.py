@@ -14,13 +14,13 @@
   cluster's nodes and owns the env servers: one launcher, one way to stop.
 
 A `LearnerNode` holds what monobeast's learner process holds, built by the same
-code (beast/engine.py, through the algorithm registry): the algorithm's sink and
+code (beast/run/engine.py, through the algorithm registry): the algorithm's sink and
 source (rollout slots, or a replay that stays in this process), the learner, the
 model, the algorithm's state, checkpoints and run log (rank 0), plus its share of
 the env servers (servers r, r+N, r+2N, ...) and the feeder thread that commits
 what they produce into the sink (beast/poly/feeders.py). The learning code is
 monobeast's; only who writes into the sink differs. With --eval_interval, rank 0
-also runs monobeast's evaluator process (beast/evaluator.py) on its own node.
+also runs monobeast's evaluator process (beast/run/evaluator.py) on its own node.
 
 Shutdown, however the run ends: the learner stops, the feeder stops, the
 slot queues close, rank 0 writes the final checkpoint, then `ray_session`
@@ -43,17 +43,17 @@ from typing import Any
 import torch
 
 from beast import envs
-from beast.checkpoint import CheckpointError
 from beast.config import ConfigError, describe_defaults
-from beast.engine import Run, build_run, load_resume_payload, prepare, restore, select_device
 from beast.envs.batch import check_backend
-from beast.evaluator import Evaluation, build_evaluator, describe_evaluation
-from beast.learner import UpdateStats
+from beast.learning.learner import UpdateStats
+from beast.outputs.checkpoint import CheckpointError
 from beast.poly.cluster import ray_session
 from beast.poly.config import PolyConfig
 from beast.poly.distributed import GradientReducer, broadcast_parameters, init_process_group
 from beast.poly.feeders import CentralInference, RolloutReceiver, ServerPool, WeightsBroadcast
-from beast.run_setup import (
+from beast.run.engine import Run, build_run, load_resume_payload, prepare, restore, select_device
+from beast.run.evaluator import Evaluation, build_evaluator, describe_evaluation
+from beast.run.lifecycle import (
     TrainingError,
     learner_failure,
     open_run_log,
@@ -233,7 +233,8 @@ class LearnerNode:
         pool = ServerPool(config, servers, log.print, run.sink.staging_recipe())
         pools.append(pool)
         stop = threading.Event()
-        # Synchronous rollouts (beast/rollout_source.py RolloutSource): a server's next rollout
+        # Synchronous rollouts (beast/experience/rollout_source.py RolloutSource): a server's next
+        # rollout
         # must act with the weights of the update its last one fed, so it is asked for
         # once that update is out, with those weights.
         synchronous = getattr(run.source, "synchronous", False)

@@ -7,7 +7,7 @@ An algorithm states its update once, as a `TrainStep` over:
               every other step); plain PyTorch over its modules, called as usual.
     modules   every nn.Module the loss reads (online networks, target networks, SAC's
               temperature), by name.
-    groups    what each optimizer trains (`ParameterGroup`), built by beast.optim.
+    groups    what each optimizer trains (`ParameterGroup`), built by beast.train_step.optim.
     targets   target networks that follow online ones by Polyak averaging or copies
               (`TargetNetwork`).
 
@@ -56,7 +56,6 @@ The modules, each of one purpose:
     compiler.py     inductor's settings, set in every thread that compiles
 """
 
-from beast.records import compile_cache_dir
 from beast.train_step.background import (
     MODULES_IN_USE,
     StepAbandoned,
@@ -65,6 +64,7 @@ from beast.train_step.background import (
 )
 from beast.train_step.interface import ParameterGroup, StepLoss, StepResult, TargetNetwork
 from beast.train_step.step import COMPILE_MODES, TrainStep
+from beast.util.records import compile_cache_dir
 
 __all__ = [
     "COMPILE_MODES",

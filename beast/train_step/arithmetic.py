@@ -1,7 +1,7 @@
 """The optimizers' arithmetic inside the compiled step: torch.optim's Adam and RMSprop
 steps written out on flat tensors, in torch's order of operations, so that the graph
 takes the same step as the eager optimizer (to float tolerance) with no host
-synchronisation. Only the hyperparameters beast.optim builds are implemented; any other
+synchronisation. Only the hyperparameters beast.train_step.optim builds are implemented; any other
 optimizer or setting keeps a run's update eager."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class OptimizerRule(abc.ABC):
     def state_names(self) -> tuple[str, ...]:
         """Its state entries besides the step count, each laid out as the parameters."""
 
-    # The settings of torch's optimizer this arithmetic assumes (beast.optim sets no
+    # The settings of torch's optimizer this arithmetic assumes (beast.train_step.optim sets no
     # other): a param group with another value has no compiled step.
     fixed: ClassVar[Mapping[str, Any]]
     # Whether torch keeps the (non-capturable) step count on the CPU whatever the

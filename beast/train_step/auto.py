@@ -13,8 +13,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_leaves
 
-from beast.records import read_record, write_record
 from beast.train_step.interface import Train
+from beast.util.records import read_record, write_record
 
 __all__ = [
     "BUILD_SHARE_PER_EXTRA_STEP",
@@ -76,7 +76,7 @@ class StepRecord(NamedTuple):
         return cls(signature, **{k: known.get(k) for k in cls._fields[1:]})
 
     def save(self) -> None:
-        """Into the shared record file (beast/records.py); a read-only home keeps nothing:
+        """Into the shared record file (beast/util/records.py); a read-only home keeps nothing:
         auto decides on the defaults next time."""
         figures = {k: v for k, v in self._asdict().items() if k != "signature"}
         write_record(self._FILE, self.signature, figures)

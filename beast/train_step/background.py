@@ -123,7 +123,7 @@ def compilation_thread(name: str, target: Callable[..., None], *args: Any) -> th
     """A compilation's thread (not started), named for `compilations_under_way`. Not a
     daemon: the interpreter's exit waits for it rather than freezing it inside torch's
     C++ (which aborts the process); monobeast.py and polybeast.py exit without waiting
-    (`beast.cli.exit_process`)."""
+    (`beast.run.cli.exit_process`)."""
     # daemon=False said, not left to the default: a thread started from a daemon thread
     # (the learner's) is one too, and the interpreter's exit then ended it inside torch's
     # C++ (which aborts the process: "terminate called without an active exception").

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from beast.records import compile_cache_dir
+from beast.util.records import compile_cache_dir
 
 __all__ = [
     "BACKEND",

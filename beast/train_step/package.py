@@ -39,11 +39,11 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_loads
 
-from beast.graph_capture import capturing_graph
-from beast.records import compile_cache_dir, source_digest
 from beast.train_step import compiler
 from beast.train_step.compiler import inductor_patch
 from beast.train_step.graph import copied
+from beast.util.graph_capture import capturing_graph
+from beast.util.records import compile_cache_dir, source_digest
 
 __all__ = [
     "BuildStopped",
@@ -95,7 +95,7 @@ class Trace:
         go on eagerly meanwhile). RuntimeError, with the child's last line, if it failed;
         `BuildStopped` if `stopping` was set first (the child is stopped too, as it is
         when the thread that started it ends: the kernel signals it, from the child's
-        first line on, `beast.parent_death`).
+        first line on, `beast.util.parent_death`).
 
         The child leads a process group of its own, which the C++ compilers it runs join:
         stopped, it stops them with it (`build_in_child`). A compiler it only killed would
@@ -114,7 +114,7 @@ class Trace:
                     [
                         sys.executable,
                         "-m",
-                        "beast.parent_death",
+                        "beast.util.parent_death",
                         str(os.getpid()),
                         "SIGTERM",
                         f"{__name__}:build_in_child",

@@ -16,8 +16,6 @@ import torch
 from torch import Tensor, nn
 
 from beast.models import PolyakAverager
-from beast.optim import INITIAL_LR
-from beast.records import read_record, write_record
 from beast.train_step import auto, compiler, package
 from beast.train_step.background import MODULES_IN_USE, compilation_thread
 from beast.train_step.cuda_graph import CudaGraphStep
@@ -35,6 +33,8 @@ from beast.train_step.interface import (
     split_block,
     step_trains,
 )
+from beast.train_step.optim import INITIAL_LR
+from beast.util.records import read_record, write_record
 
 __all__ = ["COMPILE_MODES", "TrainStep"]
 
@@ -86,7 +86,7 @@ class TrainStep:
         stopping: set when the run stops: a step waiting for a compilation then raises
             StepAbandoned instead of waiting on.
         identity: what, besides beast's code and the step's arguments, the step's graph
-            is made from (the run's settings and the env's spaces: beast/engine.py
+            is made from (the run's settings and the env's spaces: beast/run/engine.py
             `step_identity`), or None where that is not known (a user's model). Given it,
             a step whose package an earlier run recorded loads it at its first call, with
             no trace and no eager steps before (`_load_known`).

@@ -4,7 +4,7 @@ over monobeast runs driven through their files (beast/tune/runs.py).
 
 From Python (a notebook too), as from the command line:
 
-    from beast.sweep_runs import load_sweep, run_sweep
+    from beast.tune.sweep_runs import load_sweep, run_sweep
     results = run_sweep(load_sweep("configs/sweeps/ppo_cartpole_optuna.yaml"))
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 import signal
 
-from beast.sweep_runs import Run, RunResult, SweepSpec, command
+from beast.tune.sweep_runs import Run, RunResult, SweepSpec, command
 
 __all__ = ["run_tuner"]
 
@@ -28,13 +28,13 @@ def run_tuner(
     poll_seconds: float = 0.5,
     ray_address: str | None = None,
 ) -> list[RunResult]:
-    """Run the sweep's `optuna` or `pbt` search (beast.sweep.run_sweep's dispatch); with
+    """Run the sweep's `optuna` or `pbt` search (beast.tune.sweep.run_sweep's dispatch); with
     dry_run print what it would start. SIGTERM stops it as Ctrl-C does: every run
     checkpoints, and a rerun resumes."""
     if dry_run:
         _print_plan(spec, sweep_dir, cpus_per_run)
         return []
-    from beast.runner import stop_on_signals
+    from beast.run.runner import stop_on_signals
 
     handlers = stop_on_signals()
     try:

@@ -11,7 +11,7 @@ evaluations, in a storage file that resumes and that several processes share.
       pruner: median          # median (default), none, or {median: {n_startup_trials: 3,
                               #   n_warmup_steps: 20000, interval_steps: 1}}
       storage: optuna.db      # SQLite file, relative to SAVEDIR/NAME
-      params:                 # the random search's syntax (beast/sweep.py)
+      params:                 # the random search's syntax (beast/tune/sweep.py)
         learning_rate: {log_uniform: [0.0001, 0.003]}
         gae_lambda: {uniform: [0.8, 1.0]}
 
@@ -28,7 +28,7 @@ it whole. A trial whose search is interrupted (Ctrl-C, SIGTERM) is marked FAIL a
 queued again with the same params and run directory; a trial whose search was killed
 outright stops sending heartbeats, and once they are _GRACE_SECONDS old any process on
 the study marks it FAIL and queues it the same way (its run got SIGINT from the kernel
-when the search died: beast/sweep.py's `launch`). The queued trial resumes the run from
+when the search died: beast/tune/sweep.py's `launch`). The queued trial resumes the run from
 its checkpoint (monobeast resumes a run directory), reports its earlier evaluations
 from logs.csv, and goes on. Several processes may run the same file against one
 storage: they share the budget and TPE's history.
@@ -45,7 +45,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from beast.sweep_runs import (
+from beast.tune.runs import drive, evaluations, wait_for_threads
+from beast.tune.sweep_runs import (
     Run,
     RunResult,
     SweepError,
@@ -57,7 +58,6 @@ from beast.sweep_runs import (
     metrics,
     report,
 )
-from beast.tune.runs import drive, evaluations, wait_for_threads
 
 if TYPE_CHECKING:
     import optuna
@@ -174,7 +174,7 @@ def _parse_pruner(value: Any, source: str) -> tuple[str, dict[str, int]]:
 
 
 def _distributions(params: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
-    """Optuna's distribution for each of the random search's (beast/sweep.py)."""
+    """Optuna's distribution for each of the random search's (beast/tune/sweep.py)."""
     distributions = import_optuna().distributions
     result = {}
     for key, dist in params.items():

@@ -50,9 +50,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from beast.checkpoint import has_checkpoint, load_latest_checkpoint, save_checkpoint
 from beast.config import Config, config_from_flags
-from beast.sweep_runs import (
+from beast.outputs.checkpoint import has_checkpoint, load_latest_checkpoint, save_checkpoint
+from beast.tune.runs import drive, read_rows, wait_for_threads
+from beast.tune.sweep_runs import (
     Run,
     RunResult,
     SweepError,
@@ -66,7 +67,6 @@ from beast.sweep_runs import (
     metrics,
     report,
 )
-from beast.tune.runs import drive, read_rows, wait_for_threads
 
 __all__ = [
     "EXPLORABLE",
@@ -84,7 +84,7 @@ __all__ = [
 # Flags a resumed run applies to the learner it restores, so that PBT may change them
 # between rounds: the loss's weights and targets are built from the flags at start-up, and
 # the optimizer's settings are the flags', not the checkpoint's
-# (beast.engine.with_current_hyperparameters). Flags that shape the model, the
+# (beast.run.engine.with_current_hyperparameters). Flags that shape the model, the
 # optimizer's state, the buffers or the actors are left out.
 EXPLORABLE = (
     "learning_rate",

@@ -1,20 +1,20 @@
 """How the tuners drive a run: start it, read its progress while it runs, stop it cleanly.
 
 Both tuners (beast/tune/optuna_search.py, beast/tune/pbt.py) run monobeast runs in
-processes of their own, as the sweep does (beast/sweep.py: the same command line, slot
+processes of their own, as the sweep does (beast/tune/sweep.py: the same command line, slot
 pinning and RUN_DIR/sweep.log), and read a run's progress from the files it writes:
 
     logs.csv      one row per update (`step`), one per evaluation (`eval_step`,
                   `eval_mean_return`: the pruner's values)
     episodes.csv  one row per finished training episode (`return`: PBT's scores)
 
-The run flushes every row as it writes it (beast/logs.py) and a reader keeps only whole
+The run flushes every row as it writes it (beast/outputs/logs.py) and a reader keeps only whole
 lines, so a row caught half-written is read whole on the next poll. Reading files rather
 than calling back into the run keeps the run a plain monobeast run (it may be on a Ray
 worker, or survive the tuner) and loses nothing: whatever the run recorded is on disk.
 
 A run is stopped with SIGINT, what Ctrl-C sends: it stops its actors and learner, writes
-its final checkpoint and exits 0 (beast/runner.py), so a pruned trial or the end of a PBT
+its final checkpoint and exits 0 (beast/run/runner.py), so a pruned trial or the end of a PBT
 round leaves a checkpoint that resumes exactly.
 """
 
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from beast.sweep_runs import Run, launch
+from beast.tune.sweep_runs import Run, launch
 
 __all__ = [
     "Evaluation",
@@ -130,7 +130,7 @@ def interrupt(proc: subprocess.Popen) -> int:
 
 def wait_for_threads(threads: Sequence[threading.Thread], stop: threading.Event) -> None:
     """Wait until every thread has ended; on Ctrl-C or SIGTERM (KeyboardInterrupt, from
-    beast.runner.stop_on_signals) set `stop`, wait for them with further signals ignored
+    beast.run.runner.stop_on_signals) set `stop`, wait for them with further signals ignored
     (each thread stops its run cleanly), and raise KeyboardInterrupt.
 
     Polled rather than joined: in Python 3.11 a KeyboardInterrupt that lands inside

@@ -2,7 +2,7 @@
 update. The equations are beast/algos/qpg/functions.py's; the network contract is
 beast/algos/qpg/networks.py's.
 
-All three train on the transition replay (beast/transition_replay.py, uniform, with
+All three train on the transition replay (beast/experience/transition_replay.py, uniform, with
 optional n-step returns), at `--utd_ratio` gradient updates per env step: the replay's
 rate limit (`samples_per_insert` = utd_ratio x batch_size) holds it whichever of the
 actors and the learner is faster. The first `--learning_starts` env steps are uniform
@@ -34,6 +34,7 @@ from beast.algos.base import (
     UpdateInfo,
     require_one_batch,
 )
+from beast.algos.normalize import find_observation_normalizer
 from beast.algos.nstep import NStepReturns
 from beast.algos.policies import SquashedPolicy
 from beast.algos.qpg.functions import (
@@ -55,9 +56,8 @@ from beast.algos.transitions import (
 from beast.config import ConfigError, flag, require_nonnegative
 from beast.fields import index_inputs, model_inputs
 from beast.models import ModelError
-from beast.normalize import find_observation_normalizer
-from beast.optim import build_optimizer
 from beast.train_step import ParameterGroup, StepLoss, StepResult, TargetNetwork
+from beast.train_step.optim import build_optimizer
 
 __all__ = [
     "DDPG",

@@ -2,7 +2,7 @@
 
 Actions here are in the unit box [-1, 1]^d (`to_unit_actions` maps the env's bounds onto
 it, `from_unit_actions` back); critics see them there, as Stable-Baselines3's do. For a
-batch of B transitions (beast/transition_replay.py: the step x_s, the bootstrap step
+batch of B transitions (beast/experience/transition_replay.py: the step x_s, the bootstrap step
 x_{s+k}, the n-step return G and its discount gamma^k, `beast.algos.dqn.n_step_returns`):
 
 DDPG (Lillicrap et al. 2016, eq. 5-6), with one critic:

@@ -1,0 +1,1 @@
+"""Learning: the learner loop that updates any algorithm, and its thread tuner."""

@@ -1,0 +1,1 @@
+"""What a run leaves behind: logs, W&B, checkpoints, plots, evaluation records."""

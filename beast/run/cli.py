@@ -1,0 +1,61 @@
+"""What monobeast.py and polybeast.py share: exceptions to one-line errors and exit codes.
+
+Exit 2 for bad input (flags, config files, an env that cannot be made), 1 for a run
+that had to stop (TrainingError, CheckpointError), 130 after Ctrl-C, 0 otherwise;
+`--mode test` evaluates a checkpoint instead of training.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+__all__ = ["exit_process", "run_entry_point"]
+
+
+def exit_process(code: int) -> NoReturn:
+    """End an entry point's process with `code` once its run is over (actors stopped,
+    checkpoint written, logs closed): at once, even while a learner's compilation still
+    runs in its thread, which the interpreter's exit would otherwise wait for (a stop
+    never waits for a compilation, beast/train_step)."""
+    from beast.train_step import compilations_under_way
+
+    if compilations_under_way():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    # The interpreter's last garbage collection walks every object the run made and the
+    # compiler's modules hold (0.9 s after a compiled DQN run): frozen, they are left to
+    # the process's end, which frees them at once. Exit handlers still run.
+    gc.freeze()
+    sys.exit(code)
+
+
+def run_entry_point(prog: str, parse: Callable[[], object], train: Callable[[object], None]) -> int:
+    from beast.config import ConfigError
+    from beast.envs import EnvError
+    from beast.outputs.checkpoint import CheckpointError
+
+    try:
+        config = parse()
+        if config.mode == "test":
+            from beast.trained.play import test
+
+            test(config)
+        else:
+            from beast.run.runner import TrainingError
+
+            try:
+                train(config)
+            except (TrainingError, CheckpointError) as error:
+                print(f"{prog}: error: {error}", file=sys.stderr)
+                return 1
+    except (ConfigError, EnvError) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

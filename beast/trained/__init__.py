@@ -1,0 +1,1 @@
+"""A trained policy: --mode test (play), the policy as one function, export."""

@@ -1,0 +1,2 @@
+"""Small mechanisms every layer uses: threads, parent death, graph capture, profiling,
+records kept between runs, and Python objects named as strings."""
