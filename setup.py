@@ -51,13 +51,13 @@ setup(
             "imageio>=2.30",
             "imageio-ffmpeg>=0.4.9",
             "ray>=2.60,<3",
-            "optuna>=4.2,<6",  # tests/test_tune.py
+            "optuna>=4.2,<6",  # tests/tune/test_tune.py
             *MUJOCO,
-            *WANDB,  # tests/test_wandb.py's offline run
-            *EXPORT,  # tests/test_export.py's ONNX files
+            *WANDB,  # tests/outputs/test_wandb.py's offline run
+            *EXPORT,  # tests/trained/test_export.py's ONNX files
         ],
         # polybeast.py: Ray 2.x (an ~80 MB wheel; its other dependencies are mostly
-        # already here). tests/test_polybeast.py skips itself without it.
+        # already here). tests/poly/test_polybeast.py skips itself without it.
         "ray": ["ray>=2.60,<3"],
         # The Optuna search of `python -m beast.sweep` (beast/tune/optuna_search.py).
         "tune": ["optuna>=4.2,<6"],
@@ -69,7 +69,7 @@ setup(
         # --env_backend envpool: EnvPool's C++ thread pool for Atari and MuJoCo, with its
         # own ALE, ROMs and MuJoCo (about 740 MB installed, assets of its other suites
         # included; 1.2.5 is checked against beast's preprocessing by
-        # tests/test_envpool_batch.py). Not in "test" for that size: those tests skip
+        # tests/envs/test_envpool_batch.py). Not in "test" for that size: those tests skip
         # themselves without it.
         "envpool": [ENVPOOL],
         # --wandb: Weights & Biases logging, online or offline.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of the compiled learner (one H100 with 16 cores), in under 8 minutes:
 #   1. the CUDA-graph steps against eager, a block of steps included
-#      (tests/test_train_step.py, CUDA only);
+#      (tests/learning/test_train_step.py, CUDA only);
 #   2. DQN's block of updates and SAC HalfCheetah's update: eager, compiled, compiled in
 #      a CUDA graph (ms);
 #   3. PPO on Pong (agent steps/s);
@@ -40,7 +40,7 @@ part() {  # part NAME SECONDS COMMAND...: run it, keep its output, report how it
 }
 
 BEAST_DEBUG_COMPILE=1 part parity 90 python3 -m pytest -q -p no:cacheprovider -n 0 \
-  tests/test_train_step.py -k cuda
+  tests/learning/test_train_step.py -k cuda
 part learner_step 130 python3 -m benchmarks.learner_step --device cuda \
   --only dqn,sac_halfcheetah --updates 100 --repeats 3
 part ppo_pong 130 python3 monobeast.py --algo ppo --env PongNoFrameskip-v4 --compile on \

@@ -13,7 +13,7 @@ mean, the mean of the last 100 (20) episodes at the end, and the wall-clock of t
 run (start-up included). The means count every env's episodes, exploring ones included (Ape-X's
 spread of epsilons).
 
-tests/test_learning.py asserts the same bars (`-m slow`) from the same table.
+tests/end_to_end/test_learning.py asserts the same bars (`-m slow`) from the same table.
 """
 
 from __future__ import annotations
@@ -120,12 +120,12 @@ CHECKS.append(
     )
 )
 
-# A user's own env: CartPole-v1 as a class with no Gymnasium id (tests/user_envs.py), with
+# A user's own env: CartPole-v1 as a class with no Gymnasium id (tests/support/user_envs.py), with
 # no flags but the checks' own: its spaces (vector observations, Discrete actions) pick
 # configs/<algo>/classic.yaml, CartPole-v1's file, and it gets CartPole-v1's budgets.
 # The issue's bars: IMPALA 400, PPO 475.
 CHECKS += [
-    Check(algo, "monobeast.py", "local", "tests.user_envs:CustomCartPole", steps, bar)
+    Check(algo, "monobeast.py", "local", "tests.support.user_envs:CustomCartPole", steps, bar)
     for algo, steps, bar in (("impala", 500_000, 400.0), ("ppo", 100_000, 475.0))
 ]
 

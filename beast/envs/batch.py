@@ -73,7 +73,7 @@ reset, as beast's loop does none), and where it cannot:
 - Seeds: both seed env i with `first_seed + i`, but through different generators, so
   the same seed does not give the same no-op count or sticky-action draws. With no-op
   starts and sticky actions off, both backends play identical frames
-  (tests/test_env_batch.py compares them pixel for pixel).
+  (tests/envs/test_env_batch.py compares them pixel for pixel).
 - Frame stack after a reset: the ALE pads with zero frames; this module overwrites the
   padding with copies of the first frame, as beast's `FrameStack` does, for the three
   steps the padding lasts. After a lost life (episodic life) the stack is refilled with

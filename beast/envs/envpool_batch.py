@@ -20,7 +20,7 @@ Ids it runs (`envpool_supports`):
   with the id's own time limit. EnvPool loads the same model files as Gymnasium's
   (comments aside) and computes the same observations, rewards and terminations:
   from one state, the same actions give the same trajectory up to rounding (1e-12 over
-  40 steps, then the usual chaotic growth; tests/test_envpool_batch.py).
+  40 steps, then the usual chaotic growth; tests/envs/test_envpool_batch.py).
 
 EnvPool's auto-reset is "next step": the step after an episode ends resets that env,
 ignores its action and returns its first observation with reward 0. On beast's contract:
@@ -33,7 +33,7 @@ ignores its action and returns its first observation with reward 0. On beast's c
 Atari, where it matches beast's loop and where it cannot:
 - Frames: identical. With one no-op start (EnvPool cannot have none: `noop_max=0` crashes
   it), both backends play the same games pixel for pixel, game overs and resets included
-  (tests/test_envpool_batch.py). Both draw 1..noop_max no-ops.
+  (tests/envs/test_envpool_batch.py). Both draw 1..noop_max no-ops.
 - Seeds: env i is seeded with `first_seed + i` (mod 2**31 - 1) in both, through
   different generators: the same seed draws different no-op counts and sticky actions.
 - Episodic life: as beast's. A lost life ends the agent's episode (`terminated`); the
@@ -89,7 +89,7 @@ __all__ = [
 ENVPOOL_INSTALL = 'pip install envpool (in a beast checkout: pip install -e ".[envpool]")'
 
 # Gymnasium MuJoCo envs that EnvPool has as a task of the same name and version, checked
-# to step as Gymnasium's do (tests/test_envpool_batch.py): entry point -> EnvPool task id.
+# to step as Gymnasium's do (tests/envs/test_envpool_batch.py): entry point -> EnvPool task id.
 MUJOCO_TASKS = {
     "gymnasium.envs.mujoco.half_cheetah_v5:HalfCheetahEnv": "HalfCheetah-v5",
     "gymnasium.envs.mujoco.hopper_v5:HopperEnv": "Hopper-v5",

@@ -32,7 +32,7 @@ truncation, whose stack holds the reset frame it never returned) is marked, and 
 transition starting there, or bootstrapping from there, is ever sampled (a window that
 ends in a terminal state bootstraps from nothing: its next observation is never read).
 So the stacks a loss reads are the env's stacks, bit for bit
-(tests/test_transition_replay.py).
+(tests/experience/test_transition_replay.py).
 
 Validity and concurrency: the sum tree (beast/native/sum_tree.c) has one leaf per ring
 slot. A slot's priority is 0 until its window is complete (n steps, or an episode end),

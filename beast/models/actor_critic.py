@@ -113,7 +113,8 @@ class ActorCriticNet(_PolicyHeads, _Trunk):
 
         For recurrent models an empty ``core_state`` means ``initial_state(B)``. The returned
         state is the one after step T-1, so carrying it into the next call gives the same
-        outputs as one call over all steps (up to float32 rounding, see tests/test_models.py).
+        outputs as one call over all steps (up to float32 rounding, see
+        tests/models/test_models.py).
         """
         x, T, B = self._features(inputs["obs"])
         core_input = self._core_input(x, inputs)

@@ -25,7 +25,7 @@ batch of N learners is the sum of theirs. (A loss that is a mean over its batch,
 as R2D2's, gets N times the step of one learner on the concatenated batch; its
 learning rate is the knob, as with DDP's per-GPU batch sizes.) Summing makes N learners with
 `--batch_size B` exactly one learner with batch N*B (up to float rounding),
-which is what tests/test_polybeast.py checks; DDP averages because its
+which is what tests/poly/test_polybeast.py checks; DDP averages because its
 losses are means, which amounts to the same thing.
 
 Every learner starts from rank 0's parameters (broadcast at start), steps

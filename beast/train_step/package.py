@@ -231,7 +231,7 @@ def _tanh(x: Tensor) -> Any:
     accurate vector tanh, 26 us on 256x64 on this project's machine against 11.5 us for
     2 sigmoid(2x) - 1 (the form traced before) and less for this one (PPO CartPole's step
     calls it 4 times). Within 3.6e-7 of tanh, relative too, so tiny values keep their
-    precision (`tests/test_train_step.py`). Other dtypes keep tanh (NotImplemented: a
+    precision (`tests/learning/test_train_step.py`). Other dtypes keep tanh (NotImplemented: a
     float64 step keeps its precision)."""
     if x.dtype != torch.float32:
         return NotImplemented

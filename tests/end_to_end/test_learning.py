@@ -1,0 +1,85 @@
+"""Real learning checks through the entry points: IMPALA and PPO on CartPole-v1 by default,
+every algorithm in every mode with -m slow (benchmarks/learning_checks.py's table).
+
+Runs are seeded, but actors and learner run asynchronously, so the exact
+trajectory is not reproducible; the floors leave room for that.
+"""
+
+import csv
+import os
+
+import pytest
+
+from benchmarks.learning_checks import CHECKS, run_check
+from tests.support.in_process import run_monobeast
+
+# The tuned flags live in configs/impala/classic.yaml, which --env CartPole-v1
+# picks: this checks that the shipped config learns, as a user runs it.
+CARTPOLE_FLAGS = ["--env", "CartPole-v1", "--num_threads", "1", "--log_interval", "10"]
+
+
+def best_mean_of_100(run_dir) -> float:
+    """Highest mean return over any 100 consecutive finished episodes."""
+    with open(os.path.join(run_dir, "episodes.csv")) as f:
+        returns = [float(row["return"]) for row in csv.DictReader(f)]
+    assert len(returns) >= 100, f"only {len(returns)} episodes finished"
+    window = sum(returns[:100])
+    best = window
+    for i in range(100, len(returns)):
+        window += returns[i] - returns[i - 100]
+        best = max(best, window)
+    return best / 100
+
+
+def train_cartpole(
+    tmp_path,
+    total_steps: int,
+    seed: int = 1,
+    policy: str = "local",
+    algo: str = "impala",
+    env: str = "CartPole-v1",
+) -> float:
+    argv = ["--algo", algo, *CARTPOLE_FLAGS, "--env", env]  # the last --env counts
+    argv += ["--total_steps", str(total_steps), "--seed", str(seed), "--policy", policy]
+    result = run_monobeast([*argv, "--savedir", str(tmp_path), "--xpid", "cartpole"])
+    assert result.returncode == 0, result.stderr
+    return best_mean_of_100(tmp_path / "cartpole")
+
+
+def test_cartpole_learns_within_500k_steps(tmp_path):
+    # IMPALA with configs/impala/classic.yaml, about 20 s on 2 cores: the learning check
+    # of the default run, with a floor that leaves room for the spread of asynchronous
+    # runs. Best means of 100 episodes, seeds 1-10 (docs/learning.md): 480, 483, 493, 492,
+    # 487, 494, 482, 485, 490, 490. The issue's bar (450) is the slow check's,
+    # test_every_algorithm_reaches_its_bar_in_every_mode[impala-monobeast-local].
+    assert train_cartpole(tmp_path, 500_000) >= 300
+
+
+@pytest.mark.slow
+def test_dict_cartpole_learns_within_500k_steps(tmp_path):
+    # The same check on DictCartPole-v1 (CartPole's observation as a Dict of a position
+    # and a velocity leaf): Dict observations through every buffer and the multi-input
+    # model (slow: the default run's Dict cells in test_dict_observations.py smoke-test
+    # the same path). On 2 cores shared with other runs (load 2.5-3.5) this test took 52 s and
+    # the CartPole-v1 one above 49 s, one after the other (at load 6-8: 76 s, and 82 s
+    # against 69 s for the learning checks' runs); best means of 100 episodes of seed 1
+    # in three runs: 449.5, 453.9 (reaching 400 at 194k and 267k steps) and 465.7. The
+    # slow checks hold the issue's bar, 400 (benchmarks/learning_checks.py).
+    assert train_cartpole(tmp_path, 500_000, env="DictCartPole-v1") >= 300
+
+
+def test_ppo_cartpole_learns_within_100k_steps(tmp_path):
+    # PPO with configs/ppo/classic.yaml (rl-zoo3's settings, synchronous actors), about
+    # 30 s on 2 cores: the default run's check of the PPO/A2C family and of synchronous
+    # experience. The issue's bar (475) is the slow check's; seeds 1-3 reached it
+    # (docs/learning.md), the floor leaves room for the spread.
+    assert train_cartpole(tmp_path, 100_000, algo="ppo") >= 400
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
+def test_every_algorithm_reaches_its_bar_in_every_mode(tmp_path, check):
+    """The issue's bars (benchmarks/learning_checks.py prints the same runs as a table:
+    steps to the bar, best and last means, wall-clock), seed 1."""
+    outcome = run_check(check, seed=1, savedir=str(tmp_path))
+    assert outcome.passed, outcome
