@@ -1,11 +1,62 @@
-"""Fixtures shared by tests: the native-code tests' (test_native.py, test_batcher.py) and
-the env batch tests' `register_id` (test_env_batch.py, test_envpool_batch.py)."""
+"""What every test gets: a private home and compile cache (`pytest_configure`), and torch's
+thread count and random states as they were before it (`keep_global_state`); and fixtures
+shared by tests: the native-code tests' (test_native.py, test_batcher.py) and the env
+batch tests' `register_id` (test_env_batch.py, test_envpool_batch.py)."""
 
 import multiprocessing as mp
+import os
+import shutil
 import signal
+import tempfile
 
 import gymnasium
 import pytest
+
+from tests.support.global_state import global_state_kept
+
+# Set by pytest_configure to this process's private folder (pytest's own process and each
+# xdist worker have one); removed by pytest_unconfigure.
+_PRIVATE: list[str] = []
+
+
+def pytest_configure(config):
+    """Point beast's records at a folder of this process's own: HOME (a run's default
+    --savedir, ~/logs/beast, and anything else a test or a library writes under ~) and
+    BEAST_COMPILE_CACHE (beast/util/records.py: compiled packages, --compile auto's step
+    records, the thread tuner's chosen count). Nothing a test runs reads what an earlier
+    test, an earlier pytest run or the other xdist worker kept, and nothing is written
+    into the user's home. Subprocesses inherit both. A test that means to share a cache
+    between runs points BEAST_COMPILE_CACHE at a folder of its own and says why.
+
+    Git's user settings stay the user's (GIT_CONFIG_GLOBAL): a run records its git
+    state, which reads them."""
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    private = tempfile.mkdtemp(prefix=f"beast-tests-{worker}-")
+    _PRIVATE.append(private)
+    home = os.path.join(private, "home")
+    os.makedirs(home)
+    gitconfig = os.path.join(os.path.expanduser("~"), ".gitconfig")
+    if "GIT_CONFIG_GLOBAL" not in os.environ and os.path.isfile(gitconfig):
+        os.environ["GIT_CONFIG_GLOBAL"] = gitconfig
+    os.environ["HOME"] = home
+    os.environ["BEAST_COMPILE_CACHE"] = os.path.join(private, "compile-cache")
+
+
+def pytest_unconfigure(config):
+    for private in _PRIVATE:
+        shutil.rmtree(private, ignore_errors=True)
+    _PRIVATE.clear()
+
+
+@pytest.fixture(autouse=True)
+def keep_global_state():
+    """torch's thread count and the random states of torch, NumPy and `random` after a
+    test are what they were before it: an in-process run sets its --num_threads and
+    seeds torch, and a test that seeds or sets threads must not change what the next
+    test on this worker starts from."""
+    with global_state_kept():
+        yield
+
 
 # A test of blocking native code that hangs fails after this long instead of
 # blocking the suite.

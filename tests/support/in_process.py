@@ -20,13 +20,19 @@ from collections.abc import Callable
 
 import monobeast
 import polybeast
+from tests.support.global_state import global_state_kept
 
 
 def run_main(main: Callable[[list[str]], int], argv: list[str]) -> subprocess.CompletedProcess:
     """main(argv), its stdout and stderr captured, as subprocess.run returns them (argparse
-    exits with SystemExit: its code is the return code)."""
+    exits with SystemExit: its code is the return code). The thread count and random
+    states the run sets are restored after it (`global_state_kept`)."""
     stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    with (
+        global_state_kept(),
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):
         try:
             returncode = main(argv)
         except SystemExit as exit:
