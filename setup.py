@@ -27,6 +27,14 @@ setup(
     ),
     python_requires=">=3.10",
     packages=find_packages(include=["beast", "beast.*"]),
+    # The packages sit in the project's root, said explicitly: setuptools then installs
+    # an editable copy (`pip install -e .`) as a path entry for this folder in a .pth file,
+    # not as its default import hook, which runs after the path search. With the hook, a
+    # folder named beast in the working directory (the clone itself, seen from its parent,
+    # or any unrelated one) is imported as an empty namespace package in place of beast;
+    # on the path, the real package, a regular one, wins over a namespace portion found
+    # before it (tests/end_to_end/test_install.py).
+    package_dir={"": "."},
     setup_requires=["cffi>=1.15"],
     cffi_modules=["beast/native/build.py:ffibuilder"],
     install_requires=[
