@@ -23,7 +23,6 @@ import torch
 from beast.acting.actor import ERROR_BOARD_BYTES, ActorSettings, run_actor
 from beast.acting.inference import (
     CentralPolicy,
-    InferenceServer,
     InferenceTable,
     LocalPolicy,
 )
@@ -32,12 +31,16 @@ from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
 from beast.fields import box_obs, core_state_shapes
 from beast.models import AgentOutput, build_model, build_q_model
 from beast.native import QueueClosed
-from tests.end_to_end.test_monobeast import CARTPOLE_SMALL, shm_entries, wait_until_gone
-from tests.end_to_end.test_reliability import actor_pids, read_csv, start, wait_for_rows
-
-OBS_SHAPE = (4,)
-NUM_ACTIONS = 3
-POLICY = CategoricalPolicy(NUM_ACTIONS)
+from tests.support.central import NUM_ACTIONS, OBS_SHAPE, POLICY, make_server, make_table
+from tests.support.runs import (
+    CARTPOLE_SMALL,
+    actor_pids,
+    read_csv,
+    shm_entries,
+    start,
+    wait_for_rows,
+    wait_until_gone,
+)
 
 
 def tensors(record: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -48,33 +51,6 @@ def tensors(record: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
 def recurrent_model(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return build_model("mlp", OBS_SHAPE, NUM_ACTIONS, use_lstm=True, hidden_size=16).eval()
-
-
-def make_table(
-    model, num_actors: int, num_envs: int, num_servers: int = 1, num_env_splits: int = 1
-) -> InferenceTable:
-    return InferenceTable(
-        num_actors=num_actors,
-        num_envs=num_envs,
-        obs=box_obs(OBS_SHAPE, np.float32),
-        policy=POLICY,
-        initial_state=model.initial_state(1),
-        num_servers=num_servers,
-        num_env_splits=num_env_splits,
-    )
-
-
-def make_server(table, model, source, **kwargs) -> InferenceServer:
-    defaults = dict(
-        table=table,
-        policy=POLICY,
-        model=model,
-        source=source,
-        device=torch.device("cpu"),
-        max_batch=len(table.inputs["reward"]),
-        batch_window=0.0,
-    )
-    return InferenceServer(**{**defaults, **kwargs})
 
 
 def random_inputs(rng: torch.Generator, num_envs: int, t: int) -> dict[str, torch.Tensor]:

@@ -25,30 +25,10 @@ from beast.algos.nstep import NStepReturns, n_step_returns
 from beast.experience.transition_replay import RingAppender, RingReplay, step_spec
 from beast.fields import Field, box_obs
 from beast.models import polyak_update
-from tests.end_to_end.test_monobeast import assert_refused_in_one_line
+from tests.support.references import reference_projection
+from tests.support.runs import assert_refused_in_one_line
 
 # 1. C51 projection (Bellemare et al. 2017, algorithm 1).
-
-
-def reference_projection(returns, discounts, terminal, probs, v_min, v_max):
-    """Algorithm 1 as a per-atom Python loop, in float64."""
-    num_atoms = len(probs[0])
-    dz = (v_max - v_min) / (num_atoms - 1)
-    support = [v_min + j * dz for j in range(num_atoms)]
-    out = []
-    for g, discount, done, p in zip(returns, discounts, terminal, probs, strict=True):
-        m = [0.0] * num_atoms
-        for j in range(num_atoms):
-            tz = g + (0.0 if done else discount) * support[j]
-            tz = min(max(tz, v_min), v_max)
-            b = (tz - v_min) / dz
-            lo, up = math.floor(b), math.ceil(b)
-            m[lo] += p[j] * (up - b)
-            m[up] += p[j] * (b - lo)
-            if lo == up:
-                m[lo] += p[j]
-        out.append(m)
-    return out
 
 
 def project_both(returns, discounts, terminal, probs, v_min, v_max):

@@ -34,18 +34,21 @@ from beast.algos import dqn, gae, impala, laser, nstep, ppo, r2d2, vtrace
 from beast.algos.distributions import Categorical, DiagGaussian
 from beast.algos.qpg import functions as qpg
 from beast.algos.value_rescaling import inverse_value_rescaling, value_rescaling
-from tests.algos.test_dqn import reference_projection
-from tests.algos.test_ppo import gae_reference, implied_kl_by_quadrature, random_episode_ends
-from tests.algos.test_qpg import reference_tanh_gaussian_log_prob
-from tests.algos.test_r2d2 import (
+from tests.support.references import (
     builder_like_batch,
+    gae_reference,
     h_inverse_reference,
     h_reference,
+    implied_kl_by_quadrature,
     loss_reference,
+    numpy_log_softmax,
     priorities_reference,
+    random_episode_ends,
+    reference_projection,
+    reference_tanh_gaussian_log_prob,
     targets_reference,
+    vtrace_reference,
 )
-from tests.algos.test_vtrace import numpy_log_softmax, vtrace_reference
 
 T, B, A, N_STEP, D = 6, 5, 4, 3, 2  # steps, batch, actions, n-step window, action dims
 GAMMA, LAMBDA, EPS = 0.9, 0.95, 1e-3

@@ -14,54 +14,9 @@ from beast.algos.distributions import Categorical, DiagGaussian
 from beast.algos.gae import generalized_advantages
 from beast.algos.ppo import clipped_surrogate, masked_mean, value_loss
 from beast.config import ConfigError, parse_args
+from tests.support.references import gae_reference, implied_kl_by_quadrature, random_episode_ends
 
 # GAE ----------------------------------------------------------------------------------
-
-
-def gae_reference(rewards, values, terminated, truncated, gamma, lam):
-    """Per env, per step, straight from Schulman et al. 2016, eq. 16: A_t is the sum of
-    (gamma lambda)^l delta_{t+l} over the rest of the episode within the rollout, where
-    delta_k = r_k + gamma V(x_{k+1}) [0 after a termination] - V(x_k). The sum stops
-    after a terminal transition, and before a step that is no transition (a truncated
-    episode's final observation, whose own delta bootstrapped the step before). Loops,
-    float64, no vectorisation: nothing shared with the code under test."""
-    T, B = rewards.shape
-    advantages = np.zeros((T, B))
-    for b in range(B):
-        for t in range(T):
-            if truncated[t, b]:
-                continue  # no action is taken from a final observation
-            total, weight = 0.0, 1.0
-            for k in range(t, T):
-                if truncated[k, b]:
-                    break
-                bootstrap = 0.0 if terminated[k, b] else gamma * values[k + 1, b]
-                delta = rewards[k, b] + bootstrap - values[k, b]
-                total += weight * delta
-                if terminated[k, b]:
-                    break
-                weight *= gamma * lam
-            advantages[t, b] = total
-    return advantages
-
-
-def random_episode_ends(rng, T, B):
-    """Terminations and truncations laid out as env batches produce them: a truncated
-    row (the final observation) is followed by a reset row; a termination's next row
-    is already the next episode's first."""
-    terminated = np.zeros((T, B), dtype=bool)
-    truncated = np.zeros((T + 1, B), dtype=bool)
-    for b in range(B):
-        t = 0
-        while t < T:
-            draw = rng.random()
-            if draw < 0.08:
-                terminated[t, b] = True
-            elif draw < 0.16 and t + 1 <= T:
-                truncated[t + 1, b] = True  # x_{t+1} is final; t+1 is no transition
-                t += 1
-            t += 1
-    return terminated, truncated
 
 
 @pytest.mark.parametrize("lam", [0.0, 0.95, 1.0])
@@ -206,21 +161,6 @@ def test_categorical_log_prob_and_entropy_match_torch_distributions():
     torch.testing.assert_close(dist.entropy(params), reference.entropy())
 
 
-def implied_kl_by_quadrature(mu, sigma_mu, pi, sigma_pi, rho_bar):
-    """KL(pi || pi~) for 1-D Gaussians by the trapezoid rule on a fine grid:
-    pi~(a) = min(rho_bar mu(a), pi(a)) / Z (LASER, section 4.3)."""
-    a = np.linspace(pi - 12 * sigma_pi, pi + 12 * sigma_pi, 200_001)
-
-    def density(mean, std):
-        return np.exp(-0.5 * ((a - mean) / std) ** 2) / (std * math.sqrt(2 * math.pi))
-
-    p = density(pi, sigma_pi)
-    m = np.minimum(rho_bar * density(mu, sigma_mu), p)
-    z = np.trapezoid(m, a)
-    integrand = np.where(p > 0, p * (np.log(p + 1e-300) - np.log(m / z + 1e-300)), 0.0)
-    return float(np.trapezoid(integrand, a))
-
-
 @pytest.mark.parametrize(
     ("mu", "sigma_mu", "pi", "sigma_pi"),
     [(0.0, 1.0, 0.0, 1.0), (1.0, 1.0, 0.0, 1.0), (0.0, 0.5, 0.3, 1.0), (0.0, 2.0, 0.0, 1.0)],
@@ -337,8 +277,8 @@ def test_recurrent_minibatches_keep_whole_rollouts_with_their_stored_state():
 
 
 def test_ppo_with_an_lstm_trains_through_monobeast(tmp_path):
-    from tests.end_to_end.test_monobeast import read_csv
     from tests.support.in_process import run_monobeast
+    from tests.support.runs import read_csv
 
     argv = ["--algo", "ppo", "--env", "CartPole-v1", "--use_lstm", "--model", "mlp"]
     argv += ["--num_actors", "2", "--num_envs_per_actor", "2", "--batch_size", "4"]

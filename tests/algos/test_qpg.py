@@ -36,20 +36,11 @@ from beast.envs import EnvSpec
 from beast.learning.learner import Stepper, TrainingProgress
 from beast.models import PolyakAverager
 from beast.run.engine import build_algorithm
-from tests.end_to_end.test_monobeast import assert_refused_in_one_line
 from tests.support.in_process import run_monobeast
+from tests.support.references import reference_tanh_gaussian_log_prob
+from tests.support.runs import assert_refused_in_one_line
 
 # 1. The numerics, against per-element loops.
-
-
-def reference_tanh_gaussian_log_prob(u, mean, log_std):
-    """sum_i log N(u_i; m_i, s_i) - log(1 - tanh(u_i)^2), one element at a time."""
-    total = 0.0
-    for u_i, m_i, ls_i in zip(u, mean, log_std, strict=True):
-        s = math.exp(ls_i)
-        gaussian = -((u_i - m_i) ** 2) / (2 * s * s) - math.log(s) - 0.5 * math.log(2 * math.pi)
-        total += gaussian - math.log(1.0 - math.tanh(u_i) ** 2)
-    return total
 
 
 def test_tanh_gaussian_log_prob_matches_a_per_element_loop():

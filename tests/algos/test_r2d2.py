@@ -20,29 +20,18 @@ import torch
 from beast.algos import r2d2
 from beast.algos.value_rescaling import inverse_value_rescaling, value_rescaling
 from beast.models import build_q_model
+from tests.support.references import (
+    builder_like_batch,
+    h_inverse_reference,
+    h_reference,
+    loss_reference,
+    priorities_reference,
+    targets_reference,
+)
 
 D = decimal.Decimal
 # 50 significant digits: the references are exact to far below float64's 1e-16.
 decimal.getcontext().prec = 50
-
-
-def h_reference(x: float, eps: float) -> D:
-    """h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x, literally, in decimal."""
-    dx, de = D(x), D(eps)
-    sign = (dx > 0) - (dx < 0)
-    return sign * ((abs(dx) + 1).sqrt() - 1) + de * dx
-
-
-def h_inverse_reference(x: float, eps: float) -> D:
-    """Pohlen et al. 2018, proposition A.2, literally, in decimal:
-    h^-1(x) = sign(x)(((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1),
-    and sign(x)((|x| + 1)^2 - 1) for eps = 0."""
-    dx, de = D(x), D(eps)
-    sign = (dx > 0) - (dx < 0)
-    if eps == 0:
-        return sign * ((abs(dx) + 1) ** 2 - 1)
-    root = (1 + 4 * de * (abs(dx) + 1 + de)).sqrt()
-    return sign * (((root - 1) / (2 * de)) ** 2 - 1)
 
 
 MAGNITUDES = [0.0] + [m * 10.0**e for e in range(-6, 7) for m in (1.0, 3.7)]
@@ -91,83 +80,6 @@ def test_value_rescaling_known_values():
 
 
 # n-step double-Q targets.
-
-
-def targets_reference(
-    online_q, target_q, rewards, terminated, truncated, mask, n_step, gamma, eps, truncate_at_end
-):
-    """R2D2 section 2 with episode ends, one (t, b) at a time:
-
-    y_t = h(sum_{k=0}^{m-1} gamma^k r_{t+k} + [not terminated] gamma^m h^-1(Q-(x_{t+m}, a*)))
-
-    with a* = argmax Q(x_{t+m}), r_{t+k} = rewards[t + k + 1] (the reward of the
-    transition out of row t + k), m = n, or fewer when an episode ends: by termination
-    (no bootstrap), by truncation (bootstrap from the truncated row, the episode's final
-    observation), or when the sequence does. Returns (targets, valid) as nested lists.
-    """
-    num_rows, batch = len(rewards), len(rewards[0])
-
-    def h(x):
-        return x if eps is None else float(h_reference(x, eps))
-
-    def h_inv(x):
-        return x if eps is None else float(h_inverse_reference(x, eps))
-
-    targets = [[0.0] * batch for _ in range(num_rows)]
-    valid = [[False] * batch for _ in range(num_rows)]
-    for b in range(batch):
-        for t in range(num_rows):
-            if not mask[t][b]:
-                continue
-            total, steps, ended, cut = 0.0, 0, False, False
-            for k in range(n_step):
-                row = t + k + 1
-                if row >= num_rows:
-                    break
-                total += gamma**k * rewards[row][b]
-                steps = k + 1
-                if terminated[row][b]:
-                    ended = True
-                    break
-                if truncated[row][b]:
-                    cut = True
-                    break
-            complete = steps == n_step or ended or cut
-            if steps == 0 or (not truncate_at_end and not complete):
-                continue
-            if not ended:
-                s = t + steps
-                q_online = online_q[s][b]
-                best = max(range(len(q_online)), key=lambda a: (q_online[a], -a))
-                total += gamma**steps * h_inv(target_q[s][b][best])
-            targets[t][b] = h(total)
-            valid[t][b] = True
-    return targets, valid
-
-
-def builder_like_batch(num_rows, batch, num_actions, rng, *, episode_end_prob=0.15):
-    """Columns as SequenceBuilder writes them: real rows (mask), and at an episode end a
-    terminal row (no mask), terminated or truncated at random, followed by padding
-    (done and terminated, no mask). Returns online and target Q, rewards, terminated,
-    truncated and mask."""
-    rewards = rng.normal(0.0, 1.0, (num_rows, batch))
-    terminated = np.zeros((num_rows, batch), dtype=bool)
-    truncated = np.zeros((num_rows, batch), dtype=bool)
-    mask = np.ones((num_rows, batch), dtype=bool)
-    for b in range(batch):
-        for t in range(1, num_rows):
-            if rng.random() < episode_end_prob:
-                if rng.random() < 0.5:
-                    truncated[t, b] = True
-                    terminated[t + 1 :, b] = True
-                else:
-                    terminated[t:, b] = True
-                mask[t:, b] = False
-                rewards[t + 1 :, b] = 0.0
-                break
-    online_q = rng.normal(0.0, 2.0, (num_rows, batch, num_actions))
-    target_q = rng.normal(0.0, 2.0, (num_rows, batch, num_actions))
-    return online_q, target_q, rewards, terminated, truncated, mask
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -293,15 +205,6 @@ def test_target_argument_checks():
 # Priorities.
 
 
-def priorities_reference(td, valid, eta):
-    """eta * max |td| + (1 - eta) * mean |td| over a column's valid steps; 0 if none."""
-    out = []
-    for b in range(len(td[0])):
-        values = [abs(td[t][b]) for t in range(len(td)) if valid[t][b]]
-        out.append(eta * max(values) + (1 - eta) * sum(values) / len(values) if values else 0.0)
-    return out
-
-
 @pytest.mark.parametrize("eta", [0.9, 0.0, 1.0, 0.5])
 def test_sequence_priorities_match_reference(eta):
     rng = np.random.default_rng(0)
@@ -317,35 +220,6 @@ def test_sequence_priorities_match_reference(eta):
 
 
 # The loss.
-
-
-def loss_reference(online_q, target_q, batch, weights, burn_in, n_step, gamma, eps, eta):
-    """mean_b w_b * mean_{valid t >= burn_in} 0.5 (y_t - Q(x_t, a_t))^2, and priorities."""
-    sl = slice(burn_in, None)
-    targets, valid = targets_reference(
-        online_q[sl].tolist(),
-        target_q[sl].tolist(),
-        batch["reward"][sl].tolist(),
-        batch["terminated"][sl].tolist(),
-        batch["truncated"][sl].tolist(),
-        batch["mask"][sl].tolist(),
-        n_step,
-        gamma,
-        eps,
-        True,
-    )
-    q, actions = online_q[sl].tolist(), batch["action"][sl].tolist()
-    num_rows, num_b = len(targets), len(weights)
-    total, td = 0.0, [[0.0] * num_b for _ in range(num_rows)]
-    for b in range(num_b):
-        errors = []
-        for t in range(num_rows):
-            if valid[t][b]:
-                td[t][b] = targets[t][b] - q[t][b][actions[t][b]]
-                errors.append(0.5 * td[t][b] ** 2)
-        if errors:
-            total += weights[b] * sum(errors) / len(errors)
-    return total / num_b, priorities_reference(td, valid, eta)
 
 
 @pytest.mark.parametrize("burn_in", [0, 4])

@@ -15,67 +15,9 @@ import pytest
 import torch
 
 from beast.algos import vtrace
+from tests.support.references import numpy_log_softmax, vtrace_reference
 
 EPS32 = float(np.finfo(np.float32).eps)
-
-
-def vtrace_reference(
-    log_rhos,
-    discounts,
-    rewards,
-    values,
-    bootstrap_value,
-    clip_rho_threshold,
-    clip_pg_rho_threshold,
-    lambda_,
-    clip_c_threshold,
-):
-    """IMPALA eq. 1 and section 4.2 taken literally, in float64.
-
-    v_s = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} gamma_i c_i) delta_t V,
-    with gamma^{t-s} generalised to the product of per-step discounts.
-
-    Returns (vs, pg_advantages, vs_scale, pg_scale); the scales are the sums
-    of absolute values of the terms that make up each output, which bound
-    the rounding error of any float32 evaluation order.
-    """
-    log_rhos, discounts, rewards, values, bootstrap_value = (
-        np.asarray(x, dtype=np.float64)
-        for x in (log_rhos, discounts, rewards, values, bootstrap_value)
-    )
-    num_steps = log_rhos.shape[0]
-    rhos = np.exp(log_rhos)
-    rho = rhos if clip_rho_threshold is None else np.minimum(clip_rho_threshold, rhos)
-    c = lambda_ * (rhos if clip_c_threshold is None else np.minimum(clip_c_threshold, rhos))
-    pg_rho = rhos if clip_pg_rho_threshold is None else np.minimum(clip_pg_rho_threshold, rhos)
-    # V(x_0), ..., V(x_T).
-    all_values = np.concatenate([values, bootstrap_value[None]])
-
-    vs = np.empty_like(all_values)
-    vs_scale = np.empty_like(all_values)
-    vs[num_steps] = bootstrap_value
-    vs_scale[num_steps] = np.abs(bootstrap_value)
-    for s in range(num_steps):
-        total = all_values[s].copy()
-        scale = np.abs(all_values[s])
-        for t in range(s, num_steps):
-            trace = np.ones_like(total)
-            for i in range(s, t):
-                trace = trace * discounts[i] * c[i]
-            delta_t = rho[t] * (rewards[t] + discounts[t] * all_values[t + 1] - all_values[t])
-            delta_t_abs = np.abs(rho[t]) * (
-                np.abs(rewards[t])
-                + np.abs(discounts[t] * all_values[t + 1])
-                + np.abs(all_values[t])
-            )
-            total = total + trace * delta_t
-            scale = scale + np.abs(trace) * delta_t_abs
-        vs[s] = total
-        vs_scale[s] = scale
-
-    pg_advantages = pg_rho * (rewards + discounts * vs[1:] - values)
-    pg_scale = pg_rho * (np.abs(rewards) + np.abs(discounts) * vs_scale[1:] + np.abs(values))
-    return vs[:num_steps], pg_advantages, vs_scale[:num_steps], pg_scale
 
 
 def random_inputs(shape, seed, log_rho_std):
@@ -227,12 +169,6 @@ def test_off_policy_by_hand(clip, expected_vs, expected_pg):
     # Tolerance: float64, exp(log(x)) round-trips to ~1 ulp.
     torch.testing.assert_close(out.vs[:, 0].tolist(), expected_vs, rtol=0, atol=1e-12)
     torch.testing.assert_close(out.pg_advantages[:, 0].tolist(), expected_pg, rtol=0, atol=1e-12)
-
-
-def numpy_log_softmax(logits):
-    logits = np.asarray(logits, dtype=np.float64)
-    shifted = logits - logits.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 2), (6, 4, 5), (20, 3, 18)])

@@ -26,8 +26,8 @@ import yaml
 import beast
 from beast.api import _train_config
 from beast.config import Config, ConfigError, config_from_flags, parse_args
-from tests.end_to_end.test_monobeast import ROOT, read_csv, shm_entries, wait_until_gone
 from tests.support.api_objects import Holder, make_cartpole
+from tests.support.runs import ROOT, read_csv, shm_entries, wait_until_gone
 from tests.support.user_models import TinyActorCritic
 
 # A short CartPole run: one actor with 2 envs, 2 rollouts of 10 steps per update.

@@ -10,12 +10,12 @@ import math
 import pytest
 
 from beast.outputs.checkpoint import CHECKPOINT_NAME, load_checkpoint
-from tests.end_to_end.test_monobeast import (
+from tests.support.in_process import run_monobeast
+from tests.support.runs import (
     assert_refused_in_one_line,
     read_csv,
     shm_entries,
 )
-from tests.support.in_process import run_monobeast
 
 PENDULUM = ["--env", "Pendulum-v1", "--num_actors", "2", "--num_envs_per_actor", "2"]
 PENDULUM += ["--batch_size", "4", "--unroll_length", "16", "--num_threads", "1"]

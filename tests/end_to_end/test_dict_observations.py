@@ -35,9 +35,9 @@ from beast.experience.sequence_replay import PrioritizedReplay, SequenceBuilder,
 from beast.experience.transition_replay import RingAppender, RingReplay, step_spec
 from beast.fields import Field
 from beast.models import build_model
-from tests.acting.test_inference import make_server
-from tests.end_to_end.test_matrix import ALGO_FLAGS, COMMON, LAYOUT, entry, ray_address  # noqa: F401
-from tests.end_to_end.test_monobeast import assert_refused_in_one_line
+from tests.support.central import make_server
+from tests.support.matrix import ALGO_FLAGS, COMMON, LAYOUT, entry, ray_address  # noqa: F401
+from tests.support.runs import assert_refused_in_one_line
 
 # --- A nested observation whose every value says where it came from -----------------
 

@@ -20,8 +20,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import monobeast
 from beast.outputs.logs import EVAL_COLUMNS
-from tests.end_to_end.test_matrix import ALGO_FLAGS, COMMON, ENVS, LAYOUT
-from tests.end_to_end.test_monobeast import (
+from tests.support.in_process import run_monobeast
+from tests.support.matrix import ALGO_FLAGS, COMMON, ENVS, LAYOUT
+from tests.support.runs import (
     CARTPOLE_SMALL,
     ROOT,
     assert_refused_in_one_line,
@@ -31,8 +32,7 @@ from tests.end_to_end.test_monobeast import (
     start,
     wait_until_gone,
 )
-from tests.outputs.test_wandb import history_rows, wandb_records
-from tests.support.in_process import run_monobeast
+from tests.support.wandb_files import history_rows, wandb_records
 
 # CARTPOLE_SMALL's batches: 2 rollouts of 10 steps, so each update adds 20 agent steps.
 STEPS_PER_UPDATE = 20

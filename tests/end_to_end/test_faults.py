@@ -40,8 +40,8 @@ from beast.fields import box_obs, is_core_state
 from beast.native import NO_OWNER, IndexQueue
 from beast.run.lifecycle import raise_if_stop_requested, raise_keyboard_interrupt, stop_on_signals
 from beast.util.threads import process_alive
-from tests.end_to_end.test_monobeast import shm_entries
 from tests.support.in_process import run_monobeast, run_polybeast
+from tests.support.runs import shm_entries
 
 # --- The slot protocol, one writer killed again and again --------------------------------
 

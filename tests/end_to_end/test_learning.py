@@ -5,30 +5,14 @@ Runs are seeded, but actors and learner run asynchronously, so the exact
 trajectory is not reproducible; the floors leave room for that.
 """
 
-import csv
-import os
-
 import pytest
 
 from benchmarks.learning_checks import CHECKS, run_check
 from tests.support.in_process import run_monobeast
-
-# The tuned flags live in configs/impala/classic.yaml, which --env CartPole-v1
-# picks: this checks that the shipped config learns, as a user runs it.
-CARTPOLE_FLAGS = ["--env", "CartPole-v1", "--num_threads", "1", "--log_interval", "10"]
-
-
-def best_mean_of_100(run_dir) -> float:
-    """Highest mean return over any 100 consecutive finished episodes."""
-    with open(os.path.join(run_dir, "episodes.csv")) as f:
-        returns = [float(row["return"]) for row in csv.DictReader(f)]
-    assert len(returns) >= 100, f"only {len(returns)} episodes finished"
-    window = sum(returns[:100])
-    best = window
-    for i in range(100, len(returns)):
-        window += returns[i] - returns[i - 100]
-        best = max(best, window)
-    return best / 100
+from tests.support.runs import (
+    CARTPOLE_FLAGS,
+    best_mean_of_100,
+)
 
 
 def train_cartpole(

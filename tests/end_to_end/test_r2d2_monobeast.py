@@ -24,37 +24,15 @@ from beast.run.engine import (
     select_policy,
     select_precision,
 )
-from tests.end_to_end.test_monobeast import (
+from tests.support.runs import (
+    APEX_SMALL,
+    R2D2_SMALL,
     assert_refused_in_one_line,
     read_csv,
     run,
     shm_entries,
     wait_until_gone,
 )
-
-# Small enough for a smoke run: learning starts after 20 sequences, updates are
-# batches of 4, the target network is copied every 5 updates.
-SMALL = [
-    "--env",
-    "CartPole-v1",
-    "--num_actors",
-    "1",
-    "--num_envs_per_actor",
-    "2",
-    "--batch_size",
-    "4",
-    "--replay_size",
-    "200",
-    "--target_update_period",
-    "5",
-    "--log_interval",
-    "0.5",
-    "--num_threads",
-    "1",
-]
-R2D2_SMALL = ["--algo", "r2d2", *SMALL, "--min_replay_size", "20"]
-R2D2_SMALL += ["--seq_len", "10", "--seq_overlap", "5", "--burn_in", "5"]
-APEX_SMALL = ["--algo", "apex", *SMALL, "--learning_starts", "20", "--n_step", "3"]
 
 
 def shm_segments() -> set[str]:

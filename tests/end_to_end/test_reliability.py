@@ -4,13 +4,11 @@ End-to-end tests run monobeast.py as a user would, with a unique marker in
 the environment so that leftover processes can be found afterwards.
 """
 
-import csv
 import errno
 import os
 import random
 import signal
 import subprocess
-import threading
 import time
 import uuid
 
@@ -30,15 +28,21 @@ from beast.outputs.checkpoint import (
     load_latest_checkpoint,
     save_checkpoint,
 )
-from tests.end_to_end.test_learning import CARTPOLE_FLAGS, best_mean_of_100
-from tests.end_to_end.test_monobeast import (
+from tests.support.in_process import run_monobeast
+from tests.support.runs import (
+    CARTPOLE_FLAGS,
     CARTPOLE_SMALL,
+    LineReader,
+    actor_pids,
+    best_mean_of_100,
+    live,
+    read_csv,
     run,
     shm_entries,
     start,
+    wait_for_rows,
     wait_until_gone,
 )
-from tests.support.in_process import run_monobeast
 
 # --- Environments that misbehave ---------------------------------------------------
 
@@ -80,79 +84,6 @@ class HugeRewardEnv(NanRewardEnv):
 
 
 # --- Helpers ----------------------------------------------------------------------
-
-
-def parent_pid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def actor_pids(main_pid: int) -> list[int]:
-    """Actors are the children of the main process's forkserver."""
-    children = [
-        int(p) for p in os.listdir("/proc") if p.isdigit() and parent_pid(int(p)) == main_pid
-    ]
-    forkservers = []
-    for pid in children:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"forkserver" in f.read():
-                    forkservers.append(pid)
-        except OSError:
-            continue
-    return [
-        int(p) for p in os.listdir("/proc") if p.isdigit() and parent_pid(int(p)) in forkservers
-    ]
-
-
-def live(pid: int) -> bool:
-    """Whether `pid` runs: a killed process its parent has not reaped yet (a zombie) still
-    takes signals without error, and must not count as another kill."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
-class LineReader:
-    """Reads a process's output in a thread as it comes, each line with its arrival time,
-    so that the pipe never fills and a test can see when a line appeared."""
-
-    def __init__(self, stream) -> None:
-        self.lines: list[tuple[float, str]] = []
-        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream) -> None:
-        for line in stream:
-            self.lines.append((time.monotonic(), line))
-
-    def first(self, text: str) -> float | None:
-        """When the first line holding `text` arrived, or None."""
-        return next((at for at, line in list(self.lines) if text in line), None)
-
-    def text(self, timeout: float = 30) -> str:
-        """All the output, once the stream ended."""
-        self._thread.join(timeout)
-        return "".join(line for _, line in self.lines)
-
-
-def read_csv(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
-def wait_for_rows(log, count, proc, timeout=90):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if log.exists() and len(read_csv(log)) >= count:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{log} did not reach {count} rows")
 
 
 # --- Units ------------------------------------------------------------------------

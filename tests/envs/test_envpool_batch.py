@@ -22,20 +22,20 @@ import pytest
 from beast.envs import EnvError, envpool_batch, factory
 from beast.envs import batch as env_batch
 from beast.envs.batch import EnvBatch, check_backend, make_env_batch, resolve_backend
-from tests.end_to_end.test_monobeast import (
+from tests.support.env_batches import (
+    outputs,
+    play_games,
+    random_actions,
+    register_atari,
+    step_both,
+)
+from tests.support.runs import (
     ROOT,
     assert_refused_in_one_line,
     read_csv,
     run,
     shm_entries,
     wait_until_gone,
-)
-from tests.envs.test_env_batch import (
-    outputs,
-    play_games,
-    random_actions,
-    register_atari,
-    step_both,
 )
 
 try:

@@ -16,9 +16,8 @@ import torch
 
 from beast.config import parse_args
 from beast.run.runner import start_run
-from tests.end_to_end.test_monobeast import CARTPOLE_SMALL, read_csv, start, wait_until_gone
-from tests.end_to_end.test_r2d2_monobeast import R2D2_SMALL
 from tests.support.in_process import run_monobeast
+from tests.support.runs import CARTPOLE_SMALL, R2D2_SMALL, read_csv, start, wait_until_gone
 
 LASER_SMALL = ["--algo", "laser", *CARTPOLE_SMALL, "--replay_size", "50", "--batch_size", "4"]
 RAINBOW_SMALL = ["--algo", "rainbow", *CARTPOLE_SMALL, "--replay_size", "400"]

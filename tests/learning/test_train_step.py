@@ -47,7 +47,7 @@ from beast.train_step import (
 from beast.train_step.background import ModulesInUse
 from beast.train_step.flat import Layout, used_from_reached, used_parameters
 from beast.train_step.interface import kind_of, step_trains
-from tests.end_to_end.test_monobeast import processes_with_marker, wait_until_gone
+from tests.support.runs import processes_with_marker, wait_until_gone
 
 CARTPOLE = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), num_actions=2)
 PENDULUM = EnvSpec(

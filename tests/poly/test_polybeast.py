@@ -48,14 +48,14 @@ from beast.poly.config import PolyConfig, parse_poly_args  # noqa: E402
 from beast.poly.env_server import EnvServer, Incarnation  # noqa: E402
 from beast.poly.feeders import ServerPool  # noqa: E402
 from beast.train_step.optim import build_optimizer  # noqa: E402
-from tests.end_to_end.test_learning import best_mean_of_100  # noqa: E402
-from tests.end_to_end.test_monobeast import (  # noqa: E402
+from tests.support.runs import (  # noqa: E402
     ROOT,
+    best_mean_of_100,  # noqa: E402
     processes_with_marker,
     read_csv,
     wait_until_gone,
 )
-from tests.end_to_end.test_monobeast import start as start_script  # noqa: E402
+from tests.support.runs import start as start_script  # noqa: E402
 
 POLYBEAST = os.path.join(ROOT, "polybeast.py")
 

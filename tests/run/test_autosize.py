@@ -12,8 +12,8 @@ from beast.config import AUTO, ConfigError, parse_args
 from beast.run import autosize
 from beast.run.engine import build_algorithm
 from beast.run.measure import TrivialModel
-from tests.end_to_end.test_monobeast import CARTPOLE_SMALL
 from tests.support.in_process import run_monobeast
+from tests.support.runs import CARTPOLE_SMALL
 
 
 def auto_config(*flags):

@@ -20,16 +20,16 @@ from beast import envs
 from beast.algos import ALGORITHMS
 from beast.config import ConfigError, parse_args
 from beast.run.engine import build_algorithm, build_checked_model
-from tests.end_to_end.test_learning import best_mean_of_100
-from tests.end_to_end.test_monobeast import (
+from tests.support.in_process import run_monobeast
+from tests.support.runs import (
     CARTPOLE_SMALL,
     ROOT,
     assert_refused_in_one_line,
+    best_mean_of_100,
     run,
     start,
     wait_until_gone,
 )
-from tests.support.in_process import run_monobeast
 
 CARTPOLE = envs.EnvSpec(obs_shape=(4,), obs_dtype=np.float32, num_actions=2)
 

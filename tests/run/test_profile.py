@@ -12,8 +12,8 @@ from beast.util.profile import (
     format_profile,
     shared_counters,
 )
-from tests.end_to_end.test_monobeast import CARTPOLE_SMALL
 from tests.support.in_process import run_monobeast
+from tests.support.runs import CARTPOLE_SMALL
 
 
 def test_clock_adds_each_interval_to_the_phase_named_at_its_end():

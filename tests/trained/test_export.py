@@ -42,8 +42,8 @@ from beast.outputs.checkpoint import (
     save_checkpoint,
 )
 from beast.trained.export import main as export_main
-from tests.end_to_end.test_matrix import ALGO_FLAGS
 from tests.support.in_process import run_main, run_monobeast
+from tests.support.matrix import ALGO_FLAGS
 
 STEPS = 100
 ONNX_PACKAGES = ("onnx", "onnxruntime", "onnxscript")
