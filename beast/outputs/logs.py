@@ -12,7 +12,8 @@ SAVEDIR/XPID holds, besides the checkpoint:
                       --eval_interval also one per evaluation, and eval_* columns
                       (`EVAL_COLUMNS`), empty in update rows (`record_eval`)
     episodes.csv      one row per finished episode (the learner step at which it was
-                      consumed, its return and length)
+                      consumed, its return and length, and `time`: logs.csv's time of
+                      that update, so an episode's wall-clock needs no join on step)
     events.out.tfevents.*  TensorBoard: the logs.csv columns against step, plus SPS,
                       every episode's return and the evaluations (eval/ tags)
     wandb/, wandb_id  with --wandb: the W&B run's files and id (beast/outputs/wandb_log.py)
@@ -72,6 +73,9 @@ __all__ = [
 
 # Episodes the console's "mean return" averages over.
 RETURN_WINDOW = 100
+# episodes.csv's columns; `time` is the logs.csv time of the update that consumed the
+# episode (seconds from the run log's start), as benchmarks/atari.py times a run from launch.
+EPISODE_COLUMNS = ["step", "return", "length", "time"]
 # Seconds between the update rows written to TensorBoard and W&B (logs.csv keeps every one).
 TENSORBOARD_INTERVAL = 1.0
 # logs.csv's columns for evaluations (--eval_interval): the step of the weights evaluated
@@ -285,11 +289,14 @@ class RunLog:
         self._csv: csv.DictWriter | None = None
         self._eval_columns = dict.fromkeys(EVAL_COLUMNS, "") if evaluation else {}
         episodes_path = os.path.join(run_dir, "episodes.csv")
-        new_episodes_file = not os.path.exists(episodes_path)
+        episodes_header = _csv_header(episodes_path)
+        if episodes_header and episodes_header != EPISODE_COLUMNS:
+            # A run from before the time column, resumed: its rows get an empty time.
+            _widen_csv(episodes_path, EPISODE_COLUMNS)
         self._episodes_file = open(episodes_path, "a", newline="")  # noqa: SIM115
         self._episodes = csv.writer(self._episodes_file)
-        if new_episodes_file:
-            self._episodes.writerow(["step", "return", "length"])
+        if not episodes_header:
+            self._episodes.writerow(EPISODE_COLUMNS)
         self._returns: collections.deque[float] = collections.deque(maxlen=RETURN_WINDOW)
         self.num_episodes = 0
         self.step = 0
@@ -370,7 +377,7 @@ class RunLog:
             self._write_csv_row(row)
             if stats.episode_returns:
                 for ret, length in zip(stats.episode_returns, stats.episode_steps, strict=True):
-                    self._episodes.writerow([stats.step, ret, length])
+                    self._episodes.writerow([stats.step, ret, length, row["time"]])
                 self._episodes_file.flush()
             # The same stats as logs.csv, one scalar per column, against the step, at most
             # one row per TENSORBOARD_INTERVAL: a TensorBoard row of 20 scalars costs ~1.3 ms,
