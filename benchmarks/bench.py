@@ -70,10 +70,11 @@ from beast import envs
 from beast.acting.actor import ActorSettings
 from beast.acting.inference import CentralPolicy, InferenceServer, InferenceTable
 from beast.acting.supervisor import ActorPool
-from beast.algos.base import Batch, LearnerContext
+from beast.algos.base import LearnerContext
 from beast.algos.impala import ActorCriticUpdate, Impala, impala_loss
 from beast.algos.policies import CategoricalPolicy
 from beast.config import AUTO, Config, config_for, int_or_auto
+from beast.experience.contract import Batch
 from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
 from beast.fields import Field, box_obs, core_state_shapes
 from beast.learning.learner import Stepper, TrainingProgress

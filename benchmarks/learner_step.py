@@ -44,10 +44,12 @@ import torch
 from torch import nn
 
 from beast import envs
-from beast.algos.base import Batch, LearnerContext, Rollouts, SequenceReplay, TransitionReplay
+from beast.algos.base import LearnerContext
 from beast.config import parse_args
+from beast.experience.contract import Batch
 from beast.experience.rollout_slots import rollout_spec
 from beast.experience.sequence_replay import sequence_spec
+from beast.experience.specs import Rollouts, SequenceReplay, TransitionReplay
 from beast.experience.transition_replay import step_spec
 from beast.fields import Field, core_state_shapes
 from beast.learning.learner import Stepper, TrainingProgress

@@ -2,9 +2,8 @@
 
 One loop for every algorithm: each actor owns K environments, asks its policy for K
 actions at once, steps the K environments, and hands each step to the writer of the
-run's sink (beast/experience/rollout_slots.py: rollout slots; beast/experience/replay_sink.py: a
-replay it adds
-sequences to). The step it hands over is the env batch's arrays, the actor's last
+run's sink (`Sink`, beast/experience/contract.py: rollout slots, or a replay it adds
+sequences or steps to). The step it hands over is the env batch's arrays, the actor's last
 actions and the policy's record (the algorithm's: beast/algos/base.py `Policy`), all
 at fixed addresses. Two ways to act (beast/acting/inference.py):
 
@@ -51,6 +50,7 @@ from beast.acting.error_board import ERROR_BOARD_BYTES, post_traceback
 from beast.acting.inference import CentralPolicy, InferenceTable, LocalPolicy
 from beast.algos.base import Policy
 from beast.envs.batch import EnvBatch, make_env_batch
+from beast.experience.contract import Sink
 from beast.native import QueueClosed
 from beast.util.profile import ACTOR_PHASES, PhaseClock
 from beast.util.threads import die_with_fork_server, process_alive
@@ -135,7 +135,7 @@ def run_actor(
     actor_index: int,
     incarnation: int,
     settings: ActorSettings,
-    sink: Any,
+    sink: Sink,
     policy_source: nn.Module | InferenceTable,
     learner_pid: int,
     error_board: torch.Tensor,
@@ -143,8 +143,7 @@ def run_actor(
 ) -> None:
     """Process entry point. Exits 0 on shutdown, 1 after posting its error.
 
-    sink: where the steps go (rollout slots, or a sequence replay: anything with
-    `writer(...)`, beast/experience/rollout_slots.py and beast/experience/replay_sink.py).
+    sink: where the steps go (`Sink`: rollout slots or a replay).
     policy_source: the shared-memory model (local policy) or the request
     table of the learner's inference server (central policy).
     phase_seconds: shared float64 [num_actors, len(ACTOR_PHASES)]; this actor
@@ -226,7 +225,7 @@ class Actor:
         actor_index: int,
         incarnation: int,
         settings: ActorSettings,
-        sink: Any,
+        sink: Sink,
         policy_source: nn.Module | InferenceTable,
         learner_pid: int,
         clock: PhaseClock,

@@ -42,7 +42,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import torch
 
@@ -50,6 +49,7 @@ from beast.acting.actor import ActorSettings, run_actor
 from beast.acting.error_board import ErrorBoard
 from beast.acting.fork_server import actor_context
 from beast.acting.inference import InferenceTable
+from beast.experience.contract import Sink
 from beast.util.profile import ACTOR_PHASES, shared_counters
 from beast.util.threads import process_alive
 
@@ -275,7 +275,7 @@ class ActorPool:
         self,
         *,
         settings: ActorSettings,
-        sink: Any,
+        sink: Sink,
         policy_source: torch.nn.Module | InferenceTable,
         num_actors: int,
         max_restarts: int,

@@ -15,10 +15,11 @@ polybeast) builds a run through this interface only:
                     whatever the learner needs stored with them (logits, values...).
                     Local actors, the central inference server, polybeast's env servers
                     and --mode test all act through it.
-    experience      what its actors produce: fixed-length `Rollouts` into the rollout
-                    slots (with an optional FIFO of whole rollouts mixed into batches),
-                    sequences into a `SequenceReplay` (prioritized), or every step
-                    into a `TransitionReplay` (uniform or prioritized).
+    experience      what its actors produce (beast/experience/specs.py): fixed-length
+                    `Rollouts` into the rollout slots (with an optional FIFO of whole
+                    rollouts mixed into batches), sequences into a `SequenceReplay`
+                    (prioritized), or every step into a `TransitionReplay` (uniform or
+                    prioritized).
     learner         its update (`Update`): losses, targets, priorities, target
                     networks, optimizers, and the state its checkpoint keeps.
 
@@ -37,8 +38,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from beast.fields import Field
-from beast.train_step.interface import split_block
+from beast.experience.contract import Batch
+from beast.experience.specs import Experience, ExperienceLayout
+from beast.fields import Field, core_state_shapes
 
 if TYPE_CHECKING:
     from beast.config import Config
@@ -47,16 +49,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Algorithm",
-    "Batch",
-    "Experience",
     "LearnerContext",
     "OptimizerStep",
     "OptimizerUpdate",
     "Policy",
     "Progress",
-    "Rollouts",
-    "SequenceReplay",
-    "TransitionReplay",
     "Update",
     "UpdateInfo",
     "as_outputs",
@@ -116,102 +113,6 @@ class Policy(abc.ABC):
             f"{type(self).__name__} has no deterministic action, so its policy cannot be"
             " exported; define Policy.deterministic_action"
         )
-
-
-@dataclass(frozen=True)
-class Rollouts:
-    """Actors write fixed-length rollouts of `unroll_length` + 1 steps into the rollout slots
-    (beast/experience/rollout_slots.py) and the learner takes `--batch_size` of them per batch. With
-    `replay_size` > 0, a FIFO of whole rollouts (beast/experience/rollout_replay.py) replaces
-    `num_replayed` of each batch's rollouts with replayed ones. `synchronous`: actors wait
-    for the weights of each update before their next rollouts, and a batch is one rollout
-    of every env (`--batch_size` must be the number of envs; `RolloutSource`)."""
-
-    unroll_length: int
-    replay_size: int = 0
-    num_replayed: int = 0
-    synchronous: bool = False
-
-
-@dataclass(frozen=True)
-class SequenceReplay:
-    """Actors cut their envs' steps into sequences of `seq_len` + 1 rows (overlapping by
-    `seq_overlap`) and add them to a shared prioritized replay of `capacity` sequences
-    (beast/experience/sequence_replay.py); the learner samples `--batch_size` of them once
-    `min_size` are in.
-    With `samples_per_insert` > 0, actors pause when they insert faster than the learner
-    samples that many per insert."""
-
-    seq_len: int
-    seq_overlap: int
-    capacity: int
-    min_size: int
-    priority_exponent: float
-    importance_sampling_exponent: float
-    samples_per_insert: float
-    frame_dedup: bool
-
-
-@dataclass(frozen=True)
-class TransitionReplay:
-    """Actors append every env step to their env's ring in a shared replay of `capacity`
-    transitions (beast/experience/transition_replay.py); the learner samples `--batch_size` of them,
-    with their `n_step` windows and frame stacks built at sampling, once `min_size` steps
-    are in. `prioritized`: by priority (PER's exponents), else uniformly. With
-    `samples_per_insert` > 0, actors pause when they step faster than the learner samples
-    that many transitions per env step. Feed-forward models only."""
-
-    capacity: int
-    min_size: int
-    n_step: int
-    prioritized: bool
-    priority_exponent: float
-    importance_sampling_exponent: float
-    samples_per_insert: float
-    frame_dedup: bool
-
-
-Experience = Rollouts | SequenceReplay | TransitionReplay
-
-
-class Batch(NamedTuple):
-    """A learner batch, on the learning device.
-
-    data: the experience's fields time-major, `[L, B, ...]` (rollouts: L = T + 1;
-        sequences: seq_len + 1 rows; transitions: 2 rows, the step and its bootstrap
-        step, plus n_step_rewards [n, B], n_steps [B] and terminal [B],
-        beast/experience/transition_replay.py); recurrent-state fields `core_state_i`
-        `[d0, B, ...]`, the state at row 0.
-    weights: float32 [B] importance weights of a prioritized replay (normalised by their
-        max; 0 for a sample to ignore), else None.
-    The rest is the source's bookkeeping (beast/learning/learner.py): slots and generations to
-    send priorities back to (or a synchronous source's rollout slots, freed after the
-    update), the agent steps and finished episodes the batch accounts for.
-    parts: a replay's block of that many batches, one after another along the batch
-        axis (--updates_per_sample): the learner takes one update on each (`split`).
-    """
-
-    data: dict[str, Tensor]
-    weights: Tensor | None = None
-    indices: Tensor | None = None
-    generations: Tensor | None = None
-    new_steps: int = 0
-    episode_returns: tuple[float, ...] = ()
-    episode_steps: tuple[int, ...] = ()
-    stats: Mapping[str, float] = {}
-    parts: int = 1
-
-    def split(self) -> list[Batch]:
-        """The batches of a block, as views (`beast.train_step.split_block`); the
-        bookkeeping stays with the block."""
-        if self.parts == 1:
-            return [self]
-        data = split_block(self.data, self.parts)
-        weights = None if self.weights is None else self.weights.chunk(self.parts)
-        return [
-            Batch(data=part, weights=None if weights is None else weights[i])
-            for i, part in enumerate(data)
-        ]
 
 
 class UpdateInfo(NamedTuple):
@@ -475,6 +376,21 @@ class Algorithm(abc.ABC):
     def learner(self, model: nn.Module, context: LearnerContext) -> Update:
         """The learning state for `model` (on `context.device`), optimizers included."""
 
+    def experience_layout(self, model: nn.Module) -> ExperienceLayout:
+        """What one env step of its experience stores, for `model`: the observation, the
+        policy's record (and each env's running discounted return with
+        --normalize_reward), the model's recurrent state."""
+        from beast.algos.normalize import DISCOUNTED_RETURN_KEY
+
+        record = dict(self.policy().record_spec())
+        if self.config.normalize_reward:
+            record[DISCOUNTED_RETURN_KEY] = Field((), torch.float32)
+        return ExperienceLayout(
+            obs=self.spec.obs_fields(),
+            record=record,
+            core_state_shapes=core_state_shapes(model.initial_state(1)),
+        )
+
     def describe(self) -> str:
         """A fragment for the start-up line (e.g. the loss's settings); empty by default."""
         return ""
@@ -482,14 +398,5 @@ class Algorithm(abc.ABC):
     def optimizer_steps(self, total_steps: int) -> int | None:
         """About how many optimizer steps a run of `total_steps` agent steps takes (what
         --compile auto weighs against the cost of compiling); None when unknown. By
-        default one per batch: of rollouts, or of samples at the replay's rate limit."""
-        config, experience = self.config, self.experience()
-        if isinstance(experience, Rollouts):
-            return total_steps // (experience.unroll_length * config.batch_size)
-        if experience.samples_per_insert <= 0:
-            return None
-        inserted = total_steps  # the replay's unit: a step, or a sequence of them
-        if isinstance(experience, SequenceReplay):
-            inserted //= max(1, experience.seq_len - experience.seq_overlap)
-        inserted = max(0, inserted - experience.min_size)
-        return int(inserted * experience.samples_per_insert / config.batch_size)
+        default one per batch of its experience (`Experience.optimizer_steps`)."""
+        return self.experience().optimizer_steps(total_steps, self.config.batch_size)

@@ -41,14 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from beast.algos.base import (
-    Batch,
-    Experience,
-    LearnerContext,
-    TransitionReplay,
-    Update,
-    as_outputs,
-)
+from beast.algos.base import LearnerContext, Update, as_outputs
 from beast.algos.distributional import categorical_projection
 from beast.algos.dtypes import compute_dtype
 from beast.algos.impala import REWARD_CLIPPING_MODES
@@ -69,6 +62,8 @@ from beast.algos.transitions import (
     scaled_n_step_returns,
 )
 from beast.config import ConfigError, flag, require_fraction, require_nonnegative
+from beast.experience.contract import Batch
+from beast.experience.specs import Experience, TransitionReplay
 from beast.fields import index_inputs, model_inputs
 from beast.train_step import StepLoss
 

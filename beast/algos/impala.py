@@ -68,18 +68,12 @@ from torch import Tensor, nn
 
 from beast.algos import vtrace
 from beast.algos.actor_critic import ActorCriticAlgorithm, float_forward
-from beast.algos.base import (
-    Batch,
-    Experience,
-    LearnerContext,
-    OptimizerUpdate,
-    Rollouts,
-    Update,
-    UpdateInfo,
-)
+from beast.algos.base import LearnerContext, OptimizerUpdate, Update, UpdateInfo
 from beast.algos.distributions import ActionDistribution, Categorical
 from beast.algos.dtypes import compute_dtype
 from beast.config import flag, require_fraction, require_nonnegative
+from beast.experience.contract import Batch
+from beast.experience.specs import Experience, Rollouts
 from beast.fields import core_state, model_inputs
 from beast.train_step import ParameterGroup, StepLoss
 from beast.train_step.optim import build_optimizer

@@ -55,11 +55,11 @@ import torch
 from torch import Tensor
 
 from beast.algos import impala
-from beast.algos.base import Experience, Rollouts
 from beast.algos.distributions import ActionDistribution, Categorical
 from beast.algos.dtypes import compute_dtype
 from beast.algos.impala import Impala, ImpalaArgs, LossOutput
 from beast.config import ConfigError, flag
+from beast.experience.specs import Experience, Rollouts
 
 __all__ = [
     "Laser",

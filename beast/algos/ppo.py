@@ -54,19 +54,13 @@ from torch import Tensor, nn
 
 from beast.algos import vtrace
 from beast.algos.actor_critic import ActorCriticAlgorithm, float_forward
-from beast.algos.base import (
-    Batch,
-    Experience,
-    LearnerContext,
-    OptimizerUpdate,
-    Rollouts,
-    Update,
-    UpdateInfo,
-)
+from beast.algos.base import LearnerContext, OptimizerUpdate, Update, UpdateInfo
 from beast.algos.distributions import ActionDistribution
 from beast.algos.gae import generalized_advantages
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards, step_discounts_and_valid
 from beast.config import ConfigError, flag, require_fraction, require_nonnegative
+from beast.experience.contract import Batch
+from beast.experience.specs import Experience, Rollouts
 from beast.fields import core_state, index_inputs, map_inputs, model_inputs
 from beast.train_step import ParameterGroup, StepLoss
 from beast.train_step.optim import build_optimizer

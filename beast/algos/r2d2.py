@@ -65,14 +65,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from beast.algos.base import (
-    Batch,
-    Experience,
-    LearnerContext,
-    SequenceReplay,
-    Update,
-    as_outputs,
-)
+from beast.algos.base import LearnerContext, Update, as_outputs
 from beast.algos.dtypes import compute_dtype
 from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
 from beast.algos.q_learning import (
@@ -86,6 +79,8 @@ from beast.algos.q_learning import (
 from beast.algos.target_update import TargetNetworkUpdate
 from beast.algos.value_rescaling import DEFAULT_RESCALE_EPS
 from beast.config import ConfigError, flag, require_positive
+from beast.experience.contract import Batch
+from beast.experience.specs import Experience, SequenceReplay
 from beast.fields import core_state, index_inputs, model_inputs
 from beast.train_step import StepLoss
 

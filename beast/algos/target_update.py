@@ -12,13 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from beast.algos.base import (
-    Batch,
-    LearnerContext,
-    OptimizerUpdate,
-    UpdateInfo,
-    require_one_batch,
-)
+from beast.algos.base import LearnerContext, OptimizerUpdate, UpdateInfo, require_one_batch
+from beast.experience.contract import Batch
 from beast.models import copy_weights
 from beast.train_step import ParameterGroup, TargetNetwork, TrainStep
 

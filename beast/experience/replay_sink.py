@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from beast.algos.base import Batch
+from beast.experience.contract import Batch
 from beast.experience.sequence_replay import PrioritizedReplay, SequenceBuilder, replay_footprint
 from beast.experience.staging import StagedSteps, StagingRecipe, StepTally
 from beast.fields import Field, shared_zeros
@@ -155,6 +155,15 @@ class ReplaySink(abc.ABC):
 
     def nbytes(self) -> int:
         return self.replay.nbytes()
+
+    def lane_has_room(self, lane: int, num_envs: int) -> bool:
+        """A replay has no lanes: its writers wait in `wait_for_room` instead."""
+        return True
+
+    def take_turns(self) -> None:
+        """--serial: the learner runs in the writer's thread, and `ReplaySource.poll` keeps
+        the ratio; a writer waiting for it would wait forever."""
+        self.writers_wait = False
 
     @abc.abstractmethod
     def describe(self) -> str:

@@ -355,6 +355,10 @@ class RolloutBuffers:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
+    def take_turns(self) -> None:
+        """--serial: nothing to change; the run gives its one actor enough slots that a
+        write never waits for the learner (beast/run/serial.py)."""
+
     def describe(self) -> str:
         return f"{self.num_buffers} rollout slots ({self.nbytes() / 2**20:,.0f} MiB)"
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from beast.algos.base import Batch
+from beast.experience.contract import Batch
 from beast.experience.rollout_slots import _POLL_SECONDS, RolloutBuffers
 from beast.util.threads import ThreadGroup
 

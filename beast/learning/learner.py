@@ -4,19 +4,8 @@ Learner threads take batches from the run's source, hand each to the algorithm's
 (beast/algos/base.py `Update`) under one lock, send what it returns back to the source
 (a prioritized replay's new priorities), count agent steps and finished episodes, and
 publish the weights to the actors. The learner does not know which algorithm runs, nor
-where batches come from. A source is one of:
-
-    RolloutSource   (beast/experience/rollout_source.py) full rollouts from the rollout slots,
-    gathered by
-                    preparation threads, optionally mixed with a replay of rollouts;
-    ReplaySource  (beast/experience/replay_sink.py) prioritized sequences the actors put in a
-                    shared replay, sampled by the learner threads themselves;
-
-and answers `start`, `stop`, `next(timeout)`, `poll()` (--serial), `pending_steps()`,
-`pending_episodes()` (steps and episodes no batch carries: replay actors count their
-own), `feedback(batch, priorities)`, `release(batch)` (the update is done and its
-weights are published), `stats()`, `status_line()`, `describe()`,
-`close()`, `save_replay(write)` and `restore_replay(tensors, state)`.
+where batches come from: it holds a `Source` (beast/experience/contract.py, which lists
+what a source answers), built by the algorithm's experience spec.
 
 The whole update (forward, backward, step) holds one lock: the model's parameters are
 updated in place, and a second thread's backward pass over parameters changed under it
@@ -42,7 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from beast.algos.base import Batch, Update
+from beast.algos.base import Update
+from beast.experience.contract import Batch, Source
 from beast.learning.thread_tuner import ThreadTuner
 from beast.train_step import StepAbandoned
 from beast.train_step.optim import INITIAL_LR, lr_multiplier
@@ -266,7 +256,7 @@ class Learner(ThreadGroup):
         self,
         *,
         update: Update,
-        source: Any,
+        source: Source,
         stepper: Stepper,
         progress: TrainingProgress,
         total_steps: int,

@@ -48,6 +48,7 @@ from torch import nn
 
 from beast.acting.inference import record_arrays
 from beast.algos.base import Policy, as_outputs
+from beast.experience.contract import Sink
 from beast.fields import map_inputs, model_inputs
 from beast.poly.config import PolyConfig
 from beast.poly.env_server import EnvServer, Incarnation, RolloutTimes
@@ -262,7 +263,7 @@ class _HeldServers:
     each is let go once the learner has freed its lane's slots, i.e. published that
     update's weights."""
 
-    def __init__(self, sink: Any, rows: dict[int, int], num_envs: int, synchronous: bool):
+    def __init__(self, sink: Sink, rows: dict[int, int], num_envs: int, synchronous: bool):
         self.sink, self.rows, self.num_envs = sink, rows, num_envs
         self.synchronous = synchronous
         self.waiting: list[int] = []
@@ -287,7 +288,7 @@ class _Feeder:
     name = "feeder"
 
     def __init__(
-        self, pool: ServerPool, sink: Any, stop: threading.Event, synchronous: bool = False
+        self, pool: ServerPool, sink: Sink, stop: threading.Event, synchronous: bool = False
     ) -> None:
         self.pool = pool
         self.sink = sink
@@ -380,7 +381,7 @@ class RolloutReceiver(_Feeder):
     def __init__(
         self,
         pool: ServerPool,
-        sink: Any,
+        sink: Sink,
         stop: threading.Event,
         weights: WeightsBroadcast,
         in_flight: int,
@@ -459,7 +460,7 @@ class CentralInference(_Feeder):
     def __init__(
         self,
         pool: ServerPool,
-        sink: Any,
+        sink: Sink,
         stop: threading.Event,
         model: nn.Module,
         policy: Policy,

@@ -30,7 +30,7 @@ import torch
 
 from beast.acting.actor import policy_inputs
 from beast.acting.inference import LocalPolicy
-from beast.algos.base import Algorithm, Rollouts
+from beast.algos.base import Algorithm
 from beast.config import AUTO, Config, ConfigError
 from beast.envs.batch import LoopEnvBatch, make_env_batch
 from beast.run.measure import TrivialModel, learning_cost, torch_threads
@@ -92,17 +92,17 @@ def resolve_actor_layout(
     auto. The actors' model is `algorithm`'s (measured under --policy local)."""
     if AUTO not in (config.num_actors, config.num_envs_per_actor):
         return config
-    if not isinstance(algorithm.experience(), Rollouts):
-        raise ConfigError(
-            f"--num_actors / --num_envs_per_actor auto measure an actor filling rollouts"
-            f" against the learner's update on them; give numbers with --algo {config.algo}"
-        )
     # Under --policy central the actors' own cost excludes the forward pass.
     model = (
         algorithm.build_model().eval()
         if policy == "local"
         else TrivialModel(algorithm.model_outputs())
     )
+    if algorithm.experience().measured_item(algorithm.experience_layout(model)) is None:
+        raise ConfigError(
+            f"--num_actors / --num_envs_per_actor auto measure an actor filling rollouts"
+            f" against the learner's update on them; give numbers with --algo {config.algo}"
+        )
     num_envs = config.num_envs_per_actor
     costs: dict[int, float] = {}
     if num_envs == AUTO:

@@ -32,25 +32,12 @@ from torch import nn
 
 from beast import envs
 from beast.algos import ALGORITHMS, algorithm_class
-from beast.algos.base import (
-    Algorithm,
-    LearnerContext,
-    Policy,
-    Rollouts,
-    SequenceReplay,
-    TransitionReplay,
-    Update,
-)
-from beast.algos.normalize import DISCOUNTED_RETURN_KEY, RewardScaler, find_observation_normalizer
+from beast.algos.base import Algorithm, LearnerContext, Policy, Update
+from beast.algos.normalize import RewardScaler, find_observation_normalizer
 from beast.config import RUN_NAMING_FLAGS, Config, ConfigError
 from beast.envs.batch import check_backend
-from beast.experience.replay_sink import ReplaySink, ReplaySource, SequenceSink
-from beast.experience.rollout_replay import RolloutReplay
-from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
-from beast.experience.rollout_source import RolloutSource
-from beast.experience.sequence_replay import PrioritizedReplay, replay_footprint, sequence_spec
-from beast.experience.transition_replay import RingReplay, TransitionSink, ring_footprint, step_spec
-from beast.fields import Field, core_state_shapes
+from beast.experience.contract import Sink, Source
+from beast.experience.specs import ExperienceError, ExperienceSetup
 from beast.learning.learner import Learner, Stepper, TrainingProgress, UpdateStats
 from beast.learning.thread_tuner import learner_threads, thread_tuner_for
 from beast.models import ModelError, WeightCopier, check_model, copy_weights, is_user_model
@@ -242,8 +229,7 @@ def check_frame_stacks(algorithm: Algorithm, env: Any) -> None:
     leaf of the env's observation is not a frame stack (`envs.images_not_stacked`): its
     steps could never be rebuilt (a transition replay would sample nothing, a sequence
     replay refuse every sequence)."""
-    experience = algorithm.experience()
-    if not getattr(experience, "frame_dedup", False) or not algorithm.spec.has_images():
+    if not algorithm.experience().frame_dedup or not algorithm.spec.has_images():
         return
     not_stacked = envs.images_not_stacked(env, algorithm.spec)
     if not_stacked:
@@ -277,33 +263,19 @@ def check_replay_fits(algorithm: Algorithm, model: nn.Module) -> None:
     """A one-line ConfigError, before anything is allocated (or a run directory made),
     when the algorithm's replay would take more than REPLAY_MEMORY_SHARE of the memory
     available: what it needs, and the --replay_size that would fit."""
-    spec, experience = algorithm.spec, algorithm.experience()
-    record = algorithm.policy().record_spec()
-    image_stacks = spec.has_images()
-    if isinstance(experience, SequenceReplay):
-        layout = sequence_spec(
-            seq_len=experience.seq_len,
-            obs=spec.obs_fields(),
-            record=record,
-            core_state_shapes=core_state_shapes(model.initial_state(1)),
-        )
-        dedup = experience.frame_dedup and image_stacks
-        per_item = replay_footprint(layout, frame_dedup=dedup).per_sequence
-        unit = "sequences"
-    elif isinstance(experience, TransitionReplay):
-        steps = step_spec(spec.obs_fields(), record)
-        dedup = experience.frame_dedup
-        per_item, unit = ring_footprint(steps, dedup), "transitions"
-    else:
+    footprint = algorithm.experience().footprint(algorithm.experience_layout(model))
+    if footprint is None:
         return
-    needed, budget = per_item * experience.capacity, REPLAY_MEMORY_SHARE * available_memory()
-    if needed > budget:
-        hint = ", or store frames once with --frame_dedup" if image_stacks and not dedup else ""
+    budget = REPLAY_MEMORY_SHARE * available_memory()
+    if footprint.nbytes > budget:
+        stacks = algorithm.spec.has_images() and not footprint.frame_dedup
+        hint = ", or store frames once with --frame_dedup" if stacks else ""
         raise ConfigError(
-            f"a replay of {experience.capacity:,} {unit} needs {needed / 2**30:,.1f} GiB"
-            f" ({per_item:,.0f} B each), more than {REPLAY_MEMORY_SHARE:.0%} of the"
-            f" {budget / REPLAY_MEMORY_SHARE / 2**30:,.1f} GiB available; lower --replay_size"
-            f" to {int(budget // per_item):,} or less{hint}"
+            f"a replay of {footprint.capacity:,} {footprint.unit} needs"
+            f" {footprint.nbytes / 2**30:,.1f} GiB ({footprint.per_item:,.0f} B each), more"
+            f" than {REPLAY_MEMORY_SHARE:.0%} of the {budget / REPLAY_MEMORY_SHARE / 2**30:,.1f}"
+            f" GiB available; lower --replay_size to {int(budget // footprint.per_item):,} or"
+            f" less{hint}"
         )
 
 
@@ -314,110 +286,27 @@ def build_experience(
     actor_model: nn.Module,
     device: torch.device,
     num_writers: int,
-) -> tuple[RolloutBuffers | ReplaySink, RolloutSource | ReplaySource]:
+) -> tuple[Sink, Source]:
     """The sink actors (or env servers, `num_writers` of them) write into and the source
     the learner reads, for the algorithm's `experience()`."""
-    spec = algorithm.spec
-    experience = algorithm.experience()
-    states = core_state_shapes(actor_model.initial_state(1))
-    record = dict(policy.record_spec())
-    if config.normalize_reward:  # each env's running discounted return, stored per step
-        record[DISCOUNTED_RETURN_KEY] = Field((), torch.float32)
-    if isinstance(experience, Rollouts):
-        num_buffers, num_lanes = config.num_buffers, 0
-        if experience.synchronous:
-            # As many slots as the writers fill at once, split among their lanes: a lane's
-            # next rollouts wait for the update that frees its slots (RolloutSource).
-            # --serial's one process cannot wait on itself: its actor fills the next
-            # rollouts while the learner waits.
-            num_lanes = num_writers * config.writer_lanes(select_policy(config, device))
-            num_buffers = num_writers * config.envs_per_writer * (2 if config.serial else 1)
-        buffers = RolloutBuffers(
-            rollout_spec(
-                unroll_length=experience.unroll_length,
-                obs=spec.obs_fields(),
-                record=record,
-                core_state_shapes=states,
-            ),
-            num_buffers,
-            num_lanes,
-        )
-        replay = None
-        if experience.replay_size:
-            replay = RolloutReplay(buffers.spec, experience.replay_size, seed=config.seed)
-        source = RolloutSource(
-            buffers,
-            batch_size=config.batch_size,
-            device=device,
-            replay=replay,
-            num_replayed=experience.num_replayed,
-            num_threads=config.num_learner_threads,
-            synchronous=experience.synchronous,
-        )
-        return buffers, source
-    if isinstance(experience, SequenceReplay):
-        layout = sequence_spec(
-            seq_len=experience.seq_len,
-            obs=spec.obs_fields(),
-            record=record,
-            core_state_shapes=states,
-        )
-        try:
-            replay = PrioritizedReplay(
-                layout,
-                experience.capacity,
-                alpha=experience.priority_exponent,
-                beta=experience.importance_sampling_exponent,
-                frame_dedup=experience.frame_dedup,
-            )
-        except ValueError as error:  # frame dedup of observations that are not frame stacks
-            raise ConfigError(f"--frame_dedup does not fit {config.env}: {error}") from error
-        sink = SequenceSink(
-            replay,
-            num_actors=num_writers,
-            seq_len=experience.seq_len,
-            seq_overlap=experience.seq_overlap,
-            samples_per_insert=experience.samples_per_insert,
-            min_replay_size=experience.min_size,
-            batch_size=config.batch_size * config.updates_per_sample,
-        )
-    elif isinstance(experience, TransitionReplay):
-        if states:
-            raise ConfigError(
-                f"--algo {config.algo} trains on single transitions: it needs a feed-forward"
-                " model (drop --use_lstm)"
-            )
-        steps = step_spec(spec.obs_fields(), record)
-        try:
-            replay = RingReplay(
-                steps,
-                num_envs=num_writers * config.envs_per_writer,
-                capacity=experience.capacity,
-                n_step=experience.n_step,
-                prioritized=experience.prioritized,
-                alpha=experience.priority_exponent,
-                beta=experience.importance_sampling_exponent,
-                frame_dedup=experience.frame_dedup,
-            )
-        except ValueError as error:
-            raise ConfigError(f"the replay does not fit --env {config.env}: {error}") from error
-        sink = TransitionSink(
-            replay,
-            num_actors=num_writers,
-            samples_per_insert=experience.samples_per_insert,
-            min_replay_size=experience.min_size,
-            batch_size=config.batch_size * config.updates_per_sample,
-        )
-    else:
-        raise TypeError(f"{algorithm.name}'s experience() returned {experience!r}")
-    source = ReplaySource(
-        sink,
+    setup = ExperienceSetup(
+        num_writers=num_writers,
+        envs_per_writer=config.envs_per_writer,
+        lanes_per_writer=config.writer_lanes(select_policy(config, device)),
+        num_buffers=config.num_buffers,
         batch_size=config.batch_size,
-        parts=config.updates_per_sample,
+        updates_per_sample=config.updates_per_sample,
+        num_learner_threads=config.num_learner_threads,
         device=device,
         seed=config.seed,
+        serial=config.serial,
+        algo=config.algo,
+        env=config.env,
     )
-    return sink, source
+    try:
+        return algorithm.experience().build(algorithm.experience_layout(actor_model), setup)
+    except ExperienceError as error:
+        raise ConfigError(str(error)) from error
 
 
 @dataclass
@@ -435,8 +324,8 @@ class Run:
     update: Update
     stepper: Stepper
     progress: TrainingProgress
-    sink: RolloutBuffers | ReplaySink
-    source: RolloutSource | ReplaySource
+    sink: Sink
+    source: Source
     learner: Learner
     reward_scaler: RewardScaler | None = None  # --normalize_reward
 

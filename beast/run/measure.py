@@ -16,9 +16,10 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import nn
 
-from beast.algos.base import Algorithm, Batch, LearnerContext
-from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
-from beast.fields import Field, core_state_shapes
+from beast.algos.base import Algorithm, LearnerContext
+from beast.experience.contract import Batch
+from beast.experience.rollout_slots import RolloutBuffers
+from beast.fields import Field
 from beast.learning.learner import Stepper, TrainingProgress
 
 __all__ = ["TrivialModel", "learning_cost", "synthetic_batch", "torch_threads"]
@@ -134,12 +135,10 @@ def learning_cost(
             device=torch.device("cpu"), bf16=bf16, step=stepper, progress=progress
         )
         update = algorithm.learner(model, context)
-        layout = rollout_spec(
-            unroll_length=config.unroll_length,
-            obs=spec.obs_fields(),
-            record=algorithm.policy().record_spec(),
-            core_state_shapes=core_state_shapes(model.initial_state(1)),
-        )
+        item = algorithm.experience().measured_item(algorithm.experience_layout(model))
+        if item is None:
+            raise ValueError(f"{algorithm.name}'s experience is not measured on a batch")
+        layout, steps_per_item = item
         batch = Batch(data=synthetic_batch(layout, config.batch_size, spec.num_actions))
         update(batch)
         start = time.perf_counter()
@@ -147,4 +146,4 @@ def learning_cost(
             update(batch)
         elapsed = (time.perf_counter() - start) / steps
     # Wall-clock seconds on `num_threads` busy threads.
-    return elapsed * num_threads / (config.unroll_length * config.batch_size)
+    return elapsed * num_threads / (steps_per_item * config.batch_size)

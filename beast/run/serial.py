@@ -31,7 +31,6 @@ import traceback
 import torch
 
 from beast.acting.actor import Actor
-from beast.algos.base import SequenceReplay, TransitionReplay
 from beast.config import Config, ConfigError
 from beast.learning.learner import NonFiniteError
 from beast.outputs.checkpoint import CheckpointError
@@ -70,23 +69,16 @@ def train_serial(config: Config) -> None:
     """Train until total_steps in this process; returns after a clean stop."""
     run, log = start_run(serial_config(config))
     config = run.config
-    experience = run.algorithm.experience()
-    if (
-        isinstance(experience, SequenceReplay | TransitionReplay)
-        and not experience.samples_per_insert
-    ):
+    refusal = run.algorithm.experience().serial_refusal()
+    if refusal:
         log.close()
-        raise ConfigError(
-            "--serial with a replay needs --samples_per_insert > 0: the learner's updates"
-            " per insert, which the actor and learner keep by taking turns"
-        )
+        raise ConfigError(refusal)
     try:
         evaluator = start_evaluation(run, log)
     except BaseException:
         log.close()
         raise
-    if hasattr(run.sink, "writers_wait"):
-        run.sink.writers_wait = False
+    run.sink.take_turns()
     progress, learner, source = run.progress, run.learner, run.source
     clock = PhaseClock(torch.zeros(len(ACTOR_PHASES), dtype=torch.float64), ACTOR_PHASES)
     previous = stop_on_signals()

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from beast.algos.base import Batch, LearnerContext
+from beast.algos.base import LearnerContext
 from beast.algos.nstep import NStepReturns
 from beast.algos.policies import SquashedPolicy
 from beast.algos.qpg.functions import (
@@ -33,6 +33,7 @@ from beast.algos.qpg.functions import (
 from beast.algos.qpg.networks import ActorCriticQNet, EnsembleMLP
 from beast.config import parse_args
 from beast.envs import EnvSpec
+from beast.experience.contract import Batch
 from beast.learning.learner import Stepper, TrainingProgress
 from beast.models import PolyakAverager
 from beast.run.engine import build_algorithm

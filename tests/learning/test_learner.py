@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from beast.algos.base import Batch, LearnerContext
+from beast.algos.base import LearnerContext
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.algos.r2d2 import SequenceQUpdate, r2d2_loss
 from beast.config import parse_args
+from beast.experience.contract import Batch
 from beast.experience.replay_sink import ReplaySource, SequenceSink
 from beast.experience.sequence_replay import PrioritizedReplay, SequenceBuilder, sequence_spec
 from beast.fields import box_obs, core_state_shapes

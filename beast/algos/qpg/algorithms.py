@@ -24,12 +24,9 @@ from torch import Tensor, nn
 
 from beast.algos.base import (
     Algorithm,
-    Batch,
-    Experience,
     LearnerContext,
     OptimizerUpdate,
     Policy,
-    TransitionReplay,
     Update,
     UpdateInfo,
     require_one_batch,
@@ -54,6 +51,8 @@ from beast.algos.transitions import (
     scaled_n_step_returns,
 )
 from beast.config import ConfigError, flag, require_nonnegative
+from beast.experience.contract import Batch
+from beast.experience.specs import Experience, TransitionReplay
 from beast.fields import index_inputs, model_inputs
 from beast.models import ModelError
 from beast.train_step import ParameterGroup, StepLoss, StepResult, TargetNetwork
