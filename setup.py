@@ -63,6 +63,9 @@ setup(
             *MUJOCO,
             *WANDB,  # tests/outputs/test_wandb.py's offline run
             *EXPORT,  # tests/trained/test_export.py's ONNX files
+            # tests/envs/test_envpool_batch.py: the envpool backend against the loop. Its
+            # wheels are ~300 MB to download and ~740 MB installed (below).
+            ENVPOOL,
         ],
         # polybeast.py: Ray 2.x (an ~80 MB wheel; its other dependencies are mostly
         # already here). tests/poly/test_polybeast.py skips itself without it.
@@ -75,10 +78,10 @@ setup(
         # HalfCheetah-v5 and the other MuJoCo tasks: the mujoco wheel carries the simulator.
         "mujoco": MUJOCO,
         # --env_backend envpool: EnvPool's C++ thread pool for Atari and MuJoCo, with its
-        # own ALE, ROMs and MuJoCo (about 740 MB installed, assets of its other suites
-        # included; 1.2.5 is checked against beast's preprocessing by
-        # tests/envs/test_envpool_batch.py). Not in "test" for that size: those tests skip
-        # themselves without it.
+        # own ALE, ROMs and MuJoCo (1.2.5 on Python 3.11: wheels of 53 MB plus 243 MB of
+        # assets of its other suites, 740 MB installed; checked against beast's
+        # preprocessing by tests/envs/test_envpool_batch.py). In "test" too, so that CI runs
+        # the backend: without it those tests that need EnvPool skip themselves.
         "envpool": [ENVPOOL],
         # --wandb: Weights & Biases logging, online or offline.
         "wandb": WANDB,
