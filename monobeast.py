@@ -22,8 +22,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # First: the actors' fork server imports torch on the other core meanwhile.
     fork_server.start_for(sys.argv[1:] if argv is None else argv)
-    from beast.config import parse_args
     from beast.run.cli import run_entry_point
+    from beast.run.parsing import parse_args
 
     def train(config) -> None:
         from beast.run.runner import train as train_monobeast

@@ -73,7 +73,7 @@ from beast.acting.supervisor import ActorPool
 from beast.algos.base import LearnerContext
 from beast.algos.impala import ActorCriticUpdate, Impala, impala_loss
 from beast.algos.policies import CategoricalPolicy
-from beast.config import AUTO, Config, config_for, int_or_auto
+from beast.config import AUTO, Config, int_or_auto
 from beast.experience.contract import Batch
 from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
 from beast.fields import Field, box_obs, core_state_shapes
@@ -82,6 +82,7 @@ from beast.models import build_model, copy_weights
 from beast.native import QueueClosed
 from beast.run.engine import acting_bf16, select_precision
 from beast.run.measure import TrivialModel, synthetic_batch, torch_threads
+from beast.run.parsing import config_for
 from beast.train_step.optim import build_optimizer
 
 __all__ = [

@@ -45,7 +45,6 @@ from torch import nn
 
 from beast import envs
 from beast.algos.base import LearnerContext
-from beast.config import parse_args
 from beast.experience.contract import Batch
 from beast.experience.rollout_slots import rollout_spec
 from beast.experience.sequence_replay import sequence_spec
@@ -55,6 +54,7 @@ from beast.fields import Field, core_state_shapes
 from beast.learning.learner import Stepper, TrainingProgress
 from beast.run.engine import build_algorithm, build_checked_model
 from beast.run.measure import synthetic_batch
+from beast.run.parsing import parse_args
 from beast.train_step import auto as compile_auto
 from benchmarks.races import split_flags
 

@@ -1,9 +1,11 @@
-"""Flags for monobeast: one dataclass of core flags, each algorithm's own, one parser.
+"""Flags for monobeast: one dataclass of core flags, and the files that set them.
 
 Every hyperparameter is a field with its help text next to it. The core flags (what to
 run, acting, inference, rollouts and batches, learner, model, optimizer, logging,
 reliability) are `Config`'s fields; each algorithm adds its own (beast/algos: its
-`Args` dataclass). `config_for(algo)` is `Config` with the algorithm's fields added,
+`Args` dataclass). This package is a leaf: it imports no algorithm. Above the
+algorithms, beast/run/parsing.py composes the two: `config_for(algo)` is `Config` with
+the algorithm's fields added,
 so a run's config is one flat, frozen dataclass, and a flag of another algorithm is an
 error that names the algorithm it belongs to. The command-line parser is generated from
 the fields, so a flag cannot be documented in one place and defined in another: --help
@@ -22,10 +24,9 @@ file's unknown keys and mistyped values are ConfigErrors naming the key and the 
 arguments (`beast.train(env=...)`) go through `config_from_flags`: the same layers and
 checks, for values that arrive typed.
 
-The package: flags.py (`Config`, `flag`, `config_for`, `ConfigError`), files.py
-(config files), families.py (the tuned file of --family or --env's family) and
-parsing.py (the command line and the layering); every name is importable from
-`beast.config`.
+The package: flags.py (`Config`, `flag`, `ConfigError`), files.py (config files) and
+families.py (the tuned file of --family or --env's family); every name is importable
+from `beast.config`. The command line and the layering: beast/run/parsing.py.
 """
 
 from beast.config.families import TunedConfig, describe_defaults, tuned_config
@@ -37,15 +38,12 @@ from beast.config.flags import (
     WANDB_MISSING,
     Config,
     ConfigError,
-    algorithms_of,
-    config_for,
     flag,
     int_or_auto,
     require_fraction,
     require_nonnegative,
     require_positive,
 )
-from beast.config.parsing import build_parser, config_from_dict, config_from_flags, parse_args
 
 __all__ = [
     "AUTO",
@@ -54,12 +52,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "TunedConfig",
-    "algorithms_of",
-    "build_parser",
     "check_value",
-    "config_for",
-    "config_from_dict",
-    "config_from_flags",
     "config_to_yaml",
     "describe_defaults",
     "flag",
@@ -68,7 +61,6 @@ __all__ = [
     "require_fraction",
     "require_nonnegative",
     "require_positive",
-    "parse_args",
     "tuned_config",
     "CONFIGS_DIR",
     "WANDB_MISSING",

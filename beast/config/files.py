@@ -9,13 +9,11 @@ import contextlib
 import dataclasses
 import difflib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
-if TYPE_CHECKING:
-    pass
-from beast.config.flags import AUTO, Config, ConfigError, _arg_type, _flag_of_another_algorithm
+from beast.config.flags import AUTO, Config, ConfigError, _arg_type
 
 __all__ = [
     "CONFIGS_DIR",
@@ -66,7 +64,7 @@ def check_value(
     """
     fields = {f.name: f for f in dataclasses.fields(config_class)}
     if key not in fields or key in _NOT_IN_FILES:
-        elsewhere = _flag_of_another_algorithm(str(key), fields["algo"].default)
+        elsewhere = config_class.flag_elsewhere(str(key))
         if elsewhere is not None:
             raise ConfigError(f"{source}: '{key}' is {elsewhere}")
         names = [name for name in fields if name not in _NOT_IN_FILES]

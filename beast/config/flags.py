@@ -1,7 +1,8 @@
 """The flags: `Config`, one frozen dataclass of the core flags with a documented field
 each, `flag` (how a field and its help are declared, for the core and for each
-algorithm's `Args`), `config_for(algo)` (Config with the algorithm's flags added) and
-`ConfigError`, what bad input raises (one line for the user). The package docstring
+algorithm's `Args`) and `ConfigError`, what bad input raises (one line for the user).
+It imports no algorithm: the command line composes these flags with an algorithm's
+(beast/run/parsing.py `config_for`). The package docstring
 (beast/config/__init__.py) says how values are layered.
 """
 
@@ -9,18 +10,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import importlib.util
 import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
-
-from beast.algos import ALGORITHMS, algorithm_class
-
-if TYPE_CHECKING:
-    pass
+from typing import Any, ClassVar
 
 __all__ = [
     "require_fraction",
@@ -32,8 +27,6 @@ __all__ = [
     "FAMILIES",
     "WANDB_MISSING",
     "WANDB_TAG_LENGTH",
-    "algorithms_of",
-    "config_for",
     "flag",
     "int_or_auto",
 ]
@@ -110,7 +103,7 @@ def flag(default: Any, help: str, **kwargs: Any) -> Any:
 @dataclass(frozen=True)
 class Config:
     # Whether runs of this class can be --serial (polybeast's cannot): a config file's
-    # `serial: true` is dropped where they cannot (beast/config/parsing.py).
+    # `serial: true` is dropped where they cannot (beast/run/parsing.py).
     serial_capable: ClassVar[bool] = True
 
     # What to run.
@@ -140,11 +133,12 @@ class Config:
     )
     savedir: str = flag("~/logs/beast", "Root directory for runs (logs, metadata, checkpoints).")
     seed: int = flag(0, "Seed for environments and for torch.")
+    # Its default and choices are the registry's (beast/algos): the command line's
+    # config classes, which add each algorithm's own flags, set them (beast/run/parsing.py).
     algo: str = flag(
-        next(iter(ALGORITHMS)),  # the registry's first
+        "",
         "Algorithm (beast/algos); each adds its own flags, listed under its name by"
         " `--algo NAME --help`, and picks its tuned configs/<algo>/<family>.yaml for --env.",
-        choices=tuple(ALGORITHMS),
     )
     serial: bool = flag(
         False,
@@ -288,9 +282,9 @@ class Config:
     # Model.
     model: str = flag(
         "auto",
-        "Network: atari (IMPALA shallow), resnet (IMPALA deep), mlp (shared layers, fed the"
-        " last action and reward too), separate_mlp (actor-critics: separate policy and value"
-        " MLPs on the observation alone, as Stable-Baselines3's and CleanRL's); auto picks by"
+        "Network: atari (IMPALA shallow), resnet (IMPALA deep), mlp (shared layers),"
+        " separate_mlp (actor-critics: separate policy and value MLPs, as Stable-Baselines3's"
+        " and CleanRL's); auto picks by"
         " obs shape (a Dict or Tuple: the multi-input model, a conv torso per image leaf and"
         " an MLP on the vectors); or package.module:Name, your own nn.Module class or"
         " factory, called as Name(obs_shape=..., num_actions=...), or Name(obs_shape=...,"
@@ -298,8 +292,17 @@ class Config:
     )
     use_lstm: bool = flag(
         False,
-        "Add an LSTM core fed with the previous action and reward (some algorithms always"
-        " have one, or never: their flags say).",
+        "Add an LSTM core, fed the last action and reward too (some algorithms always have"
+        " one, or never: their flags say).",
+    )
+    use_last_action_reward: bool | None = flag(
+        None,
+        "Feed the network the last action and the reward (clipped to [-1, 1]) besides the"
+        " observation, as TorchBeast's and R2D2's networks do, for what one observation does"
+        " not show. Default: on for the image models (atari, resnet) and with --use_lstm,"
+        " off for a feed-forward mlp, which acts on the observation alone (its exported"
+        " policy takes the observation only). separate_mlp and the DDPG, TD3 and SAC"
+        " networks read the observation alone; a model of your own reads what it reads.",
     )
     hidden_size: int | None = flag(
         None,
@@ -553,67 +556,12 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-
-@functools.cache
-def config_for(algo: str, base: type[Config] = Config) -> type[Config]:
-    """`base` (Config, or polybeast's subclass) with the fields of `algo`'s `Args` added:
-    the config class of a run of that algorithm. Its `validate` runs `base`'s checks, then
-    the algorithm's. KeyError for an unknown algorithm."""
-    algorithm = algorithm_class(algo)
-    own = [
-        (f.name, f.type, field(default=f.default, metadata=f.metadata))
-        for f in dataclasses.fields(algorithm.Args)
-    ]
-    # Core flags whose defaults the algorithm replaces (`Algorithm.core_defaults`).
-    core = {f.name: f for f in dataclasses.fields(base)}
-    unknown = set(algorithm.core_defaults) - set(core)
-    if unknown:
-        raise KeyError(f"{algo}'s core_defaults name no core flag: {sorted(unknown)}")
-    replaced = [
-        (name, core[name].type, field(default=value, metadata=core[name].metadata))
-        for name, value in algorithm.core_defaults.items()
-    ]
-    algo_field = next(f for f in dataclasses.fields(base) if f.name == "algo")
-
-    def validate(self: Config) -> None:
-        base.validate(self)
-        algorithm.validate(self)
-
-    return dataclasses.make_dataclass(
-        f"{algorithm.__name__}{base.__name__}",
-        [
-            *own,
-            *replaced,
-            ("algo", algo_field.type, field(default=algo, metadata=algo_field.metadata)),
-        ],
-        bases=(base,),
-        frozen=True,
-        namespace={
-            "validate": validate,
-            "algorithm_fields": tuple(name for name, _, _ in own),
-            "__module__": __name__,
-        },
-    )
-
-
-def algorithms_of(key: str) -> tuple[str, ...]:
-    """The algorithms that have a flag `key` of their own (an `Args` field), in the
-    registry's order; () for a core flag or no flag at all."""
-    return tuple(
-        name
-        for name in ALGORITHMS
-        if any(f.name == key for f in dataclasses.fields(algorithm_class(name).Args))
-    )
-
-
-def _flag_of_another_algorithm(key: str, algo: str) -> str | None:
-    """ "a flag of --algo laser, not of impala" when `key` is a flag of other algorithms
-    than `algo` (all of them named), else None."""
-    owners = algorithms_of(key)
-    if not owners or algo in owners:
+    @classmethod
+    def flag_elsewhere(cls, key: str) -> str | None:
+        """Whose flag `key` is when it is not this class's ("a flag of --algo laser, not of
+        impala"), for messages; None here. The classes that compose the core flags with an
+        algorithm's know the other algorithms (beast/run/parsing.py `config_for`)."""
         return None
-    names = ", ".join(owners[:-1]) + " and " + owners[-1] if len(owners) > 1 else owners[0]
-    return f"a flag of --algo {names}, not of {algo}"
 
 
 def int_or_auto(text: str) -> int | str:

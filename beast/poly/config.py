@@ -17,15 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from beast.config import (
-    AUTO,
-    Config,
-    ConfigError,
-    flag,
-    parse_args,
-    require_nonnegative,
-    require_positive,
-)
+from beast.config import AUTO, Config, ConfigError, flag, require_nonnegative, require_positive
+from beast.run.parsing import parse_args
 
 __all__ = ["PolyConfig", "parse_poly_args"]
 

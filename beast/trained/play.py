@@ -33,7 +33,7 @@ import torch
 
 from beast import envs
 from beast.acting.inference import LocalPolicy
-from beast.config import Config, ConfigError, config_from_dict
+from beast.config import Config, ConfigError
 from beast.outputs.checkpoint import (
     BEST_CHECKPOINT_NAME,
     CHECKPOINT_NAME,
@@ -43,6 +43,7 @@ from beast.outputs.checkpoint import (
     load_latest_checkpoint,
 )
 from beast.run.engine import build_algorithm, build_checked_model
+from beast.run.parsing import config_from_dict
 
 __all__ = ["EvalResult", "Episode", "VIDEO_NAME", "play_episodes", "test"]
 

@@ -50,8 +50,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from beast.config import Config, config_from_flags
+from beast.config import Config
 from beast.outputs.checkpoint import has_checkpoint, load_latest_checkpoint, save_checkpoint
+from beast.run.parsing import config_from_flags
 from beast.tune.runs import drive, read_rows, wait_for_threads
 from beast.tune.sweep_runs import (
     Run,

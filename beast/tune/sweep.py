@@ -61,6 +61,7 @@ from typing import Any
 import yaml
 
 from beast.config import Config, ConfigError
+from beast.run.parsing import DEFAULT_ALGORITHM
 from beast.tune.sweep_runs import (
     Run,
     RunResult,
@@ -124,7 +125,7 @@ def load_sweep(path: str) -> SweepSpec:
     # The runs' algorithm, when one is fixed (a grid over algorithms checks per flag).
     varied = set(section_mapping(data, "grid", path)) | set(random_spec.get("params") or {})
     varied |= set(section_mapping(tuner, "params", f"{path}: {searches[0]}") if tuner else {})
-    algo = None if "algo" in varied else flags.get("algo", Config.algo)
+    algo = None if "algo" in varied else flags.get("algo", DEFAULT_ALGORITHM)
     flags = {key: check_flag(key, value, f"{path}: flags", algo) for key, value in flags.items()}
     grid: dict[str, list[Any]] = {}
     for key, values in section_mapping(data, "grid", path).items():

@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 
 from beast.algos import ALGORITHMS
-from beast.config import Config, ConfigError, algorithms_of, check_value, config_for
+from beast.config import ConfigError, check_value
+from beast.run.parsing import DEFAULT_ALGORITHM, algorithms_of, config_for
 from beast.util.parent_death import signal_when_parent_dies
 
 __all__ = [
@@ -115,7 +116,7 @@ def check_flag(key: str, value: Any, source: str, algo: str | None) -> Any:
             raise SweepError(f"{source}: key 'config' must be a string, got {value!r}")
         return value
     if algo is None or algo not in ALGORITHMS:
-        algo = (*algorithms_of(key), Config.algo)[0]
+        algo = (*algorithms_of(key), DEFAULT_ALGORITHM)[0]
     return check_value(key, value, source, config_for(algo))
 
 

@@ -19,13 +19,14 @@ from beast.algos.distributions import Categorical
 from beast.algos.impala import ActorCriticUpdate, Impala
 from beast.algos.laser import Laser
 from beast.algos.policies import CategoricalPolicy
-from beast.config import CONFIGS_DIR, ConfigError, config_for, load_config_file, parse_args
+from beast.config import CONFIGS_DIR, ConfigError, load_config_file
 from beast.experience.rollout_replay import RolloutReplay
 from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
 from beast.experience.rollout_source import RolloutSource
 from beast.fields import box_obs, core_state, core_state_shapes
 from beast.learning.learner import Learner, Stepper, TrainingProgress
 from beast.models import build_model
+from beast.run.parsing import config_for, parse_args
 from tests.support.in_process import run_monobeast
 
 LOSS_KWARGS = {

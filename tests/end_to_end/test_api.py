@@ -25,7 +25,8 @@ import yaml
 
 import beast
 from beast.api import _train_config
-from beast.config import Config, ConfigError, config_from_flags, parse_args
+from beast.config import Config, ConfigError
+from beast.run.parsing import config_from_flags, parse_args
 from tests.support.api_objects import Holder, make_cartpole
 from tests.support.runs import ROOT, read_csv, shm_entries, wait_until_gone
 from tests.support.user_models import TinyActorCritic

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from beast import envs
-from beast.config import parse_args
 from beast.run.engine import (
     build_algorithm,
     build_checked_model,
@@ -24,6 +23,7 @@ from beast.run.engine import (
     select_policy,
     select_precision,
 )
+from beast.run.parsing import parse_args
 from tests.support.runs import (
     APEX_SMALL,
     R2D2_SMALL,

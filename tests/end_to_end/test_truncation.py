@@ -38,9 +38,9 @@ from beast.algos.base import as_outputs
 from beast.algos.dqn import q_learning_targets
 from beast.algos.nstep import n_step_returns
 from beast.algos.r2d2 import n_step_double_q_targets
-from beast.config import parse_args
 from beast.envs import env_spec, make
 from beast.run.engine import build_algorithm, build_experience
+from beast.run.parsing import parse_args
 from beast.util.profile import ACTOR_PHASES, PhaseClock
 
 LIMIT, GAMMA = 3, 0.9

@@ -14,7 +14,7 @@ import uuid
 import pytest
 import torch
 
-from beast.config import parse_args
+from beast.run.parsing import parse_args
 from beast.run.runner import start_run
 from tests.support.in_process import run_monobeast
 from tests.support.runs import CARTPOLE_SMALL, R2D2_SMALL, read_csv, start, wait_until_gone

@@ -21,7 +21,6 @@ import torch
 from beast.algos.base import LearnerContext
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.algos.r2d2 import SequenceQUpdate, r2d2_loss
-from beast.config import parse_args
 from beast.experience.contract import Batch
 from beast.experience.replay_sink import ReplaySource, SequenceSink
 from beast.experience.sequence_replay import PrioritizedReplay, SequenceBuilder, sequence_spec
@@ -30,6 +29,7 @@ from beast.learning import thread_tuner
 from beast.learning.learner import Learner, NonFiniteError, Stepper, TrainingProgress
 from beast.learning.thread_tuner import ThreadTuner, setup_key
 from beast.models import build_q_model, copy_weights
+from beast.run.parsing import parse_args
 from beast.train_step import auto, compiler
 from beast.train_step.optim import build_optimizer
 

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from beast import envs
-from beast.config import AUTO, ConfigError, parse_args
+from beast.config import AUTO, ConfigError
 from beast.run import autosize
 from beast.run.engine import build_algorithm
 from beast.run.measure import TrivialModel
+from beast.run.parsing import parse_args
 from tests.support.in_process import run_monobeast
 from tests.support.runs import CARTPOLE_SMALL
 

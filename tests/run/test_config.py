@@ -11,14 +11,12 @@ from beast.config import (
     CONFIGS_DIR,
     Config,
     ConfigError,
-    build_parser,
-    config_for,
     config_to_yaml,
     describe_defaults,
     load_config_file,
-    parse_args,
 )
 from beast.envs import EnvError, probe_spec
+from beast.run.parsing import build_parser, config_for, parse_args
 
 
 def test_defaults_are_valid_and_finalized():

@@ -23,7 +23,6 @@ from beast import envs
 from beast.acting.error_board import ErrorBoard
 from beast.acting.inference import LocalPolicy
 from beast.algos.policies import EpsilonGreedyPolicy
-from beast.config import config_for
 from beast.learning.learner import UpdateStats
 from beast.models import copy_weights
 from beast.outputs.checkpoint import BEST_CHECKPOINT_NAME, load_checkpoint
@@ -36,6 +35,7 @@ from beast.run.evaluator import (
     EvalWorker,
     run_evaluator,
 )
+from beast.run.parsing import config_for
 from beast.trained.play import play_episodes
 
 # A test of the evaluator process that hangs fails after this long.
