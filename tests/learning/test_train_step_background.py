@@ -172,13 +172,17 @@ def test_a_step_waiting_for_a_compilation_gives_up_when_the_run_stops(monkeypatc
     StepAbandoned once the run's `stopping` is set, having taken no step."""
 
     runner = package.PackagedStep._runner
+    released = threading.Event()
 
-    def slow_runner(self, traced):
-        time.sleep(3.0)
+    def held_runner(self, traced):
+        # The compilation ends only when the test lets it: a step that waited for it
+        # would not return before `released` (60 s: a bound that fails, never hangs, a
+        # step that waits).
+        released.wait(60)
         return runner(self, traced)
 
     monkeypatch.setattr(compiler, "BACKEND", "aot_eager")
-    monkeypatch.setattr(package.PackagedStep, "_runner", slow_runner)
+    monkeypatch.setattr(package.PackagedStep, "_runner", held_runner)
     monkeypatch.setattr(auto, "EAGER_PROBES", 2)
     _, update, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16", background=True)
     stopping = threading.Event()
@@ -188,11 +192,14 @@ def test_a_step_waiting_for_a_compilation_gives_up_when_the_run_stops(monkeypatc
             taken = update.train_step.steps_taken
             if seed == 3:
                 threading.Timer(0.3, stopping.set).start()
-                started = time.monotonic()
             update(transition_batch(8, seed, continuous=False))
-    assert time.monotonic() - started < 2.0
+    # The step gave up while the compilation was still held: it did not wait for it.
+    compilations = list(update.train_step._compilations.values())
+    assert compilations and all(compilation.is_alive() for compilation in compilations)
+    assert not released.is_set()
     assert update.train_step.steps_taken == taken
-    for compilation in update.train_step._compilations.values():
+    released.set()
+    for compilation in compilations:
         compilation.join()
 
 
@@ -207,23 +214,33 @@ def test_a_wait_for_a_compilation_is_timed_for_the_progress_line():
 
     def compilation() -> None:
         with modules.for_compilation():
-            release.wait(5.0)
+            release.wait(60)  # a bound that fails, never hangs, a test whose look never comes
 
     modules.compilation_starting()
     holder = threading.Thread(target=compilation)
     holder.start()
 
     def look_then_release() -> None:
-        time.sleep(0.4)
-        seen.extend([modules.waiting_seconds(), modules.compilation_holds_them()])
+        # Once the step below is seen waiting (polled; 30 s bounds a wait never seen), two
+        # looks a moment apart: the wait grows while it lasts.
+        deadline = time.monotonic() + 30
+        while modules.waiting_seconds() == 0.0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        first = modules.waiting_seconds()
+        time.sleep(0.1)
+        second, holds = modules.waiting_seconds(), modules.compilation_holds_them()
+        seen.extend([first, second, holds, time.monotonic()])
         release.set()
 
+    before = time.monotonic()  # before the step starts waiting
     threading.Thread(target=look_then_release).start()
     with modules.held():
         assert modules.waiting_seconds() == 0.0
         assert not modules.compilation_holds_them()
     holder.join()
-    assert 0.3 < seen[0] < 5.0 and seen[1]
+    first, second, holds, looked = seen
+    # Order, not speed: the wait was seen, grew, and is no longer than the test so far.
+    assert 0.0 < first < second <= looked - before and holds
 
 
 def test_a_compilation_thread_is_no_daemon_even_when_a_daemon_starts_it():

@@ -206,11 +206,11 @@ def test_a_package_build_under_way_stops_with_the_run(monkeypatch, tmp_path):
     traced = package.trace(lambda x: (x * 2.0,), (torch.ones(3),))
     stopping = threading.Event()
     threading.Timer(0.5, stopping.set).start()
-    started = time.monotonic()
     with pytest.raises(package.BuildStopped):
         traced.build(traced.export(), stopping)
-    assert time.monotonic() - started < 5.0
+    # Stopped, not waited for: the 60 s child ended by a signal, not of its own.
     assert len(children) == 1 and children[0].poll() is not None
+    assert children[0].returncode < 0
     assert not traced.built
 
 
