@@ -25,7 +25,20 @@ from beast.fields import box_obs, core_state
 from beast.run.measure import synthetic_batch
 from benchmarks import bench, peers, races
 from benchmarks import sb3_qpg_side_by_side as qpg
+from benchmarks.batcher_latency import measure_round_trip
+from benchmarks.learning_checks import CHECKS, run_check
 from benchmarks.monobeast_sps import learner_threads
+
+
+@pytest.fixture(autouse=True)
+def private_records(tmp_path_factory, monkeypatch):
+    """beast's records (HOME, BEAST_COMPILE_CACHE) in a folder of the test's own, as
+    tests/conftest.py gives every test under tests/ (which does not reach this folder when
+    this file runs alone)."""
+    folder = tmp_path_factory.mktemp("records")
+    monkeypatch.setenv("HOME", str(folder / "home"))
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(folder / "compile-cache"))
+
 
 CARTPOLE = {"obs_shape": (4,), "obs_dtype": np.float32, "num_actions": 2}
 TINY = {"unroll_length": 4, "batch_size": 2}
@@ -417,3 +430,20 @@ def test_learner_threads_reads_the_tuners_choice_or_the_start_line():
     assert learner_threads("no such line") is None
     tuned = "[beast] learner threads: 2 (agent steps/s 81 with 1, 126 with 2, measured ...)"
     assert learner_threads(f"{line}\n{tuned}\n") == 2  # the tuner's choice, once made
+
+
+def test_round_trip_latency_benchmark_runs():
+    ctx = mp.get_context("forkserver")
+    results = measure_round_trip(round_trips=300, group_size=4, ctx=ctx)
+    # Figures, not speeds: tens of microseconds when idle, and anything on a busy machine.
+    assert results["bare_median_us"] > 0 and results["tensors_median_us"] > 0
+    assert results["pipe_median_us"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
+def test_every_algorithm_reaches_its_bar_in_every_mode(tmp_path, check):
+    """The issue's bars (benchmarks/learning_checks.py prints the same runs as a table:
+    steps to the bar, best and last means, wall-clock), seed 1."""
+    outcome = run_check(check, seed=1, savedir=str(tmp_path))
+    assert outcome.passed, outcome

@@ -1,7 +1,7 @@
 """What an IMPALA actor writes into its rollout slots, checked against a replay.
 
-Real actor processes (through `benchmarks.bench.measure_acting`, which starts them as a
-run does) fill slots; the test then replays each env from its seed with the actions
+Real actor processes (through `tests/support/acting.py`'s `capture_rollouts`, which starts
+them as a run does) fill slots; the test then replays each env from its seed with the actions
 the slots recorded, following the env batch's auto-reset rules (beast/envs/batch.py),
 and checks every observation, reward, done / terminated / truncated flag, last action
 and episode statistic, and recomputes the logits and baselines with the acting model.
@@ -18,7 +18,7 @@ import torch
 from beast import envs
 from beast.fields import core_state
 from beast.models import build_model
-from benchmarks.bench import measure_acting
+from tests.support.acting import capture_rollouts
 
 ENV = "CartPole-v1"
 NUM_ENVS = 4
@@ -32,20 +32,16 @@ ROLLOUTS = 5 * NUM_ENVS  # five consecutive rollouts of each env
 def test_slots_hold_exactly_what_the_envs_and_model_produced(policy, num_env_splits):
     torch.manual_seed(0)
     model = build_model("auto", (4,), 2)
-    result = measure_acting(
+    batch = capture_rollouts(
         env=ENV,
-        num_actors=1,
-        num_envs_per_actor=NUM_ENVS,
+        num_envs=NUM_ENVS,
         unroll_length=UNROLL,
-        seconds=0.5,
-        warmup_seconds=0.0,
+        count=ROLLOUTS,
         actor_model=model,
         seed=10,
-        capture=ROLLOUTS,
         policy=policy,
         num_env_splits=num_env_splits,
     )
-    batch = result.rollouts
     assert core_state(batch) == ()  # no LSTM: no recurrent state stored
     ids = batch["rollout_id"]
     assert bool((ids == ids[0]).all()), "a slot holds steps of two rollouts"
