@@ -16,12 +16,6 @@ PROG = "monobeast.py"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import sys
-
-    from beast.acting import fork_server
-
-    # First: the actors' fork server imports torch on the other core meanwhile.
-    fork_server.start_for(sys.argv[1:] if argv is None else argv)
     from beast.run.cli import run_entry_point
     from beast.run.parsing import parse_args
 

@@ -80,9 +80,9 @@ from beast.fields import Field, box_obs, core_state_shapes
 from beast.learning.learner import Stepper, TrainingProgress
 from beast.models import build_model, copy_weights
 from beast.native import QueueClosed
-from beast.run.engine import acting_bf16, select_precision
 from beast.run.measure import TrivialModel, synthetic_batch, torch_threads
 from beast.run.parsing import config_for
+from beast.run.plan import acting_bf16, select_precision
 from beast.train_step.optim import build_optimizer
 
 __all__ = [

@@ -52,9 +52,9 @@ from beast.experience.specs import Rollouts, SequenceReplay, TransitionReplay
 from beast.experience.transition_replay import step_spec
 from beast.fields import Field, core_state_shapes
 from beast.learning.learner import Stepper, TrainingProgress
-from beast.run.engine import build_algorithm, build_checked_model
 from beast.run.measure import synthetic_batch
 from beast.run.parsing import parse_args
+from beast.run.plan import build_algorithm, build_checked_model
 from beast.train_step import auto as compile_auto
 from benchmarks.races import split_flags
 

@@ -2,12 +2,11 @@
 which every actor and evaluator process forks (fast restarts, and no fork of the
 multi-threaded learner process).
 
-Its imports take 1.4 s on this project's 2-core machine. monobeast.py starts it before
-anything else (`start_for`), before its own process imports torch, so that both imports
-run at once on the two cores instead of the server's following the run's set-up; where
-the flags already say that no actor process will run (--serial, --mode test, --help) it
-is not started, and a run that turns out to take turns in one process (a config file's
-`serial`) stops it (`stop`). Nothing here imports torch.
+Its imports take 1.4 s on this project's 2-core machine. A run with actor processes
+starts it (`start`) once its config is known and before its own start-up (the env's
+probe, the model's build, the thread tuner), so that the server's imports run on the
+other core meanwhile; a run with no actor process (--serial, a config file's `serial`,
+--mode test) never starts it. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -20,12 +19,8 @@ import multiprocessing.util
 import os
 import signal
 import threading
-from collections.abc import Sequence
 
-__all__ = ["actor_context", "start", "start_for", "stop"]
-
-# Flags after which monobeast.py starts no actor process.
-_NO_ACTORS = frozenset({"-h", "--help", "--serial", "--mode=test"})
+__all__ = ["actor_context", "start", "stop"]
 
 
 def actor_context() -> mp.context.ForkServerContext:
@@ -36,19 +31,11 @@ def actor_context() -> mp.context.ForkServerContext:
 
 
 def start() -> None:
-    """Start the fork server now, if it is not running."""
+    """Start the fork server now, if it is not running; at this process's exit, one still
+    importing (a run that stopped early) is stopped with it, not left to finish its
+    imports alone."""
     actor_context()
     multiprocessing.forkserver.ensure_running()
-
-
-def start_for(argv: Sequence[str]) -> None:
-    """Start the fork server at once for a monobeast.py command line that may start
-    actors; at this process's exit, one still importing (a run that stopped on a bad
-    flag) is stopped with it, not left to finish its imports alone."""
-    arguments = list(argv)
-    if _NO_ACTORS.intersection(arguments) or _mode_test(arguments):
-        return
-    start()
     atexit.unregister(stop)  # once, however many runs this process starts
     atexit.register(stop)
 
@@ -77,10 +64,3 @@ def stop() -> None:
 def _collect(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
-
-
-def _mode_test(arguments: list[str]) -> bool:
-    return any(
-        flag == "--mode" and value == "test"
-        for flag, value in zip(arguments, arguments[1:], strict=False)
-    )

@@ -155,11 +155,10 @@ class PolyConfig(Config):
             num_env_servers=self.servers,
             num_envs_per_server=self.servers_envs,
             num_buffers=num_buffers,
+            # --policy auto is local here, on any learner device: an env server steps its
+            # envs beside its own copy of the model, on its own machine's cores.
+            policy="local" if self.policy == AUTO else self.policy,
         )
-
-    @property
-    def resolved_policy(self) -> str:
-        return "local" if self.policy == "auto" else self.policy
 
 
 def parse_poly_args(argv: Sequence[str] | None = None, prog: str | None = None) -> PolyConfig:

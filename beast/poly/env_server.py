@@ -41,7 +41,7 @@ from beast.acting.actor import env_sources, policy_inputs
 from beast.acting.inference import LocalPolicy, record_arrays
 from beast.envs.batch import make_env_batch
 from beast.poly.config import PolyConfig
-from beast.run.engine import build_algorithm
+from beast.run.plan import build_algorithm
 
 __all__ = ["EnvServer", "Incarnation", "RolloutTimes"]
 
@@ -123,7 +123,7 @@ class EnvServer:
         self.last_action = np.zeros_like(record_arrays(policy, k)["action"])
         self.weights_version = -1
         self.policy: LocalPolicy | None = None
-        if config.resolved_policy == "local":
+        if config.policy == "local":
             self.model = algorithm.build_model().eval()
             # Env j of server s is row s*K + j of the run's envs (Ape-X's epsilons).
             rows = slice(server_index * k, (server_index + 1) * k)

@@ -51,7 +51,7 @@ from beast.poly.cluster import ray_session
 from beast.poly.config import PolyConfig
 from beast.poly.distributed import GradientReducer, broadcast_parameters, init_process_group
 from beast.poly.feeders import CentralInference, RolloutReceiver, ServerPool, WeightsBroadcast
-from beast.run.engine import Run, build_run, load_resume_payload, prepare, restore, select_device
+from beast.run.build import Run, build_run
 from beast.run.evaluator import Evaluation, build_evaluator, describe_evaluation
 from beast.run.lifecycle import (
     TrainingError,
@@ -62,6 +62,8 @@ from beast.run.lifecycle import (
     report,
     stop_on_signals,
 )
+from beast.run.plan import plan_run, select_device
+from beast.run.resume import load_resume_payload, restore
 
 __all__ = ["LearnerNode", "train"]
 
@@ -116,7 +118,8 @@ class LearnerNode:
     def run(self) -> str | None:
         """Train until total_steps or a stop; returns why the run failed, or None."""
         config, rank, world = self.config, self.rank, self.world_size
-        config, spec, device, precision = prepare(config)
+        plan = plan_run(config)
+        config, spec, device, precision = plan.config, plan.spec, plan.device, plan.precision
         if world > 1:
             if config.ray_address is None:
                 # Gloo's connections on loopback too (a private instance is one machine).
@@ -156,10 +159,7 @@ class LearnerNode:
                 evaluator.after_update(run_stats)
 
         run = build_run(
-            config,
-            spec,
-            device,
-            precision,
+            plan,
             num_writers=len(servers),
             on_update=on_update,
             log=log.print,
@@ -198,7 +198,7 @@ class LearnerNode:
             run.learner.publish()
         if rank == 0:
             log.start_from(run.progress.step * world)  # SPS counts this run's steps only
-        central = config.resolved_policy == "central"
+        central = plan.policy_mode == "central"
         if central:
             run.actor_model.to(device)  # the feeder's forward passes run on the device
         learner = run.learner
@@ -216,7 +216,7 @@ class LearnerNode:
             f"learner {rank}/{world} on {device} in {precision}"
             f" ({torch.get_num_threads()} thread(s)): env {config.env} (obs {spec.describe_obs()},"
             f" {spec.describe_actions()}), {run.describe()},"
-            f" policy {config.resolved_policy}; {describe_defaults(config, spec)}"
+            f" policy {plan.policy_mode}; {describe_defaults(config, spec)}"
         )
         if run.progress.step >= local_total:
             log.print(

@@ -69,8 +69,9 @@ from beast.learning.learner import UpdateStats
 from beast.models import copy_weights
 from beast.outputs.checkpoint import BEST_CHECKPOINT_NAME, load_checkpoint, save_best_checkpoint
 from beast.outputs.eval_result import EvalResult
-from beast.run.engine import Run, build_algorithm, build_checked_model
+from beast.run.build import Run
 from beast.run.parsing import config_from_dict
+from beast.run.plan import build_algorithm, build_checked_model
 from beast.train_step import MODULES_IN_USE
 from beast.trained.play import play_episodes
 from beast.util.threads import die_with_fork_server, process_alive

@@ -21,16 +21,10 @@ from beast.envs.batch import resolve_backend
 from beast.learning.learner import NonFiniteError, UpdateStats
 from beast.outputs.logs import RunLog
 from beast.outputs.wandb_log import WandbSettings
-from beast.run.engine import (
-    Run,
-    acting_bf16,
-    build_run,
-    load_resume_payload,
-    prepare,
-    restore,
-    select_policy,
-)
+from beast.run.build import Run, build_run
 from beast.run.evaluator import Evaluation, build_evaluator, describe_evaluation
+from beast.run.plan import acting_bf16, plan_run
+from beast.run.resume import load_resume_payload, restore
 from beast.train_step import MODULES_IN_USE
 
 __all__ = [
@@ -108,7 +102,7 @@ def open_run_log(config: Config) -> RunLog:
         ) from error
 
 
-def actor_settings(run: Run, policy: str) -> ActorSettings:
+def actor_settings(run: Run) -> ActorSettings:
     config = run.config
     return ActorSettings(
         env=config.env,
@@ -120,22 +114,20 @@ def actor_settings(run: Run, policy: str) -> ActorSettings:
         env_backend=config.env_backend,
         return_discount=config.return_discount(),
         bf16=acting_bf16(run.precision, torch.device("cpu")),
-        num_env_splits=config.env_splits(policy),
+        num_env_splits=config.env_splits(run.plan.policy_mode),
     )
 
 
 def start_run(config: Config) -> tuple[Run, RunLog]:
     """Build the run's components, resume it if its directory holds a checkpoint, open its
     log and print the start-up line (shared by `train` and --serial)."""
-    config, spec, device, precision = prepare(config)
+    plan = plan_run(config)
+    config, spec = plan.config, plan.spec
     resumed = load_resume_payload(config)  # a checkpoint that does not fit stops us here
     log = open_run_log(config)
     try:
         run = build_run(
-            config,
-            spec,
-            device,
-            precision,
+            plan,
             num_writers=config.num_actors,
             on_update=log.record,
             log=log.print,
@@ -155,15 +147,15 @@ def start_run(config: Config) -> tuple[Run, RunLog]:
             + (f"; {replay_line}" if replay_line else "")
         )
     log.start_from(run.progress.step)
-    # An actor steps its envs in lanes of K / splits (--num_env_splits); --serial's is local.
-    policy = "local" if config.serial else select_policy(config, device)
-    lane_envs = config.num_envs_per_actor // config.env_splits(policy)
+    # An actor steps its envs in lanes of K / splits (--num_env_splits).
+    lane_envs = config.num_envs_per_actor // config.env_splits(plan.policy_mode)
     log.print(
         f"run {config.xpid} in {config.run_dir}: env {config.env} (obs {spec.describe_obs()},"
         f" {spec.describe_actions()}), {run.describe()},"
         f" {config.num_actors} actors x {config.num_envs_per_actor} envs"
         f" ({resolve_backend(config.env, config.env_backend, lane_envs)} env batches),"
-        f" learner on {device} in {precision} with {torch.get_num_threads()} thread(s);"
+        f" learner on {plan.device} in {plan.precision} with {torch.get_num_threads()}"
+        " thread(s);"
         f" {describe_defaults(config, spec)}"
     )
     return run, log

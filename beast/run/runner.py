@@ -35,12 +35,7 @@ from beast.acting.supervisor import ActorPool, ForkServerError
 from beast.config import Config
 from beast.outputs.checkpoint import CheckpointError
 from beast.outputs.logs import RunLog
-from beast.run.engine import (
-    Run,
-    acting_bf16,
-    build_checked_model,
-    select_policy,
-)
+from beast.run.build import Run
 from beast.run.evaluator import Evaluation
 from beast.run.lifecycle import (
     TrainingError,
@@ -55,6 +50,7 @@ from beast.run.lifecycle import (
     start_run,
     stop_on_signals,
 )
+from beast.run.plan import acting_bf16, build_checked_model
 from beast.train_step import MODULES_IN_USE
 from beast.util.profile import format_profile
 
@@ -124,9 +120,10 @@ def train(config: Config) -> None:
     if config.serial:
         from beast.run.serial import train_serial
 
-        fork_server.stop()  # started by monobeast.py in case the run had actors
         train_serial(config)
         return
+    # Now, before the run's start-up: the server imports torch and the actor's modules
+    # on the other core while this process probes the env and builds the model.
     fork_server.start()
     run, log = start_run(config)
     config = run.config
@@ -136,10 +133,9 @@ def train(config: Config) -> None:
         log.close()
         return
     learner = run.learner
-    policy = select_policy(config, run.device)
     table: InferenceTable | None = None
     server: InferenceServer | None = None
-    if policy == "central":
+    if run.plan.policy_mode == "central":
         table, server = build_inference(run, lambda: learner.progress.num_updates)
         log.print(
             f"central inference on {server.device} in {'bf16' if server.bf16 else 'fp32'}:"
@@ -153,7 +149,7 @@ def train(config: Config) -> None:
         log.close()
         raise
     actors = ActorPool(
-        settings=actor_settings(run, policy),
+        settings=actor_settings(run),
         sink=run.sink,
         policy_source=table if table is not None else run.actor_model,
         num_actors=config.num_actors,

@@ -85,9 +85,7 @@ def train_serial(config: Config) -> None:
     failure: str | None = None
     actor = None
     try:
-        actor = Actor(
-            0, 0, actor_settings(run, "local"), run.sink, run.actor_model, os.getpid(), clock
-        )
+        actor = Actor(0, 0, actor_settings(run), run.sink, run.actor_model, os.getpid(), clock)
         last_line = last_checkpoint = time.monotonic()
         while progress.step < learner.total_steps:
             batch = source.poll()

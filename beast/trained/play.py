@@ -42,8 +42,8 @@ from beast.outputs.checkpoint import (
     load_checkpoint,
     load_latest_checkpoint,
 )
-from beast.run.engine import build_algorithm, build_checked_model
 from beast.run.parsing import config_from_dict
+from beast.run.plan import build_algorithm, build_checked_model
 
 __all__ = ["EvalResult", "Episode", "VIDEO_NAME", "play_episodes", "test"]
 

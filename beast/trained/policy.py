@@ -53,8 +53,8 @@ from beast.algos.base import as_outputs
 from beast.config import Config, ConfigError
 from beast.fields import model_inputs, numpy_dtype, obs_leaf, obs_path
 from beast.outputs.checkpoint import CHECKPOINT_NAME, has_checkpoint
-from beast.run.engine import build_algorithm, build_checked_model
 from beast.run.parsing import config_from_dict
+from beast.run.plan import build_algorithm, build_checked_model
 from beast.trained.play import load_test_checkpoint
 
 __all__ = [

@@ -35,8 +35,8 @@ from beast.envs import EnvSpec
 from beast.experience.contract import Batch
 from beast.learning.learner import Stepper, TrainingProgress
 from beast.models import PolyakAverager
-from beast.run.engine import build_algorithm
 from beast.run.parsing import parse_args
+from beast.run.plan import build_algorithm
 from tests.support.in_process import run_monobeast
 from tests.support.references import reference_tanh_gaussian_log_prob
 from tests.support.runs import assert_refused_in_one_line

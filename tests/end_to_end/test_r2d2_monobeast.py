@@ -15,15 +15,16 @@ import pytest
 import torch
 
 from beast import envs
-from beast.run.engine import (
+from beast.run.build import build_experience
+from beast.run.parsing import parse_args
+from beast.run.plan import (
+    RunPlan,
     build_algorithm,
     build_checked_model,
-    build_experience,
     cpu_bf16_native,
     select_policy,
     select_precision,
 )
-from beast.run.parsing import parse_args
 from tests.support.runs import (
     APEX_SMALL,
     R2D2_SMALL,
@@ -132,7 +133,8 @@ def test_run_pieces_follow_the_algo():
         dataclasses.replace(apex_config, replay_size=160, learning_starts=5), atari
     )
     model = build_checked_model(small)
-    sink, _ = build_experience(small.config, small, small.policy(), model, torch.device("cpu"), 1)
+    plan = RunPlan(small.config, atari, small, model, torch.device("cpu"), "fp32", "local")
+    sink, _ = build_experience(plan, model, 1)
     assert sink.replay.spec["obs"].shape == (4, 84, 84)  # each step once, in its env's ring
     # Frame dedup (configs/apex/atari.yaml): the newest frame of each step's stack.
     assert sink.replay.tensors["frames"].shape == (8, 20, 84, 84)

@@ -39,8 +39,9 @@ from beast.algos.dqn import q_learning_targets
 from beast.algos.nstep import n_step_returns
 from beast.algos.r2d2 import n_step_double_q_targets
 from beast.envs import env_spec, make
-from beast.run.engine import build_algorithm, build_experience
+from beast.run.build import build_experience
 from beast.run.parsing import parse_args
+from beast.run.plan import RunPlan, build_algorithm
 from beast.util.profile import ACTOR_PHASES, PhaseClock
 
 LIMIT, GAMMA = 3, 0.9
@@ -110,9 +111,8 @@ def run_actor(algo: str):
     probe.close()
     algorithm = build_algorithm(config, spec)
     model = KnownValues()
-    sink, source = build_experience(
-        config, algorithm, algorithm.policy(), model, torch.device("cpu"), 1
-    )
+    plan = RunPlan(config, spec, algorithm, model, torch.device("cpu"), "fp32", "local")
+    sink, source = build_experience(plan, model, 1)
     settings = ActorSettings(
         env=ENV,
         seed=0,

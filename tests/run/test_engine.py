@@ -19,8 +19,8 @@ import torch
 from beast import envs
 from beast.algos import ALGORITHMS
 from beast.config import ConfigError
-from beast.run.engine import build_algorithm, build_checked_model
 from beast.run.parsing import parse_args
+from beast.run.plan import build_algorithm, build_checked_model
 from tests.support.in_process import run_monobeast
 from tests.support.runs import (
     CARTPOLE_SMALL,

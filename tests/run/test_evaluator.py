@@ -26,7 +26,6 @@ from beast.algos.policies import EpsilonGreedyPolicy
 from beast.learning.learner import UpdateStats
 from beast.models import copy_weights
 from beast.outputs.checkpoint import BEST_CHECKPOINT_NAME, load_checkpoint
-from beast.run.engine import build_algorithm, build_checked_model
 from beast.run.evaluator import (
     EVAL_SEED_OFFSET,
     EvalChannel,
@@ -36,6 +35,7 @@ from beast.run.evaluator import (
     run_evaluator,
 )
 from beast.run.parsing import config_for
+from beast.run.plan import build_algorithm, build_checked_model
 from beast.trained.play import play_episodes
 
 # A test of the evaluator process that hangs fails after this long.
