@@ -36,9 +36,12 @@ Per run:
   orphan keeps its session), and the peak of their summed RSS (an upper bound of the
   run's memory: pages they share, shared memory and copy-on-write after fork, count once
   per process);
-- /dev/shm (the whole machine's tmpfs: other users' segments count too) before, at its
-  peak and after the run, and the entries the run left there; the run directory's size
-  at its first update, at the end of warm-up and after the exit, per file;
+- shared memory: the peak of what the run's processes map (/dev/shm files, unlinked
+  ones included, and memfds; each segment once; every DIR_SNAPSHOT_SECONDS), and
+  /dev/shm's use (the whole machine's tmpfs: other users' segments count too) before, at
+  its peak and after the run, and the entries the run left there;
+- the run directory's size at its first update, at the end of warm-up, at the stop and
+  after the exit (the final checkpoint), per file;
 - growth that the replay's fill does not explain (issue 41, item 5), judged between the
   end of warm-up, or the time the replay first reached its final fill (logs.csv's
   `replay_fill`) if later, and the stop: the summed RSS growing by more than
@@ -363,6 +366,32 @@ def memory_kib(pid: int) -> tuple[int, int] | None:
     return None if rss is None or hwm is None else (rss, hwm)
 
 
+def shared_segments(pid: int) -> dict[tuple[str, str], int]:
+    """The shared-memory segments a process maps (/dev/shm files, unlinked ones
+    included, and memfds), by (device, inode): their mapped bytes."""
+    segments: dict[tuple[str, str], int] = {}
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith(("/dev/shm/", "/memfd:")):
+                    start, end = (int(address, 16) for address in parts[0].split("-"))
+                    key = (parts[3], parts[4])
+                    segments[key] = max(segments.get(key, 0), end - start)
+    except OSError:
+        pass
+    return segments
+
+
+def run_shared_memory(pids: Sequence[int]) -> int:
+    """Bytes of shared memory the processes map, each segment once."""
+    segments: dict[tuple[str, str], int] = {}
+    for pid in pids:
+        for key, size in shared_segments(pid).items():
+            segments[key] = max(segments.get(key, 0), size)
+    return sum(segments.values())
+
+
 def open_files(pid: int) -> int:
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
@@ -390,9 +419,12 @@ def process_role(pid: int, root: int, cmdline: str, comm: str, parent_role: str 
         return "resource tracker"
     if "compile_worker" in cmdline or "_inductor" in cmdline:
         return "compile worker"
+    child = re.search(r"beast\.util\.parent_death \d+ \w+ (\S+)", cmdline)
+    if child:  # a child tied to the run (beast/util/parent_death.py), by its function
+        return child.group(1)
     if parent_role not in (None, "main"):
-        return parent_role
-    return comm
+        return parent_role  # what it started: compilers, linkers
+    return f"{comm} -c" if " -c " in cmdline else comm
 
 
 @dataclass
@@ -427,6 +459,7 @@ class TreeSampler:
         self.root, self.session = root, session
         self.records: dict[tuple[int, int], ProcessRecord] = {}  # by (pid, start)
         self.samples: list[Sample] = []
+        self.pids: list[int] = []  # the processes of the latest sample
 
     def members(self) -> dict[int, ProcStat]:
         return run_members(self.root, self.session, all_stats())
@@ -457,6 +490,7 @@ class TreeSampler:
             total_fds += fds
         sample = Sample(seconds, total_rss, total_fds, len(members))
         self.samples.append(sample)
+        self.pids = list(members)
         return sample
 
 
@@ -565,7 +599,8 @@ class Watch:
     log_series: list[tuple[float, int, float | None]] = field(default_factory=list)
     last_log_time: float = -math.inf
     dir_snapshots: list[tuple[float, dict[str, int]]] = field(default_factory=list)
-    shm_peak: int = 0
+    shm_peak: int = 0  # /dev/shm's use, the whole machine's
+    run_shm_peak: int = 0  # shared memory the run's processes map (run_shared_memory)
     stop_reason: str | None = None  # "budget", "threshold", "interrupted"
     signalled_at: float | None = None  # seconds from launch of the SIGINT
     killed: bool = False
@@ -625,6 +660,8 @@ class Watch:
             self.poll_files(logs, episodes, window)
             if started >= next_snapshot and self.log_series:  # from the first update on
                 self.dir_snapshots.append((started, dir_sizes(self.run_dir)))
+                shared = run_shared_memory(self.sampler.pids)  # maps take a while: not each second
+                self.run_shm_peak = max(self.run_shm_peak, shared)
                 next_snapshot = started + DIR_SNAPSHOT_SECONDS
             if self.proc.poll() is not None:
                 break
@@ -912,12 +949,15 @@ def summarize_run(
             "before": shm_before.used / MIB,
             "peak": max(watch.shm_peak, shm_before.used) / MIB,
             "after": shm_after.used / MIB,
+            "mapped_by_the_run_peak": watch.run_shm_peak / MIB,
             "left": left_in_shm,
         },
         "run_dir_mib": {
             "first_update": _sizes_mib(snapshots[0][1]) if snapshots else None,
             "warmup_end": _sizes_mib(at_warmup),
-            "last_running": _sizes_mib(snapshots[-1][1]) if snapshots else None,
+            "last_running": _sizes_mib(
+                next((sizes for t, sizes in reversed(snapshots) if t <= stop), None)
+            ),
             "end": _sizes_mib(end_sizes),
         },
         "run_dir_files": {
@@ -981,7 +1021,9 @@ def run_report(run: dict[str, Any], settings: Settings) -> list[str]:
         f"- launch to the run's clock: {_num(run['launch_offset'], 2)} s",
         f"- peak RSS (MiB), summed over the run's processes:"
         f" {_num(run['peak_summed_rss_mib'], 0)}; per process: {'; '.join(process_lines(run))}",
-        f"- /dev/shm (MiB, the whole machine's): {run['shm_mib']['before']:,.0f} before,"
+        f"- shared memory (MiB): the run's processes mapped"
+        f" {run['shm_mib']['mapped_by_the_run_peak']:,.0f} at the peak (each segment once);"
+        f" /dev/shm, the whole machine's: {run['shm_mib']['before']:,.0f} before,"
         f" {run['shm_mib']['peak']:,.0f} at the peak, {run['shm_mib']['after']:,.0f} after;"
         f" left there: {', '.join(run['shm_mib']['left']) or 'nothing'}",
         "- run directory (MiB): "
@@ -1107,6 +1149,7 @@ def plot_run(run: dict[str, Any], settings: Settings, path: Path) -> None:
         ax.axhline(settings.threshold, color="C3", linestyle="--", linewidth=1)
         ax.set_xlabel(label)
         ax.set_ylabel("return")
+        ax.set_xlim(left=0)
     reached = run["reached"]
     if reached:
         axes[0, 0].axvline(reached["seconds"] / 60, color="C3", linewidth=1)
@@ -1123,6 +1166,7 @@ def plot_run(run: dict[str, Any], settings: Settings, path: Path) -> None:
             axes[1, 0].plot(times[lag:] / 60, rates)
     if run["steady_sps"]:
         axes[1, 0].axhline(run["steady_sps"], color="C3", linestyle="--", linewidth=1)
+    axes[1, 0].set_xlim(left=0)
     axes[1, 0].set_xlabel("minutes from launch")
     axes[1, 0].set_ylabel("agent steps/s (30 s windows)")
     samples = np.array(run["samples"], dtype=np.float64).reshape(-1, 4)
@@ -1150,6 +1194,7 @@ def plot_seeds(runs: Sequence[dict[str, Any]], settings: Settings, path: Path) -
     for ax, label in zip(axes, ("minutes from launch", "agent steps"), strict=True):
         ax.axhline(settings.threshold, color="C3", linestyle="--", linewidth=1)
         ax.set_xlabel(label)
+        ax.set_xlim(left=0)
         ax.set_ylabel(f"mean return of the last {settings.window}")
     axes[0].legend(loc="lower right")
     fig.suptitle(f"{settings.algo} {settings.env}, {len(runs)} seed(s)")
@@ -1288,7 +1333,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     def terminate(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, terminate)
+    # Both set explicitly: a shell starts a background job with SIGINT ignored, and
+    # `kill -INT` must still stop it and its run.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, terminate)
     runs: list[dict[str, Any]] = []
     error = None
     try:

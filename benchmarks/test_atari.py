@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from multiprocessing import shared_memory
 
 import numpy as np
 import pytest
@@ -263,6 +264,67 @@ def test_read_stat_of_a_name_with_spaces_and_parentheses(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_shared_memory_counts_each_segment_once():
+    segment = shared_memory.SharedMemory(create=True, size=3 << 20)
+    try:
+        before = atari.run_shared_memory([os.getpid()])
+        # A second mapping of the same segment adds nothing; the segment adds its size.
+        again = shared_memory.SharedMemory(name=segment.name)
+        assert atari.run_shared_memory([os.getpid(), os.getpid()]) == before
+        again.close()
+        assert before >= 3 << 20
+    finally:
+        segment.close()
+        segment.unlink()
+
+
+@pytest.mark.parametrize(
+    "pid, cmdline, comm, parent_role, role",
+    [
+        (10, "python monobeast.py --env Pong", "python", None, "main"),
+        (
+            11,
+            "python -B -c from multiprocessing.forkserver import main",
+            "python",
+            "main",
+            "fork server",
+        ),
+        # Forked by the fork server: the same command line, an actor.
+        (
+            12,
+            "python -B -c from multiprocessing.forkserver import main",
+            "python",
+            "fork server",
+            "actor",
+        ),
+        (
+            13,
+            "python -B -c from multiprocessing.resource_tracker import main",
+            "python",
+            "main",
+            "resource tracker",
+        ),
+        (
+            14,
+            "python -m beast.util.parent_death 10 SIGTERM beast.train_step.package:build_in_child",
+            "python",
+            "main",
+            "beast.train_step.package:build_in_child",
+        ),
+        (
+            15,
+            "g++ wrapper.cpp",
+            "g++",
+            "beast.train_step.package:build_in_child",
+            "beast.train_step.package:build_in_child",
+        ),
+        (16, "python -c import sys", "python", "main", "python -c"),
+    ],
+)
+def test_process_roles(pid, cmdline, comm, parent_role, role):
+    assert atari.process_role(pid, 10, cmdline, comm, parent_role) == role
 
 
 # --- Growth rules ---------------------------------------------------------------------
