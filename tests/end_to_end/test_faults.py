@@ -335,7 +335,7 @@ def run_with_faults(
     assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
     if failure:
         raise failure[0]
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a bound on leftovers, not on speed
     while (alive := [pid for pid in faults.seen if process_alive(pid)]) and (
         time.monotonic() < deadline
     ):
@@ -557,19 +557,22 @@ EXPERIENCES = {
 }
 
 
+KILLS = 20  # actors killed in each run of the test below
+
+
 @pytest.mark.parametrize("experience", EXPERIENCES)
 def test_actors_killed_at_random_while_they_publish(tmp_path, pools, experience):
-    """SIGKILLs at random instants, one every 0.05-0.3 s for 4 s: whatever an actor was
-    doing (taking slots, publishing a rollout, inserting a sequence or a transition,
-    waiting for central inference), its replacement takes over and nothing it held is
-    lost, doubled or left half-written where the learner can sample it."""
+    """20 SIGKILLs at random instants, 0.05-0.3 s apart (counted, not timed: the test
+    stops the run after the last): whatever an actor was doing (taking slots, publishing
+    a rollout, inserting a sequence or a transition, waiting for central inference), its
+    replacement takes over and nothing it held is lost, doubled or left half-written
+    where the learner can sample it."""
     flags, check = EXPERIENCES[experience]
     rng = random.Random(0)
 
     def inject(faults: Faults) -> None:
         faults.wait_for_rows(1)
-        deadline = time.monotonic() + 4
-        while time.monotonic() < deadline:
+        while faults.kills < KILLS:
             time.sleep(rng.uniform(0.05, 0.3))
             pool = faults._pool()
             pids = [worker.pid for worker in pool.workers if worker and worker.pid]
@@ -583,7 +586,7 @@ def test_actors_killed_at_random_while_they_publish(tmp_path, pools, experience)
     argv = [*SMALL_RUN, *flags, "--max_actor_restarts", "1000"]
     result, faults = run_monobeast_with_faults(argv, tmp_path, pools, inject)
     assert result.returncode == 0, result.stderr
-    assert faults.kills >= 10, faults.kills
+    assert faults.kills == KILLS, faults.kills
     restarts = result.stdout.count("killed by SIGKILL")
     assert restarts == faults.kills, (faults.kills, restarts)
     if check is None:

@@ -228,6 +228,10 @@ class LineReader:
         """When the first line holding `text` arrived, or None."""
         return next((at for at, line in list(self.lines) if text in line), None)
 
+    def text_so_far(self) -> str:
+        """The output read until now, the process still running."""
+        return "".join(line for _, line in list(self.lines))
+
     def text(self, timeout: float = 30) -> str:
         """All the output, once the stream ended."""
         self._thread.join(timeout)
