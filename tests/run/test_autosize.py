@@ -109,7 +109,10 @@ def test_acting_cost_is_a_real_cpu_time_per_step():
     algorithm = build_algorithm(config, spec)
     model = TrivialModel(algorithm.model_outputs())
     one, eight = (autosize.acting_cost(config, algorithm, model, k, seconds=0.2) for k in (1, 8))
-    assert 0 < eight < one < 0.01
+    # Order, not speed: eight envs share one policy call per step, so an agent step costs
+    # less CPU than with one env (here 15-27 us against 39-69 us, 2.3-3.0 times less). A
+    # CPU time, so a busy machine changes neither much.
+    assert 0 < eight < one
 
 
 def test_monobeast_logs_the_measured_layout(tmp_path):
