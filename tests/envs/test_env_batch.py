@@ -281,10 +281,23 @@ def test_bad_arguments():
         make_env_batch("CartPole-v1", 2, 0, True)
 
 
+class CloseCountingEnv(CountdownEnv):
+    """Counts the close() calls its instances get."""
+
+    closes = 0
+
+    def close(self):
+        type(self).closes += 1
+        super().close()
+
+
 def test_close_is_idempotent():
-    batch = make_env_batch("CartPole-v1", 2, 0, False)
+    batch = make_env_batch(path("CloseCountingEnv"), 2, 0, False)
+    before = CloseCountingEnv.closes  # the batch may have probed a spec with one
     batch.close()
+    assert CloseCountingEnv.closes - before == 2  # each env closed
     batch.close()
+    assert CloseCountingEnv.closes - before == 2  # and not again
 
 
 # --- Backend choice ---------------------------------------------------------------------

@@ -350,13 +350,20 @@ def test_print_config_prints_the_merged_yaml_and_exits_0(tmp_path, capsys):
 
 
 def test_shipped_configs_load_and_validate():
+    checked = []
     for algo in os.listdir(CONFIGS_DIR):
         folder = os.path.join(CONFIGS_DIR, algo)
         if algo == "sweeps" or not os.path.isdir(folder):
             continue
         for name in os.listdir(folder):
             values = load_config_file(os.path.join(folder, name), config_for(algo))
-            config_for(algo)(**values).validate()
+            config_for(algo)(**values).validate()  # raises ConfigError on a bad file
+            checked.append(algo)
+    # Every algorithm ships its tuned configs, and each file was checked.
+    assert set(checked) == set(ALGORITHMS)
+    assert len(checked) == sum(
+        len(os.listdir(os.path.join(CONFIGS_DIR, algo))) for algo in ALGORITHMS
+    )
 
 
 @pytest.mark.parametrize("algo", list(ALGORITHMS))
