@@ -10,7 +10,7 @@ algorithm; the runtime (beast/) never imports this module.
 `inference` compares the two policy modes (beast/acting/inference.py): env only; acting with
 central and with local inference, first with `TrivialModel` (a forward pass that costs
 nothing, so the ratio to env only is what the engine adds) and then with the real model;
-one request's round trip through CentralPolicy, the Batcher and an idle inference
+one request's round trip through CentralInference, the Batcher and an idle inference
 thread (p50, p99); and monobeast end to end with each `--policy`.
 
 `throughput`:
@@ -68,7 +68,7 @@ from torch import nn
 
 from beast import envs
 from beast.acting.actor import ActorSettings
-from beast.acting.inference import CentralPolicy, InferenceServer, InferenceTable
+from beast.acting.inference import CentralInference, InferenceServer, InferenceTable
 from beast.acting.supervisor import ActorPool
 from beast.algos.base import LearnerContext
 from beast.algos.impala import ActorCriticUpdate, Impala, impala_loss
@@ -509,7 +509,7 @@ def measure_acting(
     config = algorithm.config
     config.validate()  # monobeast's checks: the lanes must split K evenly
     splits = config.env_splits(policy)
-    acting_policy = algorithm.policy()
+    acting_policy = algorithm.acting_rule()
     if bf16 is None:
         cpu = torch.device("cpu")
         bf16 = acting_bf16(select_precision(config, cpu, spec, Impala), cpu)
@@ -642,7 +642,7 @@ _LATENCY_WARMUP = 500
 
 def _latency_actor(table: InferenceTable, total: int, latencies_ns: torch.Tensor) -> None:
     torch.set_num_threads(1)  # as beast.acting.actor does
-    policy = CentralPolicy(table, 0, lambda: True)
+    policy = CentralInference(table, 0, lambda: True)
     k = table.num_envs
     inputs = {
         "obs": torch.zeros_like(table.inputs["obs"][:k]),
@@ -659,7 +659,7 @@ def _latency_actor(table: InferenceTable, total: int, latencies_ns: torch.Tensor
 def measure_inference_latency(
     env: str, round_trips: int = 5000, num_envs: int = 1, seed: int = 0
 ) -> tuple[float, float]:
-    """p50 and p99 (microseconds) of `CentralPolicy.act` against an idle `InferenceServer`.
+    """p50 and p99 (microseconds) of `CentralInference.act` against an idle `InferenceServer`.
 
     One actor process posts `num_envs` requests of `env`'s observation shape and waits;
     an inference thread here collects, runs a `TrivialModel` of IMPALA's outputs on the
@@ -668,7 +668,7 @@ def measure_inference_latency(
     """
     spec = _env_spec(env, seed)
     algorithm = impala_algorithm(spec, env=env, seed=seed)
-    acting_policy = algorithm.policy()
+    acting_policy = algorithm.acting_rule()
     model = TrivialModel(algorithm.model_outputs())
     table = InferenceTable(
         num_actors=1,
@@ -929,7 +929,7 @@ def throughput(args: argparse.Namespace) -> _Figures:
     rollout = rollout_spec(
         unroll_length=args.unroll_length,
         obs=spec.obs_fields(),
-        record=algorithm.policy().record_spec(),
+        record=algorithm.acting_rule().record_spec(),
         core_state_shapes=core_state_shapes(actor_model.initial_state(1)),
     )
     batch = _batch_to(

@@ -149,7 +149,7 @@ def _random(shape: Sequence[int], dtype: torch.dtype, high: int, g: torch.Genera
 def synthetic(algorithm, model: nn.Module, batch_size: int, seed: int = 0) -> Batch:
     """A batch of `batch_size` laid out as the algorithm's experience hands the learner."""
     spec, experience = algorithm.spec, algorithm.experience()
-    record = algorithm.policy().record_spec()
+    record = algorithm.acting_rule().record_spec()
     states = core_state_shapes(model.initial_state(1))
     g = torch.Generator().manual_seed(seed)
     actions = spec.num_actions

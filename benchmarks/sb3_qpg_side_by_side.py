@@ -26,7 +26,7 @@ the other, never at once, the order alternating between pairs:
   from logs.csv's per-update times, SB3's from a callback's clock).
 
 SB3 gets `--sb3_threads` torch threads (default 1, as beast's learner takes for models
-this small: beast/run/engine.py learner_threads); beast's actor process runs beside its
+this small: beast/run/plan.py learner_threads); beast's actor process runs beside its
 learner on the other core. Medians per side and beast/SB3 ratios are printed at the end.
 `python -m benchmarks.races` races SBX as well.
 """

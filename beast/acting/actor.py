@@ -4,7 +4,7 @@ One loop for every algorithm: each actor owns K environments, asks its policy fo
 actions at once, steps the K environments, and hands each step to the writer of the
 run's sink (`Sink`, beast/experience/contract.py: rollout slots, or a replay it adds
 sequences or steps to). The step it hands over is the env batch's arrays, the actor's last
-actions and the policy's record (the algorithm's: beast/algos/base.py `Policy`), all
+actions and the policy's record (the algorithm's: beast/algos/base.py `ActingRule`), all
 at fixed addresses. Two ways to act (beast/acting/inference.py):
 
 - local: ONE forward pass of the actor's own CPU model over all K
@@ -47,8 +47,8 @@ import torch
 from torch import nn
 
 from beast.acting.error_board import ERROR_BOARD_BYTES, post_traceback
-from beast.acting.inference import CentralPolicy, InferenceTable, LocalPolicy
-from beast.algos.base import Policy
+from beast.acting.inference import CentralInference, InferenceTable, LocalInference
+from beast.algos.base import ActingRule
 from beast.envs.batch import EnvBatch, make_env_batch
 from beast.experience.contract import Sink
 from beast.native import QueueClosed
@@ -77,7 +77,7 @@ class ActorSettings:
     num_actors: int
     num_envs: int
     episodic_life: bool
-    policy: Policy  # the algorithm's acting rule
+    policy: ActingRule  # the algorithm's acting rule
     env_backend: str = "auto"  # make_env_batch's backend (--env_backend)
     return_discount: float | None = None  # envs keep G_t (--normalize_reward)
     bf16: bool = False  # local policy: the forward pass under bf16 autocast
@@ -103,7 +103,7 @@ def env_sources(env_batch: EnvBatch, last_action: np.ndarray) -> dict[str, np.nd
 
 
 def policy_inputs(env_batch: EnvBatch, last_action: np.ndarray) -> dict[str, torch.Tensor]:
-    """Tensor views of what a policy reads each step (`LocalPolicy.post`): the env batch's
+    """Tensor views of what a policy reads each step (`LocalInference.post`): the env batch's
     observation leaves, reward and done, and the actor's last actions. No copies: the
     arrays are updated in place, step after step."""
     arrays = {
@@ -187,7 +187,7 @@ class _Lane:
     def __init__(
         self,
         env_batch: EnvBatch,
-        policy: LocalPolicy | CentralPolicy,
+        policy: LocalInference | CentralInference,
         make_writer: Any,
         clock: PhaseClock,
     ) -> None:
@@ -243,12 +243,12 @@ class Actor:
                 env_batch = _env_batch(settings, actor_index, incarnation, first, lane_envs)
                 if isinstance(policy_source, InferenceTable):
                     alive = functools.partial(process_alive, learner_pid)
-                    policy: LocalPolicy | CentralPolicy = CentralPolicy(
+                    policy: LocalInference | CentralInference = CentralInference(
                         policy_source, actor_index, alive, split=s
                     )
                 else:
                     row = actor_index * settings.num_envs + first
-                    policy = LocalPolicy(
+                    policy = LocalInference(
                         policy_source,
                         settings.policy,
                         lane_envs,

@@ -1,7 +1,7 @@
 """Central (SEED-style) inference: actors post requests, the learner process answers.
 
-Both ways of acting run the algorithm's `Policy` (beast/algos/base.py) over the
-model's outputs, so they know no algorithm: `LocalPolicy` in an actor (or an env
+Both ways of acting run the algorithm's `ActingRule` (beast/algos/base.py) over the
+model's outputs, so they know no algorithm: `LocalInference` in an actor (or an env
 server, or --mode test) over its own record arrays, the `InferenceServer` over rows of
 the request table.
 
@@ -19,7 +19,7 @@ keeps them on the server.
 
     InferenceTable   the shared tensors plus the Batcher; built by the runner,
                      pickled to every actor.
-    CentralPolicy    the actor's side: post() writes the inputs and posts them,
+    CentralInference    the actor's side: post() writes the inputs and posts them,
                      wait() sleeps until they are answered.
     InferenceServer  the learner process's side: threads that collect,
                      forward, scatter and answer.
@@ -59,18 +59,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from beast.algos.base import Policy, as_outputs
+from beast.algos.base import ActingRule, as_outputs
 from beast.fields import Field, map_inputs, model_inputs, numpy_dtype, shared_zeros, torch_dtype
 from beast.native import Batcher, QueueClosed
 from beast.native.acting import StepCopies
 from beast.util.threads import ThreadGroup
 
 __all__ = [
-    "CentralPolicy",
+    "CentralInference",
     "InferenceServer",
     "InferenceStats",
     "InferenceTable",
-    "LocalPolicy",
+    "LocalInference",
     "forward_precision",
 ]
 
@@ -126,7 +126,7 @@ def _no_grad() -> contextlib.AbstractContextManager:
     return torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext()
 
 
-def record_arrays(policy: Policy, num_envs: int) -> dict[str, np.ndarray]:
+def record_arrays(policy: ActingRule, num_envs: int) -> dict[str, np.ndarray]:
     """Zeroed `[num_envs, ...]` arrays for `policy`'s record."""
     return {
         key: np.zeros((num_envs, *f.shape), dtype=numpy_dtype(f.dtype))
@@ -134,22 +134,22 @@ def record_arrays(policy: Policy, num_envs: int) -> dict[str, np.ndarray]:
     }
 
 
-class LocalPolicy:
+class LocalInference:
     """The actor runs its own model copy (on the CPU: weights in shared memory).
 
-    `record` holds the policy's record for the K envs (`Policy.record_spec`: the action,
+    `record` holds the policy's record for the K envs (`ActingRule.record_spec`: the action,
     and what the algorithm stores with it), `[K, ...]` arrays overwritten by every `post`:
     the actor copies them into its slots from these fixed addresses
     (beast.native.acting). `state` is the recurrent state, per env ([K, d0, ...] per
     tensor, the layout a rollout slot stores), that produced the latest output.
 
-    params: the K envs' rows of the policy's per-env parameters (`Policy.env_params`).
+    params: the K envs' rows of the policy's per-env parameters (`ActingRule.env_params`).
     """
 
     def __init__(
         self,
         model: nn.Module,
-        policy: Policy,
+        policy: ActingRule,
         num_envs: int,
         params: Mapping[str, np.ndarray] | None = None,
         bf16: bool = False,
@@ -222,7 +222,7 @@ class InferenceTable:
         num_actors: int,
         num_envs: int,
         obs: Mapping[str, Field],
-        policy: Policy,
+        policy: ActingRule,
         initial_state: Sequence[torch.Tensor] = (),
         num_servers: int = 1,
         num_env_splits: int = 1,
@@ -287,7 +287,7 @@ class InferenceTable:
         self.batcher.close()
 
 
-class CentralPolicy:
+class CentralInference:
     """The actor's side of central inference: write inputs, post, sleep, read.
 
     `record` views this actor's lane's rows of the table's record (`[K, ...]` numpy
@@ -315,7 +315,7 @@ class CentralPolicy:
         self.state = tuple(s[self._rows].clone() for s in table.state)
         self._inputs = {key: value[self._rows] for key, value in table.inputs.items()}
         self.record = {key: value[self._rows].numpy() for key, value in table.record.items()}
-        # The copies of one post, made once per caller's inputs dict (as LocalPolicy's
+        # The copies of one post, made once per caller's inputs dict (as LocalInference's
         # views are): its inputs into this actor's rows, and the rows' state into `state`.
         self._caller_inputs: dict[str, torch.Tensor] | None = None
         self._copies: StepCopies | None = None
@@ -337,7 +337,7 @@ class CentralPolicy:
     def post(self, inputs: dict[str, torch.Tensor]) -> None:
         """inputs: the table's input fields (the observation's, reward, done,
         last_action), [K, ...] contiguous CPU tensors of the table's dtypes. As for
-        LocalPolicy, pass one dict every step and update its tensors in place."""
+        LocalInference, pass one dict every step and update its tensors in place."""
         self._input_copies(inputs).run()
         self.table.batcher.post(self.group)
 
@@ -359,7 +359,7 @@ class _RowsPlan:
     [1, n, ...], recurrent state [d0, n, ...], and the policy bound to the rows' record
     and parameters. Made once per row range a server sees."""
 
-    def __init__(self, table: InferenceTable, policy: Policy, first: int, n: int) -> None:
+    def __init__(self, table: InferenceTable, policy: ActingRule, first: int, n: int) -> None:
         rows = slice(first, first + n)
         self.inputs = model_inputs(
             {key: value[rows].unsqueeze(0) for key, value in table.inputs.items()}
@@ -414,7 +414,7 @@ class InferenceServer(ThreadGroup):
         self,
         *,
         table: InferenceTable,
-        policy: Policy,
+        policy: ActingRule,
         model: nn.Module,
         source: nn.Module,
         device: torch.device,

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
-from beast.algos.base import Algorithm, LearnerContext, Policy, as_outputs
+from beast.algos.base import ActingRule, Algorithm, LearnerContext, as_outputs
 from beast.algos.distributions import ActionDistribution, action_distribution
 from beast.models import build_model
 
@@ -62,5 +62,5 @@ class ActorCriticAlgorithm(Algorithm):
             log_std_init=config.log_std_init,
         )
 
-    def policy(self, explore: bool = True) -> Policy:
-        return self.distribution.policy(explore)
+    def acting_rule(self, explore: bool = True) -> ActingRule:
+        return self.distribution.acting_rule(explore)

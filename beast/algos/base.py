@@ -11,7 +11,7 @@ polybeast) builds a run through this interface only:
     model_outputs   what its network returns per step (name -> per-env shape), so a
                     network is checked against it at start-up (`--model module:Name`).
     build_model     its network, from the env spec, or the user's model class.
-    policy          its acting rule (`Policy`): model outputs for n envs -> actions and
+    acting_rule     its acting rule (`ActingRule`): model outputs for n envs -> actions and
                     whatever the learner needs stored with them (logits, values...).
                     Local actors, the central inference server, polybeast's env servers
                     and --mode test all act through it.
@@ -52,7 +52,7 @@ __all__ = [
     "LearnerContext",
     "OptimizerStep",
     "OptimizerUpdate",
-    "Policy",
+    "ActingRule",
     "Progress",
     "Update",
     "UpdateInfo",
@@ -74,7 +74,7 @@ def as_outputs(outputs: Any) -> Mapping[str, Tensor]:
     return as_dict()
 
 
-class Policy(abc.ABC):
+class ActingRule(abc.ABC):
     """How an algorithm acts: model outputs for n envs -> their actions and what is stored.
 
     The engine allocates the record arrays (one per `record_spec` field, `[n, ...]`,
@@ -111,7 +111,7 @@ class Policy(abc.ABC):
         """
         raise NotImplementedError(
             f"{type(self).__name__} has no deterministic action, so its policy cannot be"
-            " exported; define Policy.deterministic_action"
+            " exported; define ActingRule.deterministic_action"
         )
 
 
@@ -365,7 +365,7 @@ class Algorithm(abc.ABC):
         """The built-in network `--model` names (auto, atari, resnet, mlp)."""
 
     @abc.abstractmethod
-    def policy(self, explore: bool = True) -> Policy:
+    def acting_rule(self, explore: bool = True) -> ActingRule:
         """The acting rule; `explore=False` for --mode test."""
 
     @abc.abstractmethod
@@ -382,7 +382,7 @@ class Algorithm(abc.ABC):
         --normalize_reward), the model's recurrent state."""
         from beast.algos.normalize import DISCOUNTED_RETURN_KEY
 
-        record = dict(self.policy().record_spec())
+        record = dict(self.acting_rule().record_spec())
         if self.config.normalize_reward:
             record[DISCOUNTED_RETURN_KEY] = Field((), torch.float32)
         return ExperienceLayout(

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from beast.algos.base import Policy
+from beast.algos.base import ActingRule
 from beast.algos.dtypes import compute_dtype
 from beast.algos.policies import CategoricalPolicy, GaussianPolicy
 
@@ -63,7 +63,7 @@ class ActionDistribution(abc.ABC):
         (LASER's behaviour relevance, beast/algos/laser.py)."""
 
     @abc.abstractmethod
-    def policy(self, explore: bool = True) -> Policy:
+    def acting_rule(self, explore: bool = True) -> ActingRule:
         """The acting rule: draw from pi (or act with its mode, deterministically, with
         `explore=False`) and store `param_shapes` and the baseline."""
 
@@ -100,7 +100,7 @@ class Categorical(ActionDistribution):
         # rounding; the clamp removes rounding's -1e-8s.
         return (log_pi.exp() * (log_pi - log_implied)).sum(-1).clamp(min=0.0)
 
-    def policy(self, explore: bool = True) -> Policy:
+    def acting_rule(self, explore: bool = True) -> ActingRule:
         return CategoricalPolicy(self.num_actions, explore=explore)
 
 
@@ -150,7 +150,7 @@ class DiagGaussian(ActionDistribution):
         mean_w = torch.logsumexp(log_w, dim=0) - math.log(IMPLIED_KL_SAMPLES)
         return (-log_w.mean(0) + mean_w).clamp(min=0.0)
 
-    def policy(self, explore: bool = True) -> Policy:
+    def acting_rule(self, explore: bool = True) -> ActingRule:
         return GaussianPolicy(self.dim, explore=explore)
 
 

@@ -1,4 +1,4 @@
-"""Acting rules the algorithms share (`beast.algos.base.Policy`).
+"""Acting rules the algorithms share (`beast.algos.base.ActingRule`).
 
     CategoricalPolicy    a ~ softmax(policy_logits), or its argmax when not exploring;
                          stores the logits (the behaviour policy V-trace corrects for)
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from beast.algos.base import Policy
+from beast.algos.base import ActingRule
 from beast.fields import Field
 from beast.native.acting import SoftmaxSampler
 
@@ -55,7 +55,7 @@ def _seed_from_torch() -> int:
     return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
 
 
-class CategoricalPolicy(Policy):
+class CategoricalPolicy(ActingRule):
     """Sample from softmax(policy_logits); store the logits and the baseline.
 
     Model outputs: policy_logits [1, n, A], baseline [1, n]. Record: action int64,
@@ -97,7 +97,7 @@ class CategoricalPolicy(Policy):
         return outputs["policy_logits"][0].float().argmax(dim=1)
 
 
-class GaussianPolicy(Policy):
+class GaussianPolicy(ActingRule):
     """Draw from a diagonal Gaussian; store its parameters and the baseline.
 
     Model outputs: action_mean [1, n, d], action_log_std [1, n, d], baseline [1, n].
@@ -147,7 +147,7 @@ class GaussianPolicy(Policy):
         return outputs["action_mean"][0].float()
 
 
-class SquashedPolicy(Policy):
+class SquashedPolicy(ActingRule):
     """Actions squashed into the unit box by tanh, then scaled to the env's bounds.
 
     Model outputs: action_mean [1, n, d] (before the tanh), with `stochastic` also
@@ -251,7 +251,7 @@ def actor_epsilons(num_envs: int, eps_base: float = 0.4, alpha: float = 7.0) -> 
     return (eps_base**exponents).astype(np.float32)
 
 
-class EpsilonGreedyPolicy(Policy):
+class EpsilonGreedyPolicy(ActingRule):
     """Greedy in Q(x, .), each env exploring uniformly with its own epsilon.
 
     Model outputs: q_values [1, n, A], or with a `support` (C51, Rainbow) q_logits

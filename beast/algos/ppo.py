@@ -31,9 +31,8 @@ Stale data. beast's actors do not stop for the learner, so a batch can come from
 several updates old. Two answers, `--synchronous` (the default) or not:
 
 - synchronous: actors wait, after each rollout, for the update it feeds (the engine's
-  synchronous rollouts: beast/experience/rollout_source.py `RolloutSource`); every batch is one
-  rollout of
-  every env acted by the weights it updates (but for the first step of each rollout),
+  synchronous rollouts: beast/experience/rollout_source.py `RolloutSource`); every batch is
+  one rollout of every env acted by the weights it updates (but for the first step of each rollout),
   as in Stable-Baselines3 and CleanRL. `--batch_size` must be the number of envs.
 - asynchronous: actors never wait; the surrogate's ratio is to the behaviour policy that
   acted (as in Sample Factory's APPO, which the ratio above is already), and `--advantages

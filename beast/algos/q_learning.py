@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from torch import Tensor, nn
 
-from beast.algos.base import Algorithm, LearnerContext, Policy, Update
+from beast.algos.base import ActingRule, Algorithm, LearnerContext, Update
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.algos.target_update import TargetNetworkUpdate
 from beast.algos.value_rescaling import (
@@ -164,7 +164,7 @@ class QLearningAlgorithm(Algorithm):
             **options,
         )
 
-    def policy(self, explore: bool = True) -> Policy:
+    def acting_rule(self, explore: bool = True) -> ActingRule:
         config = self.config
         return EpsilonGreedyPolicy(
             self.spec.num_actions,

@@ -41,7 +41,7 @@ WANDB_MISSING = "--wandb needs the wandb package: pip install wandb (or pip inst
 # Flags that name, place, log, checkpoint or supervise a run: what the run computes per
 # step does not depend on them. The thread tuner's remembered counts
 # (beast/learning/thread_tuner.py `setup_key`) and the compiled step's key before its trace
-# (beast/run/engine.py `step_identity`) leave them out, each with what else it may ignore.
+# (beast/run/build.py `step_identity`) leave them out, each with what else it may ignore.
 RUN_NAMING_FLAGS = frozenset(
     {
         "mode",

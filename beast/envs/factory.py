@@ -181,7 +181,7 @@ def probe_spec(name: str) -> EnvSpec:
     in the process that parses the flags, before the run's own envs exist. Envs whose
     name gives their family are never made here, nor any env of a run given --config or
     --family (for an env whose constructor is costly). The start-up line reads the family
-    again from the spec that start-up's own probe made (beast.run.engine.prepare), without a
+    again from the spec that start-up's own probe made (beast.run.plan.plan_run), without a
     third construction.
     """
     env = make(name)

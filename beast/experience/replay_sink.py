@@ -5,9 +5,8 @@ beast/algos/base.py), each actor writes its envs' steps into the shared replay i
 nothing travels through the learner, which only samples. Two layouts:
 
     sequences    each actor cuts its envs' steps into replay sequences
-                 (`beast.experience.sequence_replay.SequenceBuilder`, one per env) and adds them to
-                 the
-                 shared `PrioritizedReplay` (R2D2): `SequenceSink`, here.
+                 (`beast.experience.sequence_replay.SequenceBuilder`, one per env) and
+                 adds them to the shared `PrioritizedReplay` (R2D2): `SequenceSink`, here.
     transitions  each env step is stored once in its env's ring, n-step windows and
                  frame stacks are built when sampling (DQN family, Ape-X):
                  `beast.experience.transition_replay.TransitionSink`.
@@ -495,12 +494,11 @@ class ReplaySource:
     steps trained on; episodes come from the actors' rings (`pending_episodes`). Until the
     replay holds `min_replay_size` items (`replay.unit`), `next` returns None.
 
-    With `parts` > 1 (--updates_per_sample) a batch holds that many batches, drawn at
-    once (one priority draw, one gather, one host-to-device copy; each part stratified
-    over the whole replay, `beast.experience.prioritized.stratified_parts`), which the learner
-    trains on
-    one after another (`Batch.split`) and answers with one priority update. The sink's
-    rate limit then counts in such blocks (its `batch_size` is the block's).
+    With `parts` > 1 (--updates_per_sample) a batch holds that many batches, drawn at once (one
+    priority draw, one gather, one host-to-device copy; each part stratified over the whole replay,
+    `beast.experience.prioritized.stratified_parts`), which the learner trains on one after another
+    (`Batch.split`) and answers with one priority update. The sink's rate limit then counts in such
+    blocks (its `batch_size` is the block's).
     """
 
     def __init__(

@@ -24,7 +24,8 @@ Layout: like the rollout slots, one contiguous shared-memory block per field,
 memory in the learner process and lets other processes (several learners
 sharing experience, as in the paper's sweeps) map the same replay.
 
-Checkpointed with the run (`state_dict`, beast/run/runner.py) unless --no-checkpoint_replay.
+Checkpointed with the run (`contents` and `restore`, through `RolloutSource.save_replay`:
+beast/run/build.py `Run.save`) unless --no-checkpoint_replay.
 """
 
 from __future__ import annotations

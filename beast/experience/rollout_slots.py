@@ -1,28 +1,27 @@
-"""Rollout slots in shared memory: the layout, the free/full protocol, the writers that fill
-them and the source the learner takes batches from.
+"""Rollout slots in shared memory: the layout, the free/full protocol and the writers that
+fill them (the learner's side is beast/experience/rollout_source.py).
 
 The layout is declared once as a spec (field -> per-slot shape, dtype). Each field is ONE
 contiguous shared-memory block shaped `[num_buffers, T+1, ...]` (core-state fields:
 `[num_buffers, ...]`), never one tensor per slot: thousands of small shared tensors
-exhaust file descriptors. The fields are the step record (`step_record_spec`): what the env
+exhaust file descriptors. The fields are the step record (`env_step_spec`): what the env
 batch reports for a step, plus what the algorithm's policy stores with it
-(beast/algos/base.py `Policy.record_spec`: the action, and e.g. IMPALA's logits), plus
+(beast/algos/base.py `ActingRule.record_spec`: the action, and e.g. IMPALA's logits), plus
 the rollout's id and the recurrent state at its start. No field is named here but the
 env's and the protocol's own.
 
-Protocol: every slot index is in exactly one place at a time, the free queue, an actor,
-the full queue, or the learner's batch gatherer. An actor's `RolloutWriter` takes a free
-index, which marks the actor's process as its holder in `slot_owner`, writes a whole
-rollout and puts the index on the full queue, which clears the mark; the learner's
-`RolloutSource` (beast/experience/rollout_source.py) takes full slots (clearing any mark left),
-copies a batch out and puts the indices back on the free queue. Only indices cross
-processes. Each move and its mark are
-one critical section of the native queue (beast/native/index_queue.h, "Owner marks"), so
-an actor killed at any instant leaves each slot it touched queued or marked as its own.
-Once the supervisor has seen the actor's process dead, `reclaim` puts its marked slots
-that are on no queue back on the free queue: no slot is lost or doubled, whatever dies
-and whenever. The mark names the process, not only the actor index (`owner_id`): a
-replacement's slots are never reclaimed for its predecessor.
+Protocol: every slot index is in exactly one place at a time, the free queue, an actor, the full
+queue, or the learner's batch gatherer. An actor's `RolloutWriter` takes a free index, which marks
+the actor's process as its holder in `slot_owner`, writes a whole rollout and puts the index on the
+full queue, which clears the mark; the learner's `RolloutSource`
+(beast/experience/rollout_source.py) takes full slots (clearing any mark left), copies a batch out
+and puts the indices back on the free queue. Only indices cross processes. Each move and its mark
+are one critical section of the native queue (beast/native/index_queue.h, "Owner marks"), so an
+actor killed at any instant leaves each slot it touched queued or marked as its own. Once the
+supervisor has seen the actor's process dead, `reclaim` puts its marked slots that are on no queue
+back on the free queue: no slot is lost or doubled, whatever dies and whenever. The mark names the
+process, not only the actor index (`owner_id`): a replacement's slots are never reclaimed for its
+predecessor.
 
 Every step of a rollout carries the rollout's id (`rollout_id`); a slot whose steps
 disagree is torn (written by two rollouts) and is never used.
@@ -37,7 +36,7 @@ step T of the previous rollout so the learner can bootstrap and, with `done`, re
 recurrent state.
 
 polybeast builds rollouts outside shared memory (an env server, or its central
-inference thread) with the same writer over `StagingRollouts`, and `commit`s whole ones
+inference thread) with the same writer over `RolloutStaging`, and `commit`s whole ones
 into the slots.
 """
 
@@ -144,7 +143,7 @@ def rollout_spec(
     """The rollout layout for one env's unroll of T+1 steps.
 
     `obs` is the observation's fields (`EnvSpec.obs_fields()`); `record` is the policy's
-    per-step record (`Policy.record_spec()`); `core_state_shapes` the per-env shapes of
+    per-step record (`ActingRule.record_spec()`); `core_state_shapes` the per-env shapes of
     the recurrent state tensors (`core_state_shapes`), so that the state at the start of
     a rollout is stored with it.
     """

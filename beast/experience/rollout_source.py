@@ -1,6 +1,5 @@
 """The learner's side of the rollout slots (beast/experience/rollout_slots.py): `RolloutSource`
-takes full
-slots, copies batches of them out time-major (with LASER's replayed rollouts mixed in)
+takes full slots, copies batches of them out time-major (with LASER's replayed rollouts mixed in)
 and puts the slots back on the free queue.
 """
 

@@ -75,7 +75,7 @@ __all__ = [
 
 # The env batch's per-step fields a sequence keeps besides the observation's leaves
 # (episode statistics go to the sink's rings instead); the policy's record
-# (`Policy.record_spec`: "action", ...) joins them.
+# (`ActingRule.record_spec`: "action", ...) joins them.
 ENV_KEYS = ("reward", "done", "terminated", "truncated", "last_action")
 # The stored field that replaces "obs" under frame deduplication (and "frames.image"
 # replaces "obs.image": `frames_key`).
@@ -89,9 +89,8 @@ def frames_key(key: str) -> str:
 
 
 def env_fields(env_step: Mapping[str, Field]) -> dict[str, Field]:
-    """The fields of an env step (`beast.experience.rollout_slots.env_step_spec`) that replays
-    store: the
-    observation's leaves and `ENV_KEYS`."""
+    """The fields of an env step (`beast.experience.rollout_slots.env_step_spec`) that
+    replays store: the observation's leaves and `ENV_KEYS`."""
     return {key: f for key, f in env_step.items() if is_obs_key(key) or key in ENV_KEYS}
 
 

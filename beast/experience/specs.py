@@ -50,7 +50,7 @@ class ExperienceError(ValueError):
 @dataclass(frozen=True)
 class ExperienceLayout:
     """What one env step stores: the observation's fields (`EnvSpec.obs_fields()`), the
-    policy's record (`Policy.record_spec()`, plus the engine's own per-step fields) and the
+    policy's record (`ActingRule.record_spec()`, plus the engine's own per-step fields) and the
     per-env shapes of the model's recurrent state (`fields.core_state_shapes`)."""
 
     obs: Mapping[str, Field]

@@ -21,9 +21,8 @@ announced (an env recreated mid-episode) drops the windows still open.
 
 Frame deduplication (``frame_dedup=True``, Atari): a step stores only the newest 84x84
 frame of its 4-frame stack (of each image leaf of the observation, for a Dict: each
-under its own frames field, `beast.experience.sequence_replay.frames_key`), and the stack of step s
-is
-rebuilt from steps s-3 ... s, where frames older than the latest episode start (a done
+under its own frames field, `beast.experience.sequence_replay.frames_key`), and the stack
+of step s is rebuilt from steps s-3 ... s, where frames older than the latest episode start (a done
 row) repeat that row's frame, as the env's frame stack does after a reset
 (beast/envs/atari.py `FrameStack`). The
 writer rebuilds every step's stack as the learner would and compares it with the real

@@ -3,7 +3,7 @@
 What a second intra-op thread is worth depends on everything else the run does on the
 machine: it halves a large update's time on an idle core, and slows a small one whose
 actor wakes up between its parallel regions (each preemption stalls the other thread at
-the region's barrier). `ThreadTuner` therefore measures it in the run (beast/run/engine.py
+the region's barrier). `ThreadTuner` therefore measures it in the run (beast/run/plan.py
 starts it where `--num_threads` is unset on a CPU learner with several cores; the
 learner's `step` calls it after each update, in the learner's threads and under
 --serial alike).

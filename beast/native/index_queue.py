@@ -1,7 +1,6 @@
 """`IndexQueue` (index_queue.c): a FIFO of int32 rollout-slot indices shared by the
-learner and actor processes (the free/full protocol of `beast.experience.rollout_slots`), over
-shared
-memory that Python allocates and owns:
+learner and actor processes (the free/full protocol of `beast.experience.rollout_slots`),
+over shared memory that Python allocates and owns:
 
 - a process that dies mid-call cannot deadlock the others (robust mutex);
 - a blocked `get` sleeps on a futex with the GIL released, and a `put` in any

@@ -58,7 +58,7 @@ from rich.text import Text
 from beast.learning.learner import UpdateStats
 
 if TYPE_CHECKING:
-    from beast.outputs.eval_result import EvalResult
+    from beast.outputs.eval_report import EvalReport
     from beast.outputs.wandb_log import WandbSettings
 
 __all__ = [
@@ -79,7 +79,7 @@ EPISODE_COLUMNS = ["step", "return", "length", "time"]
 # Seconds between the update rows written to TensorBoard and W&B (logs.csv keeps every one).
 TENSORBOARD_INTERVAL = 1.0
 # logs.csv's columns for evaluations (--eval_interval): the step of the weights evaluated
-# and `EvalResult.summary()`'s statistics.
+# and `EvalReport.summary()`'s statistics.
 EVAL_COLUMNS = tuple(
     f"eval_{name}"
     for name in (
@@ -400,7 +400,7 @@ class RunLog:
                     loss=f"{loss:.4g}" if loss is not None else "-",
                 )
 
-    def record_eval(self, result: EvalResult) -> None:
+    def record_eval(self, result: EvalReport) -> None:
         """An evaluation (beast/run/evaluator.py): eval/ scalars at the step of the weights
         evaluated, a console line, and a logs.csv row of its own: `step` and `time` when it
         is written, like every row (so the step column only grows: an evaluation arrives

@@ -7,7 +7,7 @@ with the algorithm's policy (beast/algos), as an actor does. Two ways to act, pe
 `--policy`:
 
     local    `rollout()` steps the K envs T times with the server's own CPU
-             copy of the model (`beast.acting.inference.LocalPolicy`, the actors'
+             copy of the model (`beast.acting.inference.LocalInference`, the actors'
              local policy) and returns what the learner's experience takes
              from them: a whole rollout, `[K, T+1, ...]` per field, or the
              sequences cut from those T steps with their episodes and step
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from beast.acting.actor import env_sources, policy_inputs
-from beast.acting.inference import LocalPolicy, record_arrays
+from beast.acting.inference import LocalInference, record_arrays
 from beast.envs.batch import make_env_batch
 from beast.poly.config import PolyConfig
 from beast.run.plan import build_algorithm
@@ -119,10 +119,10 @@ class EnvServer:
             return_discount=config.return_discount(),
         )
         algorithm = build_algorithm(config, self.env_batch.spec)
-        policy = algorithm.policy()
+        policy = algorithm.acting_rule()
         self.last_action = np.zeros_like(record_arrays(policy, k)["action"])
         self.weights_version = -1
-        self.policy: LocalPolicy | None = None
+        self.policy: LocalInference | None = None
         if config.policy == "local":
             self.model = algorithm.build_model().eval()
             # Env j of server s is row s*K + j of the run's envs (Ape-X's epsilons).
@@ -130,7 +130,7 @@ class EnvServer:
             params = {
                 key: value[rows] for key, value in policy.env_params(config.servers * k).items()
             }
-            self.policy = LocalPolicy(self.model, policy, k, params)
+            self.policy = LocalInference(self.model, policy, k, params)
             self.inputs = policy_inputs(self.env_batch, self.last_action)
             # Rollout ids: a random 31-bit prefix per process and a counter; unique per
             # rollout and per env, as beast/experience/rollout_slots.py's torn-slot check needs.

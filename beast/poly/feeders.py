@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from beast.acting.inference import record_arrays
-from beast.algos.base import Policy, as_outputs
+from beast.algos.base import ActingRule, as_outputs
 from beast.experience.contract import Sink
 from beast.fields import map_inputs, model_inputs
 from beast.poly.config import PolyConfig
@@ -463,7 +463,7 @@ class CentralInference(_Feeder):
         sink: Sink,
         stop: threading.Event,
         model: nn.Module,
-        policy: Policy,
+        policy: ActingRule,
         num_envs: int,
         synchronous: bool = False,
     ) -> None:

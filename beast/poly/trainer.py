@@ -14,7 +14,7 @@
   cluster's nodes and owns the env servers: one launcher, one way to stop.
 
 A `LearnerNode` holds what monobeast's learner process holds, built by the same
-code (beast/run/engine.py, through the algorithm registry): the algorithm's sink and
+code (beast/run/plan.py and build.py, through the algorithm registry): the algorithm's sink and
 source (rollout slots, or a replay that stays in this process), the learner, the
 model, the algorithm's state, checkpoints and run log (rank 0), plus its share of
 the env servers (servers r, r+N, r+2N, ...) and the feeder thread that commits

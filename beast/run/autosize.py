@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from beast.acting.actor import policy_inputs
-from beast.acting.inference import LocalPolicy
+from beast.acting.inference import LocalInference
 from beast.algos.base import Algorithm
 from beast.config import AUTO, Config, ConfigError
 from beast.envs.batch import LoopEnvBatch, make_env_batch
@@ -60,7 +60,7 @@ def acting_cost(
     # time then (its other threads idle during the measurement), this thread's otherwise.
     clock = time.thread_time if isinstance(batch, LoopEnvBatch) else time.process_time
     try:
-        policy = LocalPolicy(model, algorithm.policy(), num_envs)
+        policy = LocalInference(model, algorithm.acting_rule(), num_envs)
         last_action = np.zeros_like(policy.record["action"])
         inputs = policy_inputs(batch, last_action)
         steps, start = -_WARMUP_STEPS, 0.0

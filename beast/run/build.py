@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from beast import envs
-from beast.algos.base import Algorithm, LearnerContext, Policy, Update
+from beast.algos.base import ActingRule, Algorithm, LearnerContext, Update
 from beast.algos.normalize import RewardScaler, find_observation_normalizer
 from beast.config import RUN_NAMING_FLAGS, Config, ConfigError
 from beast.experience.contract import Sink, Source
@@ -72,7 +72,7 @@ class Run:
     """Everything a learner process holds for one run (`build_run`), around its plan."""
 
     plan: RunPlan
-    policy: Policy  # the algorithm's acting rule
+    policy: ActingRule  # the algorithm's acting rule
     model: nn.Module  # the learner's, on `device`
     actor_model: nn.Module  # the CPU copy in shared memory the actors read
     update: Update
@@ -195,7 +195,7 @@ def build_run(
     """
     config, spec, algorithm, precision = plan.config, plan.spec, plan.algorithm, plan.precision
     total_steps = config.total_steps if total_steps is None else total_steps
-    policy = algorithm.policy()
+    policy = algorithm.acting_rule()
     model = plan.model.to(plan.device)
     actor_model = build_checked_model(algorithm)
     copy_weights(actor_model, model)

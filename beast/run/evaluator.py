@@ -2,7 +2,7 @@
 of its own, beside training.
 
 Training returns mix in exploration (epsilon, sampled actions, action noise); papers
-report the returns of the evaluation policy, `Algorithm.policy(explore=False)`, the one
+report the returns of the evaluation policy, `Algorithm.acting_rule(explore=False)`, the one
 `--mode test` acts with (beast/trained/play.py says what it is for each algorithm). Each time
 training passes a multiple of --eval_interval agent steps, the learner hands a snapshot of
 its weights to the evaluator, which plays --eval_episodes episodes with it through
@@ -56,7 +56,7 @@ from torch import nn
 from beast import envs
 from beast.acting.error_board import ErrorBoard, post_traceback
 from beast.acting.fork_server import actor_context
-from beast.acting.inference import LocalPolicy
+from beast.acting.inference import LocalInference
 from beast.acting.supervisor import (
     ForkServerError,
     RestartWindow,
@@ -68,7 +68,7 @@ from beast.config import Config
 from beast.learning.learner import UpdateStats
 from beast.models import copy_weights
 from beast.outputs.checkpoint import BEST_CHECKPOINT_NAME, load_checkpoint, save_best_checkpoint
-from beast.outputs.eval_result import EvalResult
+from beast.outputs.eval_report import EvalReport
 from beast.run.build import Run
 from beast.run.parsing import config_from_dict
 from beast.run.plan import build_algorithm, build_checked_model
@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EVAL_SEED_OFFSET",
     "EvalChannel",
-    "EvalResult",
+    "EvalReport",
     "EvalSchedule",
     "EvalWorker",
     "Evaluation",
@@ -153,10 +153,10 @@ class EvalWorker:
         self.spec = envs.env_spec(self.env)
         algorithm = build_algorithm(run_config, self.spec)
         self.model = build_checked_model(algorithm).eval()
-        self.policy = algorithm.policy(explore=False)
+        self.policy = algorithm.acting_rule(explore=False)
         self.best_return = _saved_best_return(run_dir)
 
-    def evaluate(self, step: int) -> EvalResult:
+    def evaluate(self, step: int) -> EvalReport:
         """Play the episodes with the model's current weights (the snapshot of `step`)."""
         start = time.monotonic()
         # The policy draws its random numbers (Q-networks' epsilon) from a generator seeded
@@ -165,7 +165,7 @@ class EvalWorker:
         # There a compilation may be exporting, which torch's seeding races (ModulesInUse).
         with MODULES_IN_USE.held(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            policy = LocalPolicy(self.model, self.policy, num_envs=1)
+            policy = LocalInference(self.model, self.policy, num_envs=1)
         episodes = play_episodes(self.env, self.spec, policy, self.num_episodes, seed=self.seed)
         returns = tuple(episode.ret for episode in episodes)
         mean = statistics.fmean(returns)
@@ -181,7 +181,7 @@ class EvalWorker:
                 },
             )
             self.best_return = mean
-        return EvalResult(
+        return EvalReport(
             step=step,
             returns=returns,
             lengths=tuple(episode.length for episode in episodes),
@@ -255,7 +255,7 @@ class EvalChannel:
                 self.control[_HANDED] = step
             return held
 
-    def take(self) -> EvalResult | None:
+    def take(self) -> EvalReport | None:
         """The result waiting in the mailbox, or None."""
         with _holding(self.lock) as held:
             posted = self.value(_POSTED)
@@ -263,7 +263,7 @@ class EvalChannel:
                 return None
             self.control[_READ] = posted
             seconds, best = self.seconds_and_best.tolist()
-            return EvalResult(
+            return EvalReport(
                 step=posted,
                 returns=tuple(self.returns.tolist()),
                 lengths=tuple(self.lengths.tolist()),
@@ -295,7 +295,7 @@ class EvalChannel:
             time.sleep(_POLL_SECONDS)
         return None
 
-    def post(self, result: EvalResult, running: Callable[[], bool]) -> bool:
+    def post(self, result: EvalReport, running: Callable[[], bool]) -> bool:
         """Put `result` in the mailbox once the previous one was taken; False if told to
         stop first."""
         while running():

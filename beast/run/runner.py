@@ -1,11 +1,11 @@
 """MonoBeast training: build the components, run them, shut them down.
 
-The components come from beast/run/engine.py, through the algorithm registry; nothing here
-names an algorithm. One shutdown protocol for every way a run ends (total_steps reached,
-Ctrl-C, SIGTERM, too many actor deaths, a failed learner): stop the learner threads,
-close the sink (which wakes and stops every actor), join the actors with a timeout, kill
-what is left, then write the final checkpoint (unless the model is not finite: a good
-checkpoint is never overwritten by a diverged one). Shared memory is shared through file
+The components come from the run's plan and build (beast/run/plan.py, build.py), through the
+algorithm registry; nothing here names an algorithm. One shutdown protocol for every way a run ends
+(total_steps reached, Ctrl-C, SIGTERM, too many actor deaths, a failed learner): stop the learner
+threads, close the sink (which wakes and stops every actor), join the actors with a timeout, kill
+what is left, then write the final checkpoint (unless the model is not finite: a good checkpoint is
+never overwritten by a diverged one). Shared memory is shared through file
 descriptors that torch unlinks at creation, so no /dev/shm segment outlives the
 processes.
 

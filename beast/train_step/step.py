@@ -86,7 +86,7 @@ class TrainStep:
         stopping: set when the run stops: a step waiting for a compilation then raises
             StepAbandoned instead of waiting on.
         identity: what, besides beast's code and the step's arguments, the step's graph
-            is made from (the run's settings and the env's spaces: beast/run/engine.py
+            is made from (the run's settings and the env's spaces: beast/run/build.py
             `step_identity`), or None where that is not known (a user's model). Given it,
             a step whose package an earlier run recorded loads it at its first call, with
             no trace and no eager steps before (`_load_known`).

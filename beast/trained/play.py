@@ -5,7 +5,7 @@ network, so `--mode test --xpid RUN` evaluates RUN as it was trained, whatever
 the other defaults are now. `--checkpoint best` loads RUN_DIR/model_best.tar, the
 weights with the best evaluation return of a run trained with --eval_interval,
 instead of the latest model.tar. It acts with the algorithm's evaluation policy
-(`Algorithm.policy(explore=False)`), deterministic but for the Q-networks' epsilon:
+(`Algorithm.acting_rule(explore=False)`), deterministic but for the Q-networks' epsilon:
 an actor-critic takes its most probable action (discrete) or its mean action
 (continuous), SAC, TD3 and DDPG the squashed mean action, and a Q-network the
 greedy action, replaced by a random one with probability `--test_epsilon` (0.001 by
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from beast import envs
-from beast.acting.inference import LocalPolicy
+from beast.acting.inference import LocalInference
 from beast.config import Config, ConfigError
 from beast.outputs.checkpoint import (
     BEST_CHECKPOINT_NAME,
@@ -110,7 +110,7 @@ class Episode:
 def play_episodes(
     env: gymnasium.Env,
     spec: envs.EnvSpec,
-    policy: LocalPolicy,
+    policy: LocalInference,
     num_episodes: int,
     *,
     seed: int | None = None,
@@ -118,7 +118,7 @@ def play_episodes(
     on_episode: Callable[[Episode], None] | None = None,
 ) -> list[Episode]:
     """Play `num_episodes` whole episodes of `env` (one env, made by `beast.envs.make`)
-    with `policy` (a LocalPolicy over one env), one after the other; --mode test and the
+    with `policy` (a LocalInference over one env), one after the other; --mode test and the
     evaluator (beast/run/evaluator.py) both play through here.
 
     The env is reset first, with `seed` if given (the same seed gives the same episodes
@@ -202,7 +202,7 @@ def test(config: Config) -> EvalResult:
     model.load_state_dict(checkpoint["model_state_dict"])
     model.eval()
     torch.manual_seed(config.seed)
-    policy = LocalPolicy(model, algorithm.policy(explore=False), num_envs=1)
+    policy = LocalInference(model, algorithm.acting_rule(explore=False), num_envs=1)
     print(
         f"[beast] testing {trained.xpid} ({os.path.basename(path)}, step"
         f" {checkpoint['step']:,}) on {trained.env} for {config.num_test_episodes} episodes",

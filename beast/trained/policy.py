@@ -3,9 +3,9 @@ and what `python -m beast.export` saves for use without beast (docs/export.md).
 
 The policy is the one `--mode test` plays (beast/evaluate.py): the run's checkpoint
 (--checkpoint latest or best), its env's spec, its algorithm's network with the
-checkpoint's weights, and the algorithm's evaluation policy (`Algorithm.policy(explore=
+checkpoint's weights, and the algorithm's evaluation policy (`Algorithm.acting_rule(explore=
 False)`), whose action `ActingModule` computes with torch ops
-(`Policy.deterministic_action`, beast/algos/base.py): the most probable action of an
+(`ActingRule.deterministic_action`, beast/algos/base.py): the most probable action of an
 actor-critic (discrete) or its mean action, clipped to the env's bounds (continuous); the
 squashed mean action of SAC, TD3 and DDPG in the env's units; a Q-network's greedy action,
 without --mode test's `--test_epsilon` random actions. The running observation statistics
@@ -48,8 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from beast import envs
-from beast.algos.base import Policy as ActingRule
-from beast.algos.base import as_outputs
+from beast.algos.base import ActingRule, as_outputs
 from beast.config import Config, ConfigError
 from beast.fields import model_inputs, numpy_dtype, obs_leaf, obs_path
 from beast.outputs.checkpoint import CHECKPOINT_NAME, has_checkpoint
@@ -153,7 +152,7 @@ class ActingModule(nn.Module):
 
     Args:
         model: the algorithm's network (checkpoint weights, eval mode).
-        rule: its evaluation policy (`Algorithm.policy(explore=False)`).
+        rule: its evaluation policy (`Algorithm.acting_rule(explore=False)`).
         spec: the env's spec.
     """
 
@@ -219,7 +218,7 @@ def acting_module(run_dir: str, checkpoint: str = "latest") -> tuple[ActingModul
     model = build_checked_model(algorithm)
     model.load_state_dict(saved["model_state_dict"])
     model.eval()
-    module = ActingModule(model, algorithm.policy(explore=False), spec).eval()
+    module = ActingModule(model, algorithm.acting_rule(explore=False), spec).eval()
     action = spec.action_field()
     state = [TensorSpec(LAST_ACTION, tuple(action.shape), str(numpy_dtype(action.dtype)))]
     for i, tensor in enumerate(model.initial_state(1)):

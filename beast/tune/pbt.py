@@ -85,7 +85,7 @@ __all__ = [
 # Flags a resumed run applies to the learner it restores, so that PBT may change them
 # between rounds: the loss's weights and targets are built from the flags at start-up, and
 # the optimizer's settings are the flags', not the checkpoint's
-# (beast.run.engine.with_current_hyperparameters). Flags that shape the model, the
+# (beast.run.resume.with_current_hyperparameters). Flags that shape the model, the
 # optimizer's state, the buffers or the actors are left out.
 EXPLORABLE = (
     "learning_rate",

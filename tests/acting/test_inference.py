@@ -22,9 +22,9 @@ import torch
 
 from beast.acting.actor import ERROR_BOARD_BYTES, ActorSettings, run_actor
 from beast.acting.inference import (
-    CentralPolicy,
+    CentralInference,
     InferenceTable,
-    LocalPolicy,
+    LocalInference,
 )
 from beast.algos.policies import CategoricalPolicy, EpsilonGreedyPolicy
 from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
@@ -81,7 +81,7 @@ def test_local_policy_in_bf16_stays_close_to_fp32(use_lstm):
     torch.manual_seed(0)
     model = build_model("atari", (4, 84, 84), 6, use_lstm=use_lstm).eval()
     policy = CategoricalPolicy(6)
-    fp32, bf16 = LocalPolicy(model, policy, 3), LocalPolicy(model, policy, 3, bf16=True)
+    fp32, bf16 = LocalInference(model, policy, 3), LocalInference(model, policy, 3, bf16=True)
     for t in range(3):
         inputs = atari_inputs(3, first=t == 0)
         expected, got = tensors(fp32.act(inputs)), tensors(bf16.act(inputs))
@@ -119,7 +119,7 @@ def test_central_policy_in_bf16_stays_close_to_fp32(watchdog):
     )
     server.start()
     try:
-        central, local = CentralPolicy(table, 0, lambda: True), LocalPolicy(model, policy, 2)
+        central, local = CentralInference(table, 0, lambda: True), LocalInference(model, policy, 2)
         for t in range(3):
             inputs = atari_inputs(2, first=t == 0)
             expected, got = tensors(local.act(inputs)), tensors(central.act(inputs))
@@ -146,8 +146,8 @@ def test_central_policy_gives_the_local_policy_outputs_and_states(watchdog):
     server = make_server(table, recurrent_model(seed=1), source=model)  # synced at start
     server.start()
     try:
-        local = [LocalPolicy(model, POLICY, num_envs) for _ in range(num_actors)]
-        central = [CentralPolicy(table, i, lambda: True) for i in range(num_actors)]
+        local = [LocalInference(model, POLICY, num_envs) for _ in range(num_actors)]
+        central = [CentralInference(table, i, lambda: True) for i in range(num_actors)]
         rng = torch.Generator().manual_seed(0)
         for t in range(12):
             for i in range(num_actors):
@@ -198,9 +198,11 @@ def test_central_q_policy_keeps_per_env_epsilon_and_state_on_the_server(watchdog
     server.start()
     explored = 0
     try:
-        central = [CentralPolicy(table, i, lambda: True) for i in range(num_actors)]
-        greedy = [LocalPolicy(model, EpsilonGreedyPolicy(NUM_ACTIONS, epsilon=0.0), num_envs)]
-        greedy.append(LocalPolicy(model, EpsilonGreedyPolicy(NUM_ACTIONS, epsilon=0.0), num_envs))
+        central = [CentralInference(table, i, lambda: True) for i in range(num_actors)]
+        greedy = [LocalInference(model, EpsilonGreedyPolicy(NUM_ACTIONS, epsilon=0.0), num_envs)]
+        greedy.append(
+            LocalInference(model, EpsilonGreedyPolicy(NUM_ACTIONS, epsilon=0.0), num_envs)
+        )
         rng = torch.Generator().manual_seed(0)
         for t in range(20):
             for i in range(num_actors):
@@ -295,8 +297,8 @@ def test_lanes_post_and_wait_in_turn_and_get_their_own_answers(watchdog):
     server = make_server(table, recurrent_model(seed=1), source=model)
     server.start()
     try:
-        lanes = [CentralPolicy(table, 1, lambda: True, split=s) for s in range(splits)]
-        local = [LocalPolicy(model, POLICY, lane_envs) for _ in range(splits)]
+        lanes = [CentralInference(table, 1, lambda: True, split=s) for s in range(splits)]
+        local = [LocalInference(model, POLICY, lane_envs) for _ in range(splits)]
         rng = torch.Generator().manual_seed(0)
         for t in range(6):
             inputs = [random_inputs(rng, lane_envs, t) for _ in range(splits)]
@@ -333,8 +335,8 @@ def test_a_batch_with_gaps_between_rows_gets_each_rows_answer(watchdog):
     server = make_server(table, recurrent_model(seed=1), source=model, batch_window=0.5)
     server.start()
     try:
-        central = {i: CentralPolicy(table, i, lambda: True) for i in posting}
-        local = {i: LocalPolicy(model, POLICY, num_envs) for i in posting}
+        central = {i: CentralInference(table, i, lambda: True) for i in posting}
+        local = {i: LocalInference(model, POLICY, num_envs) for i in posting}
         rng = torch.Generator().manual_seed(1)
         for t in range(3):
             inputs = {i: random_inputs(rng, num_envs, t) for i in posting}
@@ -383,7 +385,7 @@ def test_concurrent_actors_get_the_answers_meant_for_them(watchdog):
     errors = []
 
     def actor(i: int) -> None:
-        policy = CentralPolicy(table, i, lambda: True)
+        policy = CentralInference(table, i, lambda: True)
         rng = random.Random(i)
         try:
             for r in range(rounds):
@@ -448,7 +450,7 @@ def test_a_failing_forward_pass_is_reported_not_hung(watchdog):
     table = make_table(Broken(), 1, 2)
     server = make_server(table, Broken(), Broken())
     server.start()
-    policy = CentralPolicy(table, 0, lambda: True)
+    policy = CentralInference(table, 0, lambda: True)
     inputs = random_inputs(torch.Generator().manual_seed(0), 2, 0)
     waiter = threading.Thread(target=lambda: pytest.raises(QueueClosed, policy.act, inputs))
     waiter.start()

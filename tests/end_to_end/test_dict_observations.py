@@ -26,7 +26,7 @@ from gymnasium import spaces
 
 import monobeast
 from beast.acting.actor import env_sources, policy_inputs
-from beast.acting.inference import CentralPolicy, InferenceTable, LocalPolicy, record_arrays
+from beast.acting.inference import CentralInference, InferenceTable, LocalInference, record_arrays
 from beast.algos.normalize import ObservationNormalizer
 from beast.algos.policies import CategoricalPolicy
 from beast.envs.batch import make_env_batch
@@ -247,7 +247,7 @@ def act_at_once(policies, batch, sources) -> None:
     inputs = policy_inputs(batch, sources["last_action"])
     errors: list[BaseException] = []
 
-    def act(central: CentralPolicy, local: LocalPolicy) -> None:
+    def act(central: CentralInference, local: LocalInference) -> None:
         try:
             expected = {k: torch.from_numpy(v.copy()) for k, v in local.act(inputs).items()}
             got = {k: torch.from_numpy(v.copy()) for k, v in central.act(inputs).items()}
@@ -288,7 +288,7 @@ def test_central_policy_serves_dict_observations_as_the_local_policy_does(watchd
     try:
         for posting in ((0, 1), (0, 2)):  # rows [0, 4): contiguous; actors 0 and 2: a gap
             policies = [
-                (CentralPolicy(table, i, lambda: True), LocalPolicy(local, POLICY, num_envs))
+                (CentralInference(table, i, lambda: True), LocalInference(local, POLICY, num_envs))
                 for i in posting
             ]
             stepped(num_envs, EPISODE_LENGTH + 2, functools.partial(act_at_once, policies))

@@ -119,7 +119,7 @@ def run_actor(algo: str):
         num_actors=1,
         num_envs=2,
         episodic_life=False,
-        policy=algorithm.policy(),
+        policy=algorithm.acting_rule(),
     )
     clock = PhaseClock(torch.zeros(len(ACTOR_PHASES), dtype=torch.float64), ACTOR_PHASES)
     actor = Actor(0, 0, settings, sink, model, os.getpid(), clock)

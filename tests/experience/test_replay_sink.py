@@ -17,7 +17,7 @@ import torch
 
 from beast.acting import actor as actor_module
 from beast.acting.actor import Actor, ActorSettings
-from beast.acting.inference import LocalPolicy
+from beast.acting.inference import LocalInference
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.experience.replay_sink import EPISODE_RING_SIZE, SequenceSink
 from beast.experience.sequence_replay import PrioritizedReplay, sequence_spec
@@ -210,7 +210,7 @@ def test_actor_loop_stores_what_the_envs_saw_and_did(use_lstm, monkeypatch):
 
 def test_policy_reports_the_state_each_action_started_from():
     model = build_q_model("mlp", (3,), 2, use_lstm=True, hidden_size=4)
-    policy = LocalPolicy(model, EpsilonGreedyPolicy(2, epsilon=0.0), 2)
+    policy = LocalInference(model, EpsilonGreedyPolicy(2, epsilon=0.0), 2)
     inputs = {
         "obs": torch.randn(2, 3),
         "reward": torch.zeros(2),

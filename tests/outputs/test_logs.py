@@ -9,7 +9,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from beast.learning.learner import UpdateStats
-from beast.outputs.eval_result import EvalResult
+from beast.outputs.eval_report import EvalReport
 from beast.outputs.logs import EVAL_COLUMNS, RunLog, format_duration, pip_freeze
 
 
@@ -104,7 +104,7 @@ def test_an_evaluation_is_a_row_of_its_own_with_eval_scalars_and_a_line(tmp_path
     stream = io.StringIO()
     log = RunLog(str(tmp_path), config, 100, stream=stream, evaluation=True)
     log.record(stats(100, returns=[4.0]))
-    result = EvalResult(step=80, returns=(1.0, 2.0, 6.0), lengths=(3, 4, 5), seconds=0.5, best=True)
+    result = EvalReport(step=80, returns=(1.0, 2.0, 6.0), lengths=(3, 4, 5), seconds=0.5, best=True)
     log.record_eval(result)
     log.record(stats(120))
     log.close()

@@ -1,6 +1,6 @@
-"""The engine around the algorithms (beast.run.engine, beast.run.serial): your own model as
---model package.module:Name for any algorithm, the start-up check of any model (one
-line, exit 2), --serial, and the rule that the shared machinery names no algorithm."""
+"""The engine around the algorithms (beast.run.plan, beast.run.build, beast.run.serial): your own
+model as --model package.module:Name for any algorithm, the start-up check of any model (one line,
+exit 2), --serial, and the rule that the shared machinery names no algorithm."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from beast import envs
 from beast.acting.error_board import ErrorBoard
-from beast.acting.inference import LocalPolicy
+from beast.acting.inference import LocalInference
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.learning.learner import UpdateStats
 from beast.models import copy_weights
@@ -83,7 +83,7 @@ class StepCountingModel(nn.Module):
 def test_play_episodes_carries_recurrent_state_through_each_episode_and_resets_it():
     env = envs.make("tests.run.test_evaluator:FiveStepEnv", seed=0)
     spec = envs.env_spec(env)
-    policy = LocalPolicy(StepCountingModel(), EpsilonGreedyPolicy(2, epsilon=0.0), num_envs=1)
+    policy = LocalInference(StepCountingModel(), EpsilonGreedyPolicy(2, epsilon=0.0), num_envs=1)
     seen = []
     episodes = play_episodes(env, spec, policy, 3, on_episode=seen.append)
     assert env.unwrapped.actions == [1, 1, 1, 0, 0] * 3

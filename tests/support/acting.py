@@ -74,7 +74,7 @@ def capture_rollouts(
     )
     config.validate()  # monobeast's checks: the lanes must split K evenly
     algorithm = Impala(config, spec)
-    acting_policy = algorithm.policy()
+    acting_policy = algorithm.acting_rule()
     actor_model.share_memory()
     actor_model.eval()
     buffers = RolloutBuffers(

@@ -14,8 +14,8 @@ from beast.algos.base import LearnerContext
 from beast.envs.spec import EnvSpec
 from beast.experience.contract import Batch
 from beast.learning.learner import Stepper, TrainingProgress
-from beast.run.plan import build_algorithm
 from beast.run.parsing import parse_args
+from beast.run.plan import build_algorithm
 from beast.train_step import (
     ParameterGroup,
     StepLoss,

@@ -31,7 +31,7 @@ import torch
 
 import beast
 from beast import envs
-from beast.acting.inference import LocalPolicy
+from beast.acting.inference import LocalInference
 from beast.algos.policies import CategoricalPolicy
 from beast.api import evaluate
 from beast.config import ConfigError
@@ -138,10 +138,10 @@ class Recording:
 
 def record_mode_test(run_dir: str, case: Case, monkeypatch) -> Recording:
     """Play the run with `beast.trained.play` (--mode test) and record STEPS steps of its
-    policy, through a LocalPolicy that keeps a copy of every call."""
+    policy, through a LocalInference that keeps a copy of every call."""
     recording = Recording([], [], [], [], [])
 
-    class RecordingPolicy(LocalPolicy):
+    class RecordingPolicy(LocalInference):
         def act(self, inputs):
             if len(recording.action) == STEPS:
                 raise _Recorded
@@ -154,7 +154,7 @@ def record_mode_test(run_dir: str, case: Case, monkeypatch) -> Recording:
             recording.action.append(record["action"][0].copy())
             return record
 
-    monkeypatch.setattr(MODE_TEST, "LocalPolicy", RecordingPolicy)
+    monkeypatch.setattr(MODE_TEST, "LocalInference", RecordingPolicy)
     q_network = case.algo in ("r2d2", "apex", "dqn", "c51", "rainbow")
     with pytest.raises(_Recorded):
         evaluate(run_dir, episodes=1000, **({"test_epsilon": 0.0} if q_network else {}))
@@ -402,7 +402,7 @@ def test_a_policy_without_a_deterministic_action_is_one_line(runs, monkeypatch, 
         beast.export(run_dir, "torchscript", output=tmp_path / "p.pt")
     assert str(refused.value) == (
         f"cannot export {run_dir} to torchscript: CategoricalPolicy has no deterministic"
-        " action, so its policy cannot be exported; define Policy.deterministic_action"
+        " action, so its policy cannot be exported; define ActingRule.deterministic_action"
     )
 
 

@@ -23,10 +23,10 @@ import torch
 from torch import Tensor, nn
 
 from beast.algos.base import (
+    ActingRule,
     Algorithm,
     LearnerContext,
     OptimizerUpdate,
-    Policy,
     Update,
     UpdateInfo,
     require_one_batch,
@@ -605,7 +605,7 @@ class DDPG(Algorithm):
             return ExplorationSchedule(model, 1.0)
         return model
 
-    def policy(self, explore: bool = True) -> Policy:
+    def acting_rule(self, explore: bool = True) -> ActingRule:
         config = self.config
         return SquashedPolicy(
             self.spec.action_low,

@@ -10,11 +10,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["EvalResult"]
+__all__ = ["EvalReport"]
 
 
 @dataclass(frozen=True)
-class EvalResult:
+class EvalReport:
     """One evaluation: the snapshot's step, each episode's return and length, the seconds
     it took, and whether its mean return is the best so far (model_best.tar holds it)."""
 
