@@ -91,7 +91,10 @@ def make_learner(
     min_replay_size=4,
     max_nonfinite_updates=3,
     compile="off",
+    losses: list | None = None,
 ) -> tuple[Learner, list]:
+    """A learner of R2D2's update on a filled replay; with `losses`, every output of its
+    loss (a `QLossOutput`: loss, stats and new priorities) is appended there."""
     model, target, actor_model = q_model(use_lstm), q_model(use_lstm), q_model(use_lstm)
     progress = progress or TrainingProgress()
     records: list = []
@@ -103,16 +106,18 @@ def make_learner(
         progress=progress,
     )
     context = LearnerContext(torch.device("cpu"), False, stepper, progress, compile=compile)
+    loss_fn = loss_fn or functools.partial(
+        r2d2_loss, burn_in=BURN_IN, n_step=3, discounting=0.99, truncate_at_end=True
+    )
+    if losses is not None:
+        loss_fn = functools.partial(recorded_loss, loss_fn, losses)
     optimizer_flags = SimpleNamespace(optimizer="adam", learning_rate=1e-3, epsilon=1e-3)
     update = SequenceQUpdate(
         model,
         target,
         context,
         build_optimizer(optimizer_flags, model),
-        loss_fn
-        or functools.partial(
-            r2d2_loss, burn_in=BURN_IN, n_step=3, discounting=0.99, truncate_at_end=True
-        ),
+        loss_fn,
         burn_in=BURN_IN,
         target_update_period=target_update_period,
         reward_clipping=reward_clipping,
@@ -132,6 +137,25 @@ def make_learner(
     return learner, records
 
 
+def recorded_loss(loss_fn, losses: list, *args, **kwargs):
+    output = loss_fn(*args, **kwargs)
+    losses.append(output)
+    return output
+
+
+def assert_tree_holds_the_loss_priorities(learner: Learner, indices, priorities) -> None:
+    """The replay's sum tree holds, at each sampled item, max(p, min_priority) ** alpha
+    (PER's stored priority, computed here in float64) of the priority p the loss gave
+    it. Items drawn twice in one batch are left out: which of their two writes lands is
+    the tree's choice."""
+    replay = learner.source.replay
+    p = priorities.detach().double().clamp(min=replay.min_priority) ** replay.alpha
+    once = [i for i, index in enumerate(indices.tolist()) if indices.tolist().count(index) == 1]
+    assert once  # a batch of 8 from ~60 sequences draws most once
+    # Tolerance: both are float64 powers of the same float32 priorities.
+    torch.testing.assert_close(replay.tree.get(indices[once]), p[once], rtol=1e-12, atol=0.0)
+
+
 def sample(learner: Learner, generator: torch.Generator | None = None) -> Batch:
     drawn = learner.source.replay.sample(8, generator)
     return Batch(drawn.batch, drawn.weights, drawn.indices, drawn.generations)
@@ -147,7 +171,8 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 @pytest.mark.parametrize("use_lstm", [False, True])
 def test_one_update_steps_publishes_and_reprioritises(use_lstm):
-    learner, _ = make_learner(use_lstm)
+    losses = []
+    learner, _ = make_learner(use_lstm, losses=losses)
     sink, update = learner.source.sink, learner.update
     sink.env_steps[0] = 123
     sink.record_episode(0, 9.0, 9)
@@ -162,6 +187,8 @@ def test_one_update_steps_publishes_and_reprioritises(use_lstm):
     assert same(after, parameters(learner.actor_model))  # published
     assert same(target_before, parameters(update.target_model))  # not yet: period 3
     assert not torch.equal(sink.replay.tree.get(batch.indices), priorities_before)
+    assert len(losses) == 1  # one loss, whose priorities the replay now holds
+    assert_tree_holds_the_loss_priorities(learner, batch.indices, losses[0].priorities)
     assert stats.step == learner.progress.step == 123  # env steps, from the actors
     assert stats.num_updates == 1
     assert stats.episode_returns == [9.0] and stats.episode_steps == [9]
@@ -178,9 +205,14 @@ def test_a_block_of_batches_is_one_update_each_and_one_priority_update(period):
     batches in one call (as three separate batches would make them, the target copied
     after the second with period 2), the weights published after the last, every sampled
     item reprioritised, three updates and 24 samples counted."""
-    learner, _ = make_learner(target_update_period=period)
+    losses = []
+    learner, _ = make_learner(target_update_period=period, losses=losses)
     twin, _ = make_learner(target_update_period=period)
-    check_block(learner, twin, same)
+    drawn = check_block(learner, twin, same)
+    # One loss per batch of the block, their priorities written for the whole block.
+    assert len(losses) == 3
+    priorities = torch.cat([loss.priorities for loss in losses])
+    assert_tree_holds_the_loss_priorities(learner, drawn.indices, priorities)
 
 
 def test_a_compiled_block_of_sequences_steps_as_one_at_a_time(monkeypatch):
@@ -202,8 +234,9 @@ def close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return True
 
 
-def check_block(learner: Learner, twin: Learner, same) -> None:
-    """`learner` takes a block of 3 batches of 8; `twin` the same batches one by one."""
+def check_block(learner: Learner, twin: Learner, same):
+    """`learner` takes a block of 3 batches of 8; `twin` the same batches one by one.
+    Returns the block's draw."""
     steps_before = learner.update.train_step.steps_taken
     updates_before = learner.progress.num_updates
     drawn = learner.source.replay.sample(8, torch.Generator().manual_seed(0), parts=3)
@@ -225,6 +258,7 @@ def check_block(learner: Learner, twin: Learner, same) -> None:
     assert int(learner.source.sink.sampled[0]) == 8 * learner.update.num_updates
     tree = learner.source.sink.replay.tree
     assert (tree.get(drawn.indices) != 1.0).all()  # every item's new priority written
+    return drawn
 
 
 def test_target_network_is_copied_every_period():
