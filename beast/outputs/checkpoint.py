@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import zipfile
 from typing import Any
 
 import torch
@@ -130,14 +131,37 @@ def load_replay_file(run_dir: str) -> dict[str, Any] | None:
         return None
 
 
+def _unreadable(path: str, error: Exception) -> str:
+    """Why torch.load could not read the file at `path`, in words. An empty file, one cut
+    short and one of another kind are named as such, rather than by what torch.load
+    raises for them (EOFError, "[Errno 22] Invalid argument", its zip reader's internal
+    error). Checkpoints are torch's zip files, whose directory is at the end: a file that
+    starts as one and has no directory lost its end."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return "the file is empty (0 bytes), damaged since it was written"
+    with open(path, "rb") as f:
+        is_zip = f.read(4) == b"PK\x03\x04"
+    if not is_zip:
+        return "the file is not a checkpoint (beast's are torch's zip files)"
+    if not zipfile.is_zipfile(path):
+        return (
+            f"the file is cut short ({size:,} bytes, its end missing), damaged since it was written"
+        )
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
 def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The payload of the checkpoint at `path`; CheckpointError, one line, when there is
+    none or it cannot be read (saying how it is damaged) or is not beast's."""
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise CheckpointError(f"cannot load checkpoint {path}: {reason}") from error
+        raise CheckpointError(
+            f"cannot load checkpoint {path}: {_unreadable(path, error)}"
+        ) from error
     if not isinstance(payload, dict) or "model_state_dict" not in payload:
         raise CheckpointError(f"{path} is not a beast checkpoint")
     return payload

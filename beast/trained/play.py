@@ -171,7 +171,10 @@ def load_test_checkpoint(config: Config) -> tuple[dict[str, Any], str]:
         try:
             return load_checkpoint(path), path
         except CheckpointError as error:
-            raise ConfigError(f"cannot test {config.run_dir}: {error}") from error
+            raise ConfigError(
+                f"cannot test {config.run_dir}: {error}; restore the file from a copy, or use"
+                " --checkpoint latest"
+            ) from error
     if not has_checkpoint(config.run_dir):
         raise ConfigError(
             f"no checkpoint at {os.path.join(config.run_dir, CHECKPOINT_NAME)}: train first,"
@@ -180,7 +183,10 @@ def load_test_checkpoint(config: Config) -> tuple[dict[str, Any], str]:
     try:
         checkpoint, path, _ = load_latest_checkpoint(config.run_dir)
     except CheckpointError as error:
-        raise ConfigError(f"cannot test {config.run_dir}: {error}") from error
+        raise ConfigError(
+            f"cannot test {config.run_dir}: {error}; restore the file from a copy, or train"
+            " the run again"
+        ) from error
     return checkpoint, path
 
 
