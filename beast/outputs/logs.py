@@ -218,6 +218,23 @@ def _widen_csv(path: str, fieldnames: list[str]) -> None:
     os.replace(tmp_path, path)
 
 
+def _episode_returns(path: str, step: int) -> list[float]:
+    """The returns in episodes.csv of the episodes finished by `step`, oldest first. Rows
+    past it were written after the checkpoint a resume starts from (one from model.prev.tar,
+    say), and the run plays them again; a row cut by a crash is skipped."""
+    if not os.path.isfile(path):
+        return []
+    returns = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                if int(row["step"]) <= step:
+                    returns.append(float(row["return"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+    return returns
+
+
 class _StepsPerSecondColumn(ProgressColumn):
     """rich's own speed estimate (its recent samples of `completed`) as SPS."""
 
@@ -288,7 +305,7 @@ class RunLog:
         self._csv_file = open(self._csv_path, "a", newline="")  # noqa: SIM115
         self._csv: csv.DictWriter | None = None
         self._eval_columns = dict.fromkeys(EVAL_COLUMNS, "") if evaluation else {}
-        episodes_path = os.path.join(run_dir, "episodes.csv")
+        episodes_path = self._episodes_path = os.path.join(run_dir, "episodes.csv")
         episodes_header = _csv_header(episodes_path)
         if episodes_header and episodes_header != EPISODE_COLUMNS:
             # A run from before the time column, resumed: its rows get an empty time.
@@ -347,13 +364,22 @@ class RunLog:
             f.write(pip_freeze())
 
     def start_from(self, step: int) -> None:
-        """Count SPS from `step` (a resumed run does not count old steps)."""
+        """Count SPS from `step` (a resumed run does not count old steps), and start the
+        returns' window from the episodes finished by then (episodes.csv): a resumed run
+        shows its last known return before a new episode ends."""
+        returns = _episode_returns(self._episodes_path, step)
         with self._lock:
             self.step = step
             self._last_line = (time.monotonic(), step)
+            self._returns.clear()
+            self._returns.extend(returns)
+            self.num_episodes = len(returns)
             if self._progress is not None:
                 # reset() drops rich's speed samples: old steps must not count as SPS.
                 self._progress.reset(self._task, completed=step)
+                if self._returns:
+                    mean = sum(self._returns) / len(self._returns)
+                    self._progress.update(self._task, mean_return=f"{mean:.2f}")
 
     def record(self, stats: UpdateStats) -> None:
         with self._lock:

@@ -153,6 +153,22 @@ def test_a_resumed_run_that_logs_more_columns_widens_logs_csv(tmp_path, config):
     assert not (tmp_path / "logs.csv.tmp").exists()
 
 
+def test_a_resumed_run_shows_its_last_known_return(tmp_path, config):
+    """The progress line of a resumed run has the return of the episodes before the
+    checkpoint it resumes from, not "no episode finished yet", until new ones end."""
+    log = RunLog(str(tmp_path), config, 1000, stream=io.StringIO(), tensorboard=False)
+    log.record(stats(100, returns=[float(i) for i in range(150)]))
+    log.record(stats(200, returns=[1000.0]))  # after the checkpoint the resume starts from
+    log.close()
+    resumed = RunLog(str(tmp_path), config, 1000, stream=io.StringIO(), tensorboard=False)
+    resumed.start_from(100)
+    # The window: the last 100 of the 150 episodes by step 100, returns 50 to 149.
+    assert "| return 99.50 (last 100 of 150 eps) |" in resumed.progress_line()
+    resumed.record(stats(110, returns=[250.0]))
+    assert "| return 101.50 (last 100 of 151 eps) |" in resumed.progress_line()  # 51..149, 250
+    resumed.close()
+
+
 def test_format_duration():
     assert format_duration(3725) == "1:02:05"
     assert format_duration(float("inf")) == "?"
