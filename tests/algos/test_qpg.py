@@ -333,7 +333,11 @@ def test_sac_update_trains_critics_actor_and_temperature_and_ends_the_warm_up():
 
 def test_the_learner_normalises_observations_as_the_actors_do():
     model, update = _update("sac", "--normalize_obs")
-    model.obs_rms.mean.fill_(5.0)  # statistics far from the batch's
+    # Statistics far from the batch's, one per dimension: a shift, a scale that clips
+    # (std 0.1 against unit-scale observations) and none.
+    mean, var = [5.0, 0.0, 0.0], [4.0, 0.01, 1.0]
+    model.obs_rms.mean.copy_(torch.tensor(mean, dtype=torch.float64))
+    model.obs_rms.var.copy_(torch.tensor(var, dtype=torch.float64))
     seen = {}
     forward = update.net.forward
 
@@ -344,7 +348,12 @@ def test_the_learner_normalises_observations_as_the_actors_do():
     update.net.forward = spy
     batch = _batch()
     update(batch)
-    torch.testing.assert_close(seen["obs"], model.normalize(batch.data["obs"][:1]))
+    # By hand: VecNormalize's clip((obs - mean) / sqrt(var + 1e-8), -10, 10), in float64.
+    obs = batch.data["obs"][:1].double().numpy()
+    expected = np.clip((obs - np.array(mean)) / np.sqrt(np.array(var) + 1e-8), -10.0, 10.0)
+    assert (np.abs(expected[..., 1]) == 10.0).any()  # the clip is exercised
+    # Tolerance: float32 rounding of values up to 10.
+    np.testing.assert_allclose(seen["obs"].numpy(), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_sac_with_a_fixed_temperature_keeps_it():
