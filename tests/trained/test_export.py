@@ -22,6 +22,7 @@ import dataclasses
 import importlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -61,6 +62,8 @@ class Case:
 
 CASES = {
     "impala_lstm": Case("impala", flags=("--use_lstm",)),
+    # A feed-forward network fed the reward and last action: a state, and no done input.
+    "impala_last_action_reward": Case("impala", flags=("--use_last_action_reward",)),
     "laser": Case("laser"),
     "ppo": Case("ppo"),
     "ppo_pendulum": Case("ppo", "Pendulum-v1", ("--normalize_obs",)),
@@ -83,7 +86,15 @@ CASES = {
 # Run by default: every acting rule (categorical, Gaussian, epsilon-greedy with Q-values
 # and with a distribution, squashed), LSTMs of both kinds, --normalize_obs and Dict
 # observations. The others share their acting and network with one of these.
-DEFAULT_CASES = {"impala_lstm", "ppo_pendulum", "r2d2", "rainbow", "sac_dict", "impala_dict"}
+DEFAULT_CASES = {
+    "impala_lstm",
+    "impala_last_action_reward",
+    "ppo_pendulum",
+    "r2d2",
+    "rainbow",
+    "sac_dict",
+    "impala_dict",
+}
 # ONNX exports cost seconds each (torch.export): by default, an LSTM, a distributional
 # Q-network and the Dict observations of both action kinds.
 DEFAULT_ONNX_CASES = {"impala_lstm", "rainbow", "sac_dict", "impala_dict"}
@@ -255,8 +266,9 @@ def test_policy_acts_as_mode_test(runs, exported, name, form):
             done=recording.done[t],
         )
         assert_actions_equal(action, recording.action[t], discrete)
-        # The state it hands back holds the last action --mode test's next step reads.
-        if t + 1 < STEPS:
+        # The state it hands back holds the last action --mode test's next step reads, for
+        # a network that reads it.
+        if t + 1 < STEPS and "last_action" in [s.name for s in policy.signature.state]:
             assert_actions_equal(state[0][0].numpy(), recording.last_action[t + 1], discrete)
 
     # Any batch size: every step at once, each from the state it had, acts the same.
@@ -292,8 +304,12 @@ def test_lstm_state_goes_round_trip(runs, exported):
     torch.testing.assert_close(reset[1:], fresh[1:], rtol=0, atol=0)
 
 
-def test_the_best_checkpoint_exports_on_request(runs):
-    run_dir, _ = runs("impala_lstm")
+def test_the_best_checkpoint_exports_on_request(runs, tmp_path):
+    # On a copy of the module's run: its best checkpoint and policy_best.pt stay out of
+    # the run the other tests share (test_bad_input_is_one_line_and_exit_2 needs it to
+    # have no best checkpoint), whatever this test does.
+    run_dir = str(tmp_path / "impala_lstm")
+    shutil.copytree(runs("impala_lstm")[0], run_dir)
     best = load_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME))
     spread_weights(best["model_state_dict"], seed=1)
     save_best_checkpoint(run_dir, best)
@@ -308,20 +324,14 @@ def test_the_best_checkpoint_exports_on_request(runs):
     np.testing.assert_array_equal(
         best_policy.act(obs)[0], beast.load_policy(run_dir, checkpoint="best").act(obs)[0]
     )
-    os.remove(os.path.join(run_dir, "model_best.tar"))
 
 
 def test_exported_signature_names_dict_inputs(runs, exported):
     policy = load(runs, exported, "sac_dict", "torchscript")
     signature = policy.signature
-    assert [s.name for s in signature.inputs] == [
-        "obs.angle",
-        "obs.velocity",
-        "reward",
-        "done",
-        "last_action",
-    ]
-    assert [s.name for s in signature.outputs] == ["action", "next_last_action"]
+    # SAC's network reads the observation alone: no reward, done or state.
+    assert [s.name for s in signature.inputs] == ["obs.angle", "obs.velocity"]
+    assert [s.name for s in signature.outputs] == ["action"]
     assert (signature.algo, signature.env, signature.xpid) == ("sac", "DictPendulum-v1", "sac_dict")
     assert (signature.action_low, signature.action_high) == ((-2.0,), (2.0,))
 
@@ -428,3 +438,85 @@ def test_the_docs_script_plays_pong_without_beast(exported, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert re.fullmatch(r"return -?\d+\.0\n", result.stdout)
+
+
+# Runs with the tuned configs' defaults, shortened: (algo, env, total steps).
+DEFAULT_RUNS = {
+    "ppo_cartpole": ("ppo", "CartPole-v1", 512),
+    "sac_pendulum": ("sac", "Pendulum-v1", 300),
+    "impala_cartpole": ("impala", "CartPole-v1", 400),
+}
+
+
+@pytest.fixture(scope="module")
+def default_runs(tmp_path_factory):
+    """name -> the run directory of DEFAULT_RUNS' run, trained on first use."""
+    savedir = str(tmp_path_factory.mktemp("defaults"))
+    built: dict[str, str] = {}
+
+    def get(name: str) -> str:
+        if name not in built:
+            algo, env, steps = DEFAULT_RUNS[name]
+            argv = ["--algo", algo, "--env", env, "--total_steps", str(steps)]
+            result = run_monobeast([*argv, "--savedir", savedir, "--xpid", name])
+            assert result.returncode == 0, result.stderr[-2000:]
+            built[name] = os.path.join(savedir, name)
+        return built[name]
+
+    return get
+
+
+def export_in_a_new_interpreter(run_dir: str) -> subprocess.CompletedProcess:
+    """`python -m beast.export RUN_DIR --format onnx`: torch's ONNX function registry is
+    built once a process, so only a new one shows what it prints."""
+    return subprocess.run(
+        [sys.executable, "-m", "beast.export", run_dir, "--format", "onnx"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("name", ["ppo_cartpole", "sac_pendulum"])
+def test_a_feed_forward_policy_exports_with_the_observation_alone(default_runs, name):
+    """PPO's and SAC's networks act on the observation: their ONNX files take `obs` and
+    give `action`, as Stable-Baselines3's and CleanRL's exported policies do."""
+    for package in ONNX_PACKAGES:
+        pytest.importorskip(package, reason="ONNX export needs the export extra")
+    import onnxruntime
+
+    run_dir = default_runs(name)
+    result = export_in_a_new_interpreter(run_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    path = os.path.join(run_dir, "policy.onnx")
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    size = 4 if name == "ppo_cartpole" else 3
+    assert [(i.name, i.shape) for i in session.get_inputs()] == [("obs", ["batch", size])]
+    assert [o.name for o in session.get_outputs()] == ["action"]
+    policy = beast.load_policy(path)
+    assert policy.signature.state == () and policy.initial_state(3) == ()
+    obs = np.random.default_rng(0).normal(size=(8, size)).astype(np.float32)
+    action, state = policy.act(obs)
+    assert state == ()
+    assert_actions_equal(action, beast.load_policy(run_dir).act(obs)[0], size == 4)
+
+
+def test_the_default_mlp_acts_on_the_observation_alone(default_runs):
+    """IMPALA's classic-control network, a feed-forward mlp, no longer reads the reward
+    and last action (--use_last_action_reward brings them back: the cases above)."""
+    policy = beast.load_policy(default_runs("impala_cartpole"))
+    assert [s.name for s in policy.signature.inputs] == ["obs"]
+    assert [s.name for s in policy.signature.outputs] == ["action"]
+
+
+def test_onnx_export_prints_no_foreign_warnings(default_runs):
+    """The exporter's registry warns of torchvision, which beast does not use ("torchvision
+    is not installed. Skipping torchvision::nms", four lines): export prints its own line
+    and nothing else."""
+    for package in ONNX_PACKAGES:
+        pytest.importorskip(package, reason="ONNX export needs the export extra")
+    run_dir = default_runs("ppo_cartpole")
+    result = export_in_a_new_interpreter(run_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr == ""
+    assert result.stdout == f"[beast] wrote {os.path.join(run_dir, 'policy.onnx')}\n"
