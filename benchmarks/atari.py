@@ -69,8 +69,9 @@ Output, in `--out` (default a new temporary directory): runs/XPID (the run direc
 XPID.log (each run's console), XPID.png, curves.png, summary.json and summary.md.
 
 Errors (bad flags, a run that fails) are one line on stderr and exit code 2; Ctrl-C or
-SIGTERM stops the run under way as a user's Ctrl-C does, kills whatever of it is left
-after `--exit_timeout`, and exits 130.
+SIGTERM stops the run under way as a user's Ctrl-C does (a second one kills it), kills
+whatever of it is left after `--exit_timeout`, reports it as far as it got, and exits
+130.
 """
 
 from __future__ import annotations
@@ -142,6 +143,14 @@ MIB = 2**20
 
 class BenchError(Exception):
     """What stops the benchmark: printed as one line, exit code 2."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM during a run: the run was stopped; `run` holds its figures."""
+
+    def __init__(self, run: dict[str, Any]) -> None:
+        super().__init__("interrupted")
+        self.run = run
 
 
 # --- Returns: the threshold crossing ---------------------------------------------------
@@ -605,6 +614,7 @@ class Watch:
     signalled_at: float | None = None  # seconds from launch of the SIGINT
     killed: bool = False
     threshold_seen_at: float | None = None
+    leftover: list[str] = field(default_factory=list)  # processes left after the exit
 
     def now(self) -> float:
         return time.monotonic() - self.launched
@@ -693,7 +703,7 @@ class Watch:
             self.kill()
         finally:
             self.proc.wait()
-            leftovers(self.sampler)
+            self.leftover += leftovers(self.sampler)
             signal.signal(signal.SIGTERM, previous)
 
 
@@ -740,23 +750,24 @@ def run_seed(settings: Settings, seed: int) -> dict[str, Any]:
             preexec_fn=_tie_to_parent,
         )
     watch = Watch(proc, launched, run_dir, settings, TreeSampler(proc.pid, proc.pid))
+    interrupted = False
     try:
         watch.watch()
     except KeyboardInterrupt:
+        interrupted = True
         watch.interrupt()
-        raise
     wall_clock = watch.now()
-    left = leftovers(watch.sampler)
+    watch.leftover += leftovers(watch.sampler)
     shm_after = shm_state()
     end_sizes = dir_sizes(run_dir)
     console = log_path.read_text(errors="replace")
-    if proc.returncode not in (0, 130) and not watch.killed:
+    if proc.returncode not in (0, 130) and not watch.killed and not interrupted:
         last = console.strip().splitlines()[-1] if console.strip() else "no output"
         raise BenchError(
             f"seed {seed}: monobeast.py exited with {proc.returncode} after"
             f" {wall_clock:.0f} s: {last} (console: {log_path})"
         )
-    return summarize_run(
+    run = summarize_run(
         watch,
         seed=seed,
         xpid=xpid,
@@ -764,10 +775,13 @@ def run_seed(settings: Settings, seed: int) -> dict[str, Any]:
         log_path=log_path,
         console=console,
         wall_clock=wall_clock,
-        leftover=left,
+        leftover=watch.leftover,
         shm=(shm_before, shm_after),
         end_sizes=end_sizes,
     )
+    if interrupted:
+        raise Interrupted(run)
+    return run
 
 
 # --- A run's figures ------------------------------------------------------------------
@@ -1339,19 +1353,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         signal.signal(signum, terminate)
     runs: list[dict[str, Any]] = []
     error = None
+
+    def report(run: dict[str, Any]) -> None:
+        png = settings.out / f"{run['xpid']}.png"
+        plot_run(run, settings, png)
+        run["png"] = str(png)
+        runs.append(run)
+        print("\n" + "\n".join(run_report(run, settings)), flush=True)
+
     try:
         for seed in settings.seeds:
-            run = run_seed(settings, seed)
-            png = settings.out / f"{run['xpid']}.png"
-            plot_run(run, settings, png)
-            run["png"] = str(png)
-            runs.append(run)
-            print("\n" + "\n".join(run_report(run, settings)), flush=True)
+            report(run_seed(settings, seed))
     except BenchError as failure:
         error = str(failure)
-    except KeyboardInterrupt:
+    except (Interrupted, KeyboardInterrupt) as stop:
+        if isinstance(stop, Interrupted):
+            report(stop.run)  # the run stopped short: its figures so far
         write_summary(settings, header, runs, "interrupted")
-        print(f"{PROG}: interrupted; what finished is in {settings.out}", file=sys.stderr)
+        print(f"{PROG}: interrupted; the runs' figures are in {settings.out}", file=sys.stderr)
         raise SystemExit(130) from None
     lines = write_summary(settings, header, runs, error)
     if lines:
