@@ -55,6 +55,8 @@ setup(
             "pytest>=7",
             # The default suite runs on 2 workers (pyproject.toml: -n 2); -n 0 runs it in one.
             "pytest-xdist>=3.5",
+            # The shuffled-order check (`-p randomly`, off by default: pyproject.toml).
+            "pytest-randomly>=3.15",
             "ruff>=0.5",
             "imageio>=2.30",
             "imageio-ffmpeg>=0.4.9",
@@ -91,7 +93,8 @@ setup(
         # learner-bound algorithms, run beside beast, in the versions compared against:
         # SB3 2.9.2 and SBX 0.28 (SB3's API over jax-jitted updates). SBX brings jax with
         # its CPU jaxlib, flax, optax and tfp-nightly: about 400 MB installed, 357 of them
-        # jaxlib's.
+        # jaxlib's. rliable is not here: 1.2.0 needs arch < 8, and arch 7.2 fails to import
+        # with pandas 3; benchmarks/atari.py implements its IQM and stratified bootstrap.
         "bench": ["stable-baselines3>=2.9,<3", "sbx-rl>=0.28,<0.29", *MUJOCO],
     },
     zip_safe=False,
