@@ -902,8 +902,8 @@ def summarize_run(
     if offset is not None:
         try:
             sps = steady_sps(watch.run_dir / "logs.csv", settings.warmup - offset)
-        except (RuntimeError, ZeroDivisionError) as error:
-            sps_error = str(error)
+        except (RuntimeError, ZeroDivisionError):
+            sps_error = f"fewer than two updates after {settings.warmup:g} s"
     series = [(t + (offset or 0.0), step, fill) for t, step, fill in watch.log_series]
     stop = watch.signalled_at if watch.signalled_at is not None else wall_clock
     fill = [(t, f) for t, _, f in series if f is not None]
