@@ -615,17 +615,21 @@ class Watch:
     killed: bool = False
     threshold_seen_at: float | None = None
     leftover: list[str] = field(default_factory=list)  # processes left after the exit
+    last_step: int = 0  # the newest logs.csv row's step
 
     def now(self) -> float:
         return time.monotonic() - self.launched
 
     def poll_files(self, logs: CsvTail, episodes: CsvTail, window: deque[float]) -> None:
-        now = self.now()
         rows = logs.rows()
+        # After the read: every row read was written before now, so now minus its time
+        # is never less than the start-up.
+        now = self.now()
         for row in rows:
             if not row.get("time") or not row.get("step"):
                 continue
             seconds, step = float(row["time"]), int(float(row["step"]))
+            self.last_step = max(self.last_step, step)
             # Kept at most every half second (a DQN logs hundreds of rows a second).
             if seconds - self.last_log_time >= 0.5:
                 fill = row.get("replay_fill")
@@ -641,7 +645,7 @@ class Watch:
             and len(window) == window.maxlen
             and sum(window) / len(window) >= self.settings.threshold
         ):
-            self.threshold_seen_at = now
+            self.threshold_seen_at = self.now()
 
     def signal_stop(self, reason: str) -> None:
         if self.signalled_at is None and self.proc.poll() is None:
@@ -947,7 +951,7 @@ def summarize_run(
             else math.nan
         ),
         "episodes": len(episodes.returns),
-        "agent_steps": series[-1][1] if series else 0,
+        "agent_steps": watch.last_step,
         "steady_sps": sps,
         "steady_sps_error": sps_error,
         "learner_threads": learner_threads(console),

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from multiprocessing import shared_memory
 
 import numpy as np
@@ -391,6 +392,29 @@ def test_csv_tail_returns_whole_rows_once(tmp_path):
         f.write("5\n1920,3.0\n")
     assert tail.rows() == [{"step": "1280", "time": "2.5"}, {"step": "1920", "time": "3.0"}]
     assert tail.rows() == []
+
+
+def test_polling_bounds_the_start_up_from_above_and_sees_the_threshold(tmp_path):
+    settings = atari.parse_args(["--window", "2", "--threshold", "-19", "--out", str(tmp_path)])
+    watch = atari.Watch(None, time.monotonic() - 10.0, tmp_path, settings, None)
+    logs, episodes = atari.CsvTail(tmp_path / "logs.csv"), atari.CsvTail(tmp_path / "episodes.csv")
+    window = deque(maxlen=2)
+    (tmp_path / "logs.csv").write_text("step,time\n640,4.0\n")
+    write_episodes(tmp_path / "episodes.csv", [(640, -21, 800, 4.0)])
+    watch.poll_files(logs, episodes, window)
+    # Read 10 s after launch, a row of 4 s on the run's clock: the start-up is at most 6 s.
+    assert 6.0 <= watch.launch_offset < 7.0  # the poll itself took well under a second
+    assert watch.last_step == 640 and watch.threshold_seen_at is None
+    # A row written just before the next poll tightens the bound; the mean of the last
+    # two episodes reaches -19.
+    now = watch.now()
+    with open(tmp_path / "logs.csv", "a") as f:
+        f.write(f"1280,{now - 0.5}\n")
+    with open(tmp_path / "episodes.csv", "a") as f:
+        f.write(f"1280,-17,800,{now - 0.5}\n")
+    watch.poll_files(logs, episodes, window)
+    assert 0.5 <= watch.launch_offset < 1.5
+    assert watch.last_step == 1280 and watch.threshold_seen_at >= now
 
 
 # --- Command line ------------------------------------------------------------------------
