@@ -269,7 +269,7 @@ class Timed:
         step = self.update.train_step
         for update in range(40):
             self()
-            if step.mode == "off":
+            if step.decision.mode == "off":
                 if update >= 19:
                     break
             elif update > 2 * compile_auto.EAGER_PROBES and step.settled:

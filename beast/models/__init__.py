@@ -65,7 +65,8 @@ The package, one module per family (docs/internals.md):
     q.py             `QNet`: dueling and distributional Q heads
     build.py         `build_model`, `build_q_model`: networks by --model name
     user.py          --model package.module:Name, and `check_model` for any model
-    weights.py       `copy_weights`, `WeightCopier`, `PolyakAverager`: publishing, targets
+    weights.py       `copy_weights`, `WeightCopier`, `PolyakAverager`, `BufferAverager`:
+                     publishing, targets
 """
 
 from beast.models.actor_critic import ActorCriticNet
@@ -85,7 +86,13 @@ from beast.models.mlp import MLPNet, MultiInputTorso, SeparateMLPNet
 from beast.models.q import DistributionalQOutput, QNet, QOutput
 from beast.models.resnet import ResNet
 from beast.models.user import build_user_model, check_model, is_user_model
-from beast.models.weights import PolyakAverager, WeightCopier, copy_weights, polyak_update
+from beast.models.weights import (
+    BufferAverager,
+    PolyakAverager,
+    WeightCopier,
+    copy_weights,
+    polyak_update,
+)
 
 __all__ = [
     "ActorCriticNet",
@@ -99,6 +106,7 @@ __all__ = [
     "ModelError",
     "MultiInputTorso",
     "ObsShape",
+    "BufferAverager",
     "PolyakAverager",
     "QNet",
     "QOutput",

@@ -4,10 +4,14 @@ publishing (learner -> actors) and target networks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 from torch import nn
 
 __all__ = [
+    "BufferAverager",
     "PolyakAverager",
     "WeightCopier",
     "copy_weights",
@@ -83,3 +87,25 @@ class PolyakAverager:
 def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
     """One `PolyakAverager` step: `target` moves `tau` of the way to `online`."""
     PolyakAverager(target, online)(tau)
+
+
+class BufferAverager:
+    """Target networks' buffers moved towards their online ones' (floating point: by
+    tau; counters: copied), for `targets` that each pair a `target` and an `online`
+    module (beast/train_step `TargetNetwork`). Parameters are averaged elsewhere (a
+    compiled step's graph, or the eager `PolyakAverager`)."""
+
+    def __init__(self, targets: Sequence[Any]) -> None:
+        self.pairs = [
+            (mine, theirs)
+            for pair in targets
+            for mine, theirs in zip(pair.target.buffers(), pair.online.buffers(), strict=True)
+        ]
+
+    @torch.no_grad()
+    def __call__(self, tau: float) -> None:
+        for mine, theirs in self.pairs:
+            if tau == 1.0 or not mine.is_floating_point():
+                mine.copy_(theirs)
+            else:
+                mine.lerp_(theirs.to(mine.dtype), tau)

@@ -5,7 +5,9 @@ beside the compiled graphs (`StepRecord`), so the next run decides with real fig
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -13,12 +15,13 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_leaves
 
-from beast.train_step.interface import Train
+from beast.train_step.interface import Kind, Train
 from beast.util.records import read_record, write_record
 
 __all__ = [
     "BUILD_SHARE_PER_EXTRA_STEP",
     "COMPILED_RATIO",
+    "Decision",
     "EAGER_PROBES",
     "KEEP_COMPILED_BELOW",
     "RETRY_BELOW_SECONDS",
@@ -144,3 +147,89 @@ def worth_compiling(
         f"compiling costs about {cost:.0f} s{' the first time' if first else ''}, and"
         f" {calls_left:,} more calls of the step would save about {saving:.0f} s{hint}"
     )
+
+
+class Decision:
+    """--compile auto's bookkeeping for one `TrainStep` (beast/train_step/step.py): the calls
+    and steps each kind of step made (`calls`, `steps`: the step's own counters), its timed
+    eager calls, and, for a kind just compiled, its record and its compiled calls timed
+    against the eager ones. `mode`: --compile (auto decides; on compiles, and keeps,
+    regardless). `expected_steps`: about how many optimizer steps the run takes."""
+
+    def __init__(
+        self,
+        mode: str,
+        expected_steps: int | None,
+        calls: collections.Counter[Kind],
+        steps: collections.Counter[Kind],
+    ) -> None:
+        self.mode, self.expected_steps = mode, expected_steps
+        self.calls, self.steps = calls, steps
+        self.eager_timings: dict[Kind, list[float]] = {}
+        self.timed: dict[Kind, StepRecord] = {}  # kinds whose compiled calls are being timed
+        self.compiled_timings: dict[Kind, list[float]] = {}
+
+    def steps_taken(self) -> int:
+        """Optimizer steps taken: the steps of every kind that trains something."""
+        return sum(count for kind, count in self.steps.items() if kind)
+
+    def add_eager(self, kind: Kind, seconds: float) -> None:
+        self.eager_timings.setdefault(kind, []).append(seconds)
+
+    def probed(self, kind: Kind) -> bool:
+        """Whether `kind` made its `EAGER_PROBES` timed eager calls: time to decide."""
+        return len(self.eager_timings.get(kind, ())) >= EAGER_PROBES
+
+    def eager_seconds(self, kind: Kind) -> float:
+        """An eager call's median time, the first (which warms caches up) left out."""
+        return statistics.median(self.eager_timings[kind][1:])
+
+    def calls_left(self, kind: Kind) -> int | None:
+        """About how many more calls of `kind` the run will make: the optimizer steps left
+        over the steps a call of it took so far (a block's: several), and for a
+        forward-only kind as many as it came per step so far (PPO's targets: one an update
+        of 20 steps)."""
+        if self.expected_steps is None:
+            return None
+        taken = self.steps_taken()
+        steps_so_far = self.steps[kind] if kind else taken
+        return max(0, self.expected_steps - taken) * self.calls[kind] // max(1, steps_so_far)
+
+    def per_step(self, kind: Kind, seconds: float | None) -> str:
+        """A call's `seconds`, per step of the calls of `kind` so far, for the log."""
+        per_call = self.steps[kind] / max(1, self.calls[kind])
+        return f"{(seconds or 0.0) / max(1.0, per_call) * 1e3:.2f} ms a step"
+
+    def not_worth(
+        self, kind: Kind, eager: float, record: StepRecord, parts: int, hardware: str
+    ) -> str | None:
+        """Under --compile auto, why compiling a call of `parts` steps, `eager` seconds,
+        would not pay over the calls left; None where it would, or where the mode is not
+        auto."""
+        if self.mode != "auto":
+            return None
+        worth, reason = worth_compiling(eager, record, self.calls_left(kind), hardware, parts)
+        return None if worth else reason
+
+    def time_compiled(self, kind: Kind, seconds: float) -> str | None:
+        """Time the first compiled calls of a kind being timed against its eager ones
+        (`seconds`: 0 for a call that was not finite, which does not count). Once timed, its
+        record keeps what compiling cost and gained for the next decisions on this step;
+        returns why the step goes back to eager (under --compile auto, a compiled step no
+        faster than the eager one), else None (--compile on keeps it regardless)."""
+        record = self.timed[kind]
+        timings = self.compiled_timings.setdefault(kind, [])
+        if seconds:
+            timings.append(seconds)
+        if len(timings) <= EAGER_PROBES:
+            return None
+        del self.timed[kind]
+        compiled = statistics.median(timings[1:])
+        record._replace(compiled=compiled).save()
+        slower = record.eager is not None and compiled > KEEP_COMPILED_BELOW * record.eager
+        if self.mode != "auto" or not slower:
+            return None
+        return (
+            f"the compiled update took {self.per_step(kind, compiled)} against"
+            f" {self.per_step(kind, record.eager)} eagerly: the learner goes on eagerly"
+        )

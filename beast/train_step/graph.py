@@ -16,9 +16,10 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
 from beast.train_step.flat import Layout, OptimizerState, Used
-from beast.train_step.interface import StepLoss, Train, split_block
+from beast.train_step.interface import ParameterGroup, StepLoss, Train, split_block
+from beast.train_step.optim import INITIAL_LR
 
-__all__ = ["STOPS_EARLY", "Program", "StepGraph", "copied"]
+__all__ = ["STOPS_EARLY", "GraphInputs", "Program", "StepGraph", "copied"]
 
 # A block of steps (`StepGraph.step`) is taken whole: a loss that can stop them early is
 # refused there.
@@ -251,6 +252,72 @@ class StepGraph:
             aux.get("priorities"),
         )
         return new_state, outputs
+
+
+class GraphInputs:
+    """A compiled call's arguments besides its batch: the flat parameters and target
+    parameters, the optimizers' state, each group's learning rate and each step's tau, at
+    fixed addresses that each call's values are written into (a graph, and a CUDA graph's
+    replay, read them there)."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        state: OptimizerState,
+        graph: StepGraph,
+        groups: Sequence[ParameterGroup],
+        stepper: Any,
+    ) -> None:
+        self.layout, self.state, self.graph = layout, state, graph
+        self.groups, self.stepper = list(groups), stepper
+        self.lr = torch.zeros(len(self.groups), device=layout.flat.device)
+        self._lr_multiplier: float | None = None
+        # Each step's tau, by the steps a call takes, and its values.
+        self._taus: dict[int, Tensor] = {}
+        self._tau_values: dict[int, tuple[float, ...]] = {}
+
+    def arguments(
+        self, inputs: Mapping[str, Tensor], *, copies: bool, parts: int = 1
+    ) -> tuple[Any, ...]:
+        """The graph's arguments for a call of `parts` steps on `inputs` (`copies`: of the
+        state, for a dry run that must not write the run's)."""
+        layout, state = self.layout, self.state
+        arguments = (
+            layout.flat,
+            layout.target_flat,
+            state.steps,
+            state.buffers,
+            self.lr,
+            self._tau(parts),
+            self.graph.held,
+        )
+        if copies:
+            arguments = copied(arguments)
+        return (*arguments, dict(inputs))
+
+    def set(self, taus: tuple[float | None, ...]) -> None:
+        """A call's values: each group's rate now (the stepper's schedule, also into the
+        optimizers, which the eager path and the log read) and each step's tau (0: none)."""
+        multiplier = self.stepper.lr_multiplier()
+        if multiplier != self._lr_multiplier:
+            rates = []
+            for group in self.groups:
+                for settings in group.optimizer.param_groups:
+                    settings["lr"] = settings[INITIAL_LR] * multiplier
+                rates.append(group.optimizer.param_groups[0]["lr"])
+            self.lr.copy_(torch.tensor(rates))
+            self._lr_multiplier = multiplier
+        values = tuple(0.0 if tau is None else tau for tau in taus)
+        if values != self._tau_values.get(len(values)):
+            self._tau(len(values)).copy_(torch.tensor(values))
+            self._tau_values[len(values)] = values
+
+    def _tau(self, parts: int) -> Tensor:
+        tau = self._taus.get(parts)
+        if tau is None:
+            tau = self._taus[parts] = torch.zeros(parts, device=self.layout.flat.device)
+            self._tau_values[parts] = (0.0,) * parts
+        return tau
 
 
 def _moved_targets(

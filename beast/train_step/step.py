@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import functools
 import os
-import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -15,12 +14,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from beast.models import PolyakAverager
+from beast.models import BufferAverager, PolyakAverager
 from beast.train_step import auto, compiler, package
 from beast.train_step.background import MODULES_IN_USE, compilation_thread
 from beast.train_step.cuda_graph import CudaGraphStep
 from beast.train_step.flat import Layout, OptimizerState, Used, used_from_reached, used_parameters
-from beast.train_step.graph import STOPS_EARLY, Program, StepGraph, copied
+from beast.train_step.graph import STOPS_EARLY, GraphInputs, Program, StepGraph
 from beast.train_step.interface import (
     Kind,
     ParameterGroup,
@@ -33,7 +32,6 @@ from beast.train_step.interface import (
     split_block,
     step_trains,
 )
-from beast.train_step.optim import INITIAL_LR
 from beast.util.records import read_record, write_record
 
 __all__ = ["COMPILE_MODES", "TrainStep"]
@@ -41,27 +39,6 @@ __all__ = ["COMPILE_MODES", "TrainStep"]
 COMPILE_MODES = ("auto", "on", "off")
 # The record of packages by their key before a trace (`TrainStep._load_known`).
 _KNOWN_PACKAGES = "beast_packages.json"
-
-
-class _BufferAverager:
-    """Target networks' buffers moved towards their online ones' (floating point: by
-    tau; counters: copied). Parameters are averaged elsewhere (the graph, or the eager
-    `PolyakAverager`)."""
-
-    def __init__(self, targets: Sequence[TargetNetwork]) -> None:
-        self.pairs = [
-            (mine, theirs)
-            for pair in targets
-            for mine, theirs in zip(pair.target.buffers(), pair.online.buffers(), strict=True)
-        ]
-
-    @torch.no_grad()
-    def __call__(self, tau: float) -> None:
-        for mine, theirs in self.pairs:
-            if tau == 1.0 or not mine.is_floating_point():
-                mine.copy_(theirs)
-            else:
-                mine.lerp_(theirs.to(mine.dtype), tau)
 
 
 class TrainStep:
@@ -114,8 +91,6 @@ class TrainStep:
         self.groups = {group.name: group for group in groups}
         self.stepper = stepper
         self.log = log
-        self.mode = compile
-        self.expected_steps = expected_steps
         self.cuda_graphs = cuda_graphs
         self.background = background
         self.stopping = stopping
@@ -125,14 +100,12 @@ class TrainStep:
         self.compile_seconds = 0.0  # spent compiling (or loading cached graphs)
         self._calls: collections.Counter[Kind] = collections.Counter()  # by kind
         self._steps: collections.Counter[Kind] = collections.Counter()  # by kind
+        self.decision = auto.Decision(compile, expected_steps, self._calls, self._steps)
         self._cuts: dict[Kind, tuple[str, ...] | None] = {}  # what each kind's blocks cut
-        self._timings: dict[Kind, list[float]] = {}  # each kind's timed eager steps
         self._decided: dict[Kind, Callable[..., tuple[Any, ...]] | None] = {}
-        self._records: dict[Kind, auto.StepRecord] = {}  # kinds whose compiled steps are timed
         self._compiled_seconds: dict[Kind, float] = {}
         self._compilations: dict[Kind, threading.Thread] = {}  # under way (or done)
         self._compiled_steps: dict[Kind, Callable[..., tuple[Any, ...]]] = {}  # to adopt
-        self._compiled_timings: dict[Kind, list[float]] = {}
         # CPU: the seconds a kind's package took to build in this run (0: loaded).
         self._build_seconds: dict[Kind, float] = {}
         self._used: dict[Train, Used | None] = {}  # by the groups a step trains
@@ -141,11 +114,6 @@ class TrainStep:
         self._known_keys: dict[Kind, tuple[str, str]] = {}
         self._layout: Layout | None = None
         self._state: OptimizerState | None = None
-        self._lr: Tensor | None = None
-        self._lr_multiplier: float | None = None
-        # The graph's input of each step's tau, by the steps a call takes, and its values.
-        self._taus: dict[int, Tensor] = {}
-        self._tau_values: dict[int, tuple[float, ...]] = {}
         self._compiling = compile != "off"
         if self._compiling:
             try:
@@ -154,19 +122,18 @@ class TrainStep:
             except ValueError as error:
                 self._decline(str(error))
             else:
-                device = self._layout.flat.device
-                self._lr = torch.zeros(len(groups), device=device)
                 self._graph = StepGraph(
                     self.program, self._layout, self._state, stepper.grad_norm_clipping
                 )
+                self._inputs = GraphInputs(self._layout, self._state, self._graph, groups, stepper)
         # Built after the layout: they list the tensors the parameters now are.
         self._eager_targets = [PolyakAverager(t.target, t.online) for t in targets]
-        self._buffer_targets = _BufferAverager(targets)
+        self._buffer_targets = BufferAverager(targets)
 
     @property
     def steps_taken(self) -> int:
         """Optimizer steps taken: the steps of every kind that trains something."""
-        return sum(count for kind, count in self._steps.items() if kind)
+        return self.decision.steps_taken()
 
     @property
     def settled(self) -> bool:
@@ -176,7 +143,7 @@ class TrainStep:
         thread count, wait for that: a compiled step timed at 2 threads beside an actor
         measured slower than eager, and --compile auto kept eager runs from then on)."""
         return not self._compiling or (
-            bool(self._decided) and not self._compilations and not self._records
+            bool(self._decided) and not self._compilations and not self.decision.timed
         )
 
     def describe(self) -> str:
@@ -260,10 +227,7 @@ class TrainStep:
                     return self._run_compiled(kind, compiled, inputs, taus)
             elif kind not in self._looked_up and self._load_known(kind, inputs, len(taus)):
                 return self._run_compiled(kind, self._decided[kind], inputs, taus)
-            elif (
-                kind not in self._compilations
-                and len(self._timings.get(kind, ())) >= auto.EAGER_PROBES
-            ):
+            elif kind not in self._compilations and self.decision.probed(kind):
                 self._decide(kind, inputs, len(taus))
                 if self._decided.get(kind) is not None:
                     return self._run_compiled(kind, self._decided[kind], inputs, taus)
@@ -306,7 +270,7 @@ class TrainStep:
             results.append(StepResult(applied, False, out.stats, out.priorities))
         complete = not kind or all(result.applied for result in results)
         if complete and self._compiling and kind not in self._decided:
-            self._timings.setdefault(kind, []).append(time.perf_counter() - started)  # its cost
+            self.decision.add_eager(kind, time.perf_counter() - started)  # its cost
         return results
 
     # -- the decision, and compiling
@@ -316,22 +280,22 @@ class TrainStep:
         would cost more than it saves over the steps left; said once in the log). A build
         runs in the background (`background`), and a stop never waits for it; a package
         already built is loaded at once."""
-        eager = statistics.median(self._timings[kind][1:])  # the first warms caches up
+        eager = self.decision.eager_seconds(kind)
         record = self._record(kind, inputs)
-        reason = self._not_worth(kind, eager, record, parts)
+        reason = self.decision.not_worth(kind, eager, record, parts, self._hardware())
         if reason is not None:
             self._decided[kind] = None
-            took = self._milliseconds_a_step(kind, eager)
+            took = self.decision.per_step(kind, eager)
             self.log(f"{_subject(kind)} runs eagerly ({took}): {reason}")
             return
-        self._records[kind] = record._replace(eager=eager)
+        self.decision.timed[kind] = record._replace(eager=eager)
         function = functools.partial(
             self._graph.step,
             trains=step_trains(kind, parts),
             used=self._step_used(kind, parts),
             cut=self._cuts[kind],
         )
-        arguments = self._arguments(inputs, copies=True, parts=parts)
+        arguments = self._inputs.arguments(inputs, copies=True, parts=parts)
         started = time.perf_counter()
         traced = None
         if self._device().type == "cpu":
@@ -342,11 +306,13 @@ class TrainStep:
                 traced = package.trace(function, arguments)
             except Exception as error:  # an operation no graph holds
                 self._decided[kind] = None
-                self._records.pop(kind)
+                self.decision.timed.pop(kind)
                 self._failed(error)
                 return
             if self.identity is not None:
-                key = self._known_key(kind, self._arguments(inputs, copies=False, parts=parts))
+                key = self._known_key(
+                    kind, self._inputs.arguments(inputs, copies=False, parts=parts)
+                )
                 self._known_keys[kind] = (key, traced.path)
         compilation = compilation_thread(
             _name(kind), self._compile, kind, function, arguments, traced, started
@@ -370,11 +336,11 @@ class TrainStep:
         compiled = self._compiled_steps.pop(kind, None)
         if compiled is None:
             self._decided[kind] = None
-            self._records.pop(kind, None)
+            self.decision.timed.pop(kind, None)
             return
         if self.cuda_graphs and self._device().type == "cuda":
             try:
-                arguments = self._arguments(inputs, copies=False, parts=parts)
+                arguments = self._inputs.arguments(inputs, copies=False, parts=parts)
                 compiled = CudaGraphStep(compiled, arguments)
             except Exception as error:  # a step that does not capture: compiled, ungraphed
                 self.log(f"no CUDA graph for {_subject(kind)} ({compiler.first_line(error)})")
@@ -382,8 +348,8 @@ class TrainStep:
         self._decided[kind] = compiled
         self._remember(kind, parts)
         seconds = self._compiled_seconds[kind]
-        record = self._records[kind]
-        eager = f"eager it took {self._milliseconds_a_step(kind, record.eager)}"
+        record = self.decision.timed[kind]
+        eager = f"eager it took {self.decision.per_step(kind, record.eager)}"
         built = self._build_seconds.get(kind)  # None: torch.compile's (CUDA)
         if built:
             how = f" ({seconds:.1f} s, its package built beside the learner's eager steps;"
@@ -395,25 +361,15 @@ class TrainStep:
         self.log(f"{_subject(kind)} is compiled{how} {eager})")
         # What compiling will cost the next run of this step: tracing and loading its
         # package (a build, this run's alone, is not counted).
-        self._records[kind] = record._replace(compile_seconds=seconds - (built or 0.0))
+        self.decision.timed[kind] = record._replace(compile_seconds=seconds - (built or 0.0))
 
     def _record(self, kind: Kind, inputs: Mapping[str, Any]) -> auto.StepRecord:
         """What compiling this kind of step cost and gained in earlier runs."""
         params = self._layout.params if self._layout else []
         return auto.StepRecord.load(auto.signature(self.loss, kind, inputs, params, self._device()))
 
-    def _not_worth(
-        self, kind: Kind, eager: float, record: auto.StepRecord, parts: int
-    ) -> str | None:
-        """Under --compile auto, why compiling a call of `parts` steps, `eager` seconds,
-        would not pay over the calls left; None where it would, or where the mode is not
-        auto."""
-        if self.mode != "auto":
-            return None
-        hardware = auto.hardware(self._device(), self.program.modules())
-        calls_left = self._calls_left(kind)
-        worth, reason = auto.worth_compiling(eager, record, calls_left, hardware, parts)
-        return None if worth else reason
+    def _hardware(self) -> str:
+        return auto.hardware(self._device(), self.program.modules())
 
     def _known_key(self, kind: Kind, arguments: tuple[Any, ...]) -> str:
         """`package.known_step_key` of this kind of step, for these arguments."""
@@ -456,7 +412,7 @@ class TrainStep:
         if compiler.BACKEND == "aot_eager":
             return False  # the tests' backend: graphs, no packages
         started = time.perf_counter()
-        arguments = self._arguments(inputs, copies=False, parts=parts)
+        arguments = self._inputs.arguments(inputs, copies=False, parts=parts)
         known = read_record(_KNOWN_PACKAGES, self._known_key(kind, arguments))
         name = known.get("package")
         if not isinstance(name, str) or not os.path.exists(package.package_path(name)):
@@ -464,7 +420,11 @@ class TrainStep:
         layout = self._layout
         assert layout is not None
         record = self._record(kind, inputs)
-        if record.eager is None or self._not_worth(kind, record.eager, record, parts) is not None:
+        if (
+            record.eager is None
+            or self.decision.not_worth(kind, record.eager, record, parts, self._hardware())
+            is not None
+        ):
             return False
         trains = step_trains(kind, parts)
         try:
@@ -483,31 +443,15 @@ class TrainStep:
             return False
         self._used.update(zip(trains, used, strict=True))
         self._decided[kind] = compiled
-        self._records[kind] = record  # its first steps timed against eager's, as ever
+        self.decision.timed[kind] = record  # its first steps timed against eager's, as ever
         seconds = time.perf_counter() - started
         self.compile_seconds += seconds
         self.log(
             f"{_subject(kind)} is compiled from its package of an earlier run"
             f" ({seconds:.2f} s, untraced: the same code, settings and shapes;"
-            f" eager it took {self._milliseconds_a_step(kind, record.eager)})"
+            f" eager it took {self.decision.per_step(kind, record.eager)})"
         )
         return True
-
-    def _calls_left(self, kind: Train) -> int | None:
-        """About how many more calls of `kind` the run will make: the optimizer steps left
-        over the steps a call of it took so far (a block's: several), and for a
-        forward-only kind as many as it came per step so far (PPO's targets: one an update
-        of 20 steps)."""
-        if self.expected_steps is None:
-            return None
-        steps_left = max(0, self.expected_steps - self.steps_taken)
-        steps_so_far = self._steps[kind] if kind else self.steps_taken
-        return steps_left * self._calls[kind] // max(1, steps_so_far)
-
-    def _milliseconds_a_step(self, kind: Kind, seconds: float | None) -> str:
-        """A call's `seconds`, per step of the calls of `kind` so far, for the log."""
-        per_call = self._steps[kind] / max(1, self._calls[kind])
-        return f"{(seconds or 0.0) / max(1.0, per_call) * 1e3:.2f} ms a step"
 
     def _step_used(self, kind: Kind, parts: int) -> tuple[Used | None, ...]:
         """The parameters each of the `parts` steps of a call of `kind` reaches (`Used`;
@@ -569,26 +513,6 @@ class TrainStep:
             " --compile off skips compiling"
         )
 
-    def _arguments(
-        self, inputs: Mapping[str, Tensor], *, copies: bool, parts: int = 1
-    ) -> tuple[Any, ...]:
-        """The graph's arguments for a call of `parts` steps on `inputs`."""
-        layout, state, lr = self._layout, self._state, self._lr
-        assert layout is not None and state is not None and lr is not None
-        held = self._graph.held
-        arguments = (
-            layout.flat,
-            layout.target_flat,
-            state.steps,
-            state.buffers,
-            lr,
-            self._tau(parts),
-            held,
-        )
-        if copies:
-            arguments = copied(arguments)
-        return (*arguments, dict(inputs))
-
     def _run_compiled(
         self,
         kind: Kind,
@@ -597,16 +521,18 @@ class TrainStep:
         taus: tuple[float | None, ...],
     ) -> list[StepResult]:
         started = time.perf_counter()
-        self._set_learning_rates()
-        self._set_taus(taus)
-        arguments = self._arguments(inputs, copies=False, parts=len(taus))
+        self._inputs.set(taus)
+        arguments = self._inputs.arguments(inputs, copies=False, parts=len(taus))
         totals, grad_norms, finite, weights_finite, proceed, stats, priorities = compiled(
             *arguments
         )
         self.path = "CUDA graph" if isinstance(compiled, CudaGraphStep) else "compiled"
-        record = self._records.get(kind)
-        if record is not None:
-            self._time_compiled(kind, record, bool(finite.all()) and time.perf_counter() - started)
+        if kind in self.decision.timed:
+            seconds = bool(finite.all()) and time.perf_counter() - started
+            back_to_eager = self.decision.time_compiled(kind, seconds)
+            if back_to_eager:
+                self._decided[kind] = None
+                self.log(back_to_eager)
         if not kind:  # forward only
             return [StepResult(False, False, *each) for each in zip(stats, priorities, strict=True)]
         if not bool(proceed[0]):  # (a call of one step: a block's loss has no proceed)
@@ -639,58 +565,6 @@ class TrainStep:
                 self._buffer_targets(tau)
             results.append(StepResult(applied, False, stats[i], priorities[i]))
         return results
-
-    def _time_compiled(self, kind: Kind, record: auto.StepRecord, seconds: float) -> None:
-        """Time the first compiled steps of a kind against the eager ones: under
-        --compile auto, keep the compiled step only if it is faster (said once if not;
-        --compile on keeps it regardless), and keep what compiling cost and gained for
-        --compile auto's next decisions on this step (`auto.StepRecord`)."""
-        timings = self._compiled_timings.setdefault(kind, [])
-        if seconds:
-            timings.append(seconds)
-        if len(timings) <= auto.EAGER_PROBES:
-            return
-        del self._records[kind]
-        compiled = statistics.median(timings[1:])
-        record._replace(compiled=compiled).save()
-        slower = record.eager is not None and compiled > auto.KEEP_COMPILED_BELOW * record.eager
-        if self.mode == "auto" and slower:
-            self._decided[kind] = None
-            self.log(
-                f"the compiled update took {self._milliseconds_a_step(kind, compiled)} against"
-                f" {self._milliseconds_a_step(kind, record.eager)} eagerly: the learner goes on"
-                " eagerly"
-            )
-
-    def _tau(self, parts: int) -> Tensor:
-        """The graph's input of a call of `parts` steps: each step's tau (0: none)."""
-        tau = self._taus.get(parts)
-        if tau is None:
-            tau = self._taus[parts] = torch.zeros(parts, device=self._device())
-            self._tau_values[parts] = (0.0,) * parts
-        return tau
-
-    def _set_taus(self, taus: tuple[float | None, ...]) -> None:
-        """The call's target averaging into the graph's input."""
-        values = tuple(0.0 if tau is None else tau for tau in taus)
-        if values != self._tau_values.get(len(values)):
-            self._tau(len(values)).copy_(torch.tensor(values))
-            self._tau_values[len(values)] = values
-
-    def _set_learning_rates(self) -> None:
-        """Each group's rate now (the stepper's schedule), into the graph's input and the
-        optimizers (which the eager path and the log read)."""
-        multiplier = self.stepper.lr_multiplier()
-        if multiplier == self._lr_multiplier:
-            return
-        rates = []
-        for group in self.groups.values():
-            for settings in group.optimizer.param_groups:
-                settings["lr"] = settings[INITIAL_LR] * multiplier
-            rates.append(group.optimizer.param_groups[0]["lr"])
-        assert self._lr is not None
-        self._lr.copy_(torch.tensor(rates))
-        self._lr_multiplier = multiplier
 
 
 def _name(kind: Kind) -> str:

@@ -85,7 +85,7 @@ def test_auto_compiles_only_where_the_run_is_long_enough(monkeypatch, tmp_path):
         _, update, _ = build("dqn", CARTPOLE, "auto", "--hidden_size", "16")
         logged = []
         update.train_step.log = logged.append
-        update.train_step.expected_steps = expected
+        update.train_step.decision.expected_steps = expected
         for seed in range(8):
             update(transition_batch(32, seed, continuous=False))
         assert update.train_step.path == path
