@@ -87,5 +87,14 @@ def test_every_algorithm_trains_checkpoints_and_tests_in_every_mode(
     assert monobeast.main([*argv, "--num_test_episodes", "1"]) == 0
     summary = json.loads((tmp_path / xpid / "test.json").read_text())
     assert summary["episodes"] == 1
-    # CartPole pays +1 a step; Pendulum's costs are negative, never below -16.3 a step.
-    assert summary["mean_return"] > 0 if env == "CartPole-v1" else summary["mean_return"] > -3300
+    # A smoke run's episode is played and scored, within the env's range (CartPole pays +1
+    # a step, at most 500; Pendulum costs at most 16.3 a step over 200): not a learning
+    # check. 2,000 steps teach too little to tell from random play (which scores 22 on
+    # CartPole, about -1,200 on Pendulum): ten test episodes after such runs, seeds 1 and 2,
+    # scored 50 and 50 (IMPALA), 44 and 10 (LASER), 9 and 9 (R2D2), 486 and 48 (PPO),
+    # -1,390 and -1,701 (SAC). Learning is checked by tests/end_to_end/test_learning.py
+    # (IMPALA and PPO by default, every algorithm with -m slow).
+    if env == "CartPole-v1":
+        assert 1 <= summary["mean_return"] <= 500
+    else:
+        assert -3300 < summary["mean_return"] <= 0
