@@ -60,6 +60,7 @@ class ActorCriticAlgorithm(Algorithm):
             activation=config.activation,
             action_dim=spec.action_dim,
             log_std_init=config.log_std_init,
+            use_last_action_reward=config.use_last_action_reward,
         )
 
     def acting_rule(self, explore: bool = True) -> ActingRule:

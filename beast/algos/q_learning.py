@@ -127,6 +127,7 @@ class QLearningAlgorithm(Algorithm):
             self.spec.model_obs_shape(),
             self.spec.num_actions,
             hidden_size=self.config.hidden_size,
+            use_last_action_reward=self.config.use_last_action_reward,
             **self.q_network(),
         )
 

@@ -19,6 +19,7 @@ from beast.algos.base import LearnerContext, as_outputs
 from beast.algos.impala import clip_rewards
 from beast.algos.nstep import NStepReturns, n_step_returns
 from beast.config import ConfigError, require_fraction, require_nonnegative, require_positive
+from beast.models import time_and_batch
 
 __all__ = [
     "ExplorationSchedule",
@@ -53,7 +54,9 @@ class ExplorationSchedule(nn.Module):
     def forward(self, inputs: Mapping[str, Tensor], core_state: Any = ()) -> Any:
         outputs, core_state = self.model(inputs, core_state)
         outputs = dict(as_outputs(outputs))
-        outputs["epsilon"] = self.epsilon.expand(inputs["reward"].shape[:2])
+        # [T, B] from the observation, not the reward: a network that acts on the
+        # observation alone exports with that input alone (beast/trained/policy.py).
+        outputs["epsilon"] = self.epsilon.expand(*time_and_batch(inputs["obs"]))
         return outputs, core_state
 
 

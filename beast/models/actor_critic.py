@@ -60,7 +60,8 @@ class _PolicyHeads(nn.Module):
 
 class ActorCriticNet(_PolicyHeads, _Trunk):
     """The trunk (`_Trunk`: torso -> [LSTM]) and heads; subclasses provide the torso.
-    Without the LSTM the heads read what it would: features, reward and last action.
+    Without the LSTM the heads read what it would: the features, and the reward and last
+    action if ``use_last_action_reward``.
 
     Args:
         torso: maps float32 [N, *obs_shape] to float32 [N, torso_size].
@@ -72,6 +73,8 @@ class ActorCriticNet(_PolicyHeads, _Trunk):
         action_dim: d of a continuous action space (0 for discrete actions): a Gaussian
             head (`GaussianAgentOutput`) instead of logits.
         log_std_init: the Gaussian's initial log standard deviation.
+        use_last_action_reward: the core also reads the clipped reward and the last action
+            (`_Trunk`); the subclasses choose when it is not given.
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class ActorCriticNet(_PolicyHeads, _Trunk):
         lstm_size: int,
         action_dim: int = 0,
         log_std_init: float = 0.0,
+        use_last_action_reward: bool = True,
     ) -> None:
         super().__init__()
         core_input_size = self._build_trunk(
@@ -94,6 +98,7 @@ class ActorCriticNet(_PolicyHeads, _Trunk):
             use_lstm=use_lstm,
             lstm_size=lstm_size,
             action_size=action_dim or num_actions,
+            use_last_action_reward=use_last_action_reward,
         )
         core_output_size = lstm_size if use_lstm else core_input_size
         self._build_heads(core_output_size, num_actions, action_dim, log_std_init)
@@ -131,7 +136,9 @@ class ActorCriticNet(_PolicyHeads, _Trunk):
 class ImageActorCriticNet(ActorCriticNet):
     """`ActorCriticNet` on an image torso that its family names (`build_torso`: obs_shape
     [C, H, W] -> (torso, features), initialised); AtariNet and ResNet are two of these.
-    The LSTM is ``lstm_size`` wide (default 256, IMPALA's)."""
+    The LSTM is ``lstm_size`` wide (default 256, IMPALA's). The core reads the last
+    action and reward unless ``use_last_action_reward`` is False: one frame stack shows
+    neither (TorchBeast's AtariNet, IMPALA's networks)."""
 
     build_torso: Callable[[tuple[int, ...]], tuple[nn.Module, int]]
 
@@ -144,6 +151,7 @@ class ImageActorCriticNet(ActorCriticNet):
         lstm_size: int = DEFAULT_LSTM_SIZE,
         action_dim: int = 0,
         log_std_init: float = 0.0,
+        use_last_action_reward: bool | None = None,
     ) -> None:
         obs_shape = tuple(obs_shape)
         torso, torso_size = type(self).build_torso(obs_shape)
@@ -156,4 +164,5 @@ class ImageActorCriticNet(ActorCriticNet):
             lstm_size=lstm_size,
             action_dim=action_dim,
             log_std_init=log_std_init,
+            use_last_action_reward=use_last_action_reward is not False,
         )

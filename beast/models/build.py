@@ -73,6 +73,7 @@ def build_model(
     activation: str | None = None,
     action_dim: int = 0,
     log_std_init: float = 0.0,
+    use_last_action_reward: bool | None = None,
 ) -> ActorCriticNet | SeparateMLPNet:
     """Build an actor-critic model by name (one of MODEL_NAMES).
 
@@ -90,13 +91,21 @@ def build_model(
     image model. ``action_dim`` > 0 (with ``num_actions`` 0) gives a Gaussian head for
     continuous actions, starting at ``log_std_init``.
 
+    ``use_last_action_reward``: whether the network also reads the last action and reward
+    (None: the image models and LSTMs do, a feed-forward "mlp" acts on the observation
+    alone); "separate_mlp" always acts on the observation alone.
+
     Raises:
         ValueError: unknown name, impossible shape, or a non-positive size.
     """
     name, obs_shape = _resolve_model_name(name, obs_shape, num_actions, hidden_size, action_dim)
     if activation is not None and activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; expected one of {list(ACTIVATIONS)}")
-    heads = {"action_dim": action_dim, "log_std_init": log_std_init}
+    heads = {
+        "action_dim": action_dim,
+        "log_std_init": log_std_init,
+        "use_last_action_reward": use_last_action_reward,
+    }
     width = hidden_size or DEFAULT_MLP_HIDDEN_SIZE
     if name == "mlp":
         return MLPNet(
@@ -110,6 +119,11 @@ def build_model(
     if name == "separate_mlp":
         if use_lstm:
             raise ValueError("the separate_mlp model is feed-forward; use mlp for an LSTM")
+        if heads.pop("use_last_action_reward"):
+            raise ValueError(
+                "the separate_mlp model reads the observation alone; use mlp to feed the"
+                " network the last action and reward"
+            )
         return SeparateMLPNet(
             obs_shape, num_actions, hidden_size=width, activation=activation or "tanh", **heads
         )
@@ -139,6 +153,7 @@ def build_q_model(
     hidden_size: int | None = None,
     dueling: bool = True,
     num_atoms: int = 1,
+    use_last_action_reward: bool | None = None,
 ) -> QNet:
     """Build a Q-network by torso name (one of MODEL_NAMES, as `build_model`).
 
@@ -150,7 +165,8 @@ def build_q_model(
     streams are then one linear layer each (the torso's two layers are the hidden ones);
     for the image torsos it sets the LSTM width (default 512, R2D2's), and is an
     error without ``use_lstm``; their head streams are 512 wide (DQN, R2D2, Ape-X).
-    ``dueling`` and ``num_atoms``: see `QNet`.
+    ``dueling``, ``num_atoms`` and ``use_last_action_reward`` (None: with the LSTM only):
+    see `QNet`.
 
     Raises:
         ValueError: unknown name, impossible shape, or a non-positive size.
@@ -162,7 +178,12 @@ def build_q_model(
         raise ValueError(
             "separate_mlp is an actor-critic network; Q-networks use mlp, atari or resnet"
         )
-    head = {"use_lstm": use_lstm, "dueling": dueling, "num_atoms": num_atoms}
+    head = {
+        "use_lstm": use_lstm,
+        "dueling": dueling,
+        "num_atoms": num_atoms,
+        "use_last_action_reward": use_last_action_reward,
+    }
     if name == "mlp":
         width = hidden_size or DEFAULT_MLP_HIDDEN_SIZE
         torso, torso_size = _mlp_torso(obs_shape, width)

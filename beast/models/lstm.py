@@ -26,7 +26,8 @@ __all__ = []
 
 class _Trunk(nn.Module):
     """torso -> [LSTM]: the trunk the actor-critic and Q-networks share (their heads are
-    theirs). The LSTM, one layer of ``lstm_size``, reads the torso's features, the reward
+    theirs). What the core (the LSTM, one layer of ``lstm_size``, or without it the heads)
+    reads is the torso's features and, with ``use_last_action_reward``, the reward
     clipped to [-1, 1] and the last action's features (`_action_features`: one-hot, or a
     continuous action's values), as IMPALA's network does (Espeholt et al. 2018, fig. 3)
     and R2D2's (Kapturowski et al. 2019, section 2.3)."""
@@ -40,13 +41,16 @@ class _Trunk(nn.Module):
         use_lstm: bool,
         lstm_size: int,
         action_size: int,
+        use_last_action_reward: bool,
     ) -> int:
-        """Keep the torso and build the LSTM (or None); returns the size of what the LSTM
-        reads per sample (the features, the reward, ``action_size`` action features)."""
+        """Keep the torso and build the LSTM (or None); returns the size of what the core
+        reads per sample (the features, then the reward and ``action_size`` action
+        features if ``use_last_action_reward``)."""
         self.obs_shape = _obs_shape(obs_shape)
         self.use_lstm = use_lstm
+        self.use_last_action_reward = use_last_action_reward
         self.torso = torso
-        core_input_size = torso_size + 1 + action_size
+        core_input_size = torso_size + (1 + action_size if use_last_action_reward else 0)
         self.core = nn.LSTM(core_input_size, lstm_size, num_layers=1) if use_lstm else None
         return core_input_size
 
@@ -74,7 +78,10 @@ class _Trunk(nn.Module):
         return self.torso(float_obs(obs)), T, B
 
     def _core_input(self, features: Tensor, inputs: Mapping[str, Tensor]) -> Tensor:
-        """What the LSTM reads (class docstring): [T*B, F + 1 + A]."""
+        """What the core reads (class docstring): [T*B, F + 1 + A], or the features
+        [T*B, F] alone."""
+        if not self.use_last_action_reward:
+            return features
         reward = inputs["reward"].flatten(0, 1).float().clamp(-1.0, 1.0).unsqueeze(1)
         last_action = self._action_features(inputs["last_action"].flatten(0, 1))
         return torch.cat([features, reward, last_action], dim=1)

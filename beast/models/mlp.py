@@ -109,6 +109,11 @@ class MLPNet(ActorCriticNet):
     """Two hidden layers of ``hidden_size`` units (ReLU by default) on the flattened
     observation.
 
+    Feed-forward, it acts on the observation alone, as Stable-Baselines3's and CleanRL's
+    networks do, so an exported policy takes the observation and nothing else; with the
+    LSTM its core also reads the last action and reward, as IMPALA's does.
+    ``use_last_action_reward`` (True or False) overrides either.
+
     ReLU rather than the tanh of CleanRL's and Stable-Baselines3's classic-control defaults:
     in a quick A2C check on CartPole-v1 with this net (8 envs, 20-step rollouts, Adam 2e-3,
     250k steps, 3 seeds), ReLU averaged 457, 269 and 500 over the last 20% of training and
@@ -126,6 +131,7 @@ class MLPNet(ActorCriticNet):
         activation: str = "relu",
         action_dim: int = 0,
         log_std_init: float = 0.0,
+        use_last_action_reward: bool | None = None,
     ) -> None:
         obs_shape = _obs_shape(obs_shape)
         torso, torso_size = _mlp_torso(obs_shape, hidden_size, activation)
@@ -138,6 +144,9 @@ class MLPNet(ActorCriticNet):
             lstm_size=hidden_size,
             action_dim=action_dim,
             log_std_init=log_std_init,
+            use_last_action_reward=(
+                use_lstm if use_last_action_reward is None else use_last_action_reward
+            ),
         )
 
 

@@ -66,6 +66,8 @@ class QNet(_Trunk):
         num_actions: size of the discrete action space.
         use_lstm: R2D2's recurrent core, fed ``[features, clipped reward, one-hot last action]``
             and reset per sample at ``done``; without it the head reads the features only.
+        use_last_action_reward: whether the core (or the head) reads the clipped reward
+            and the last action; None: with the LSTM only, as above.
         lstm_size: LSTM hidden size (ignored without ``use_lstm``).
         head_size: width of each stream's hidden layer; None for streams of one linear
             layer (the MLP torso's layers are the hidden ones, as in SB3's QNetwork).
@@ -86,19 +88,23 @@ class QNet(_Trunk):
         head_size: int | None,
         dueling: bool = True,
         num_atoms: int = 1,
+        use_last_action_reward: bool | None = None,
     ) -> None:
         super().__init__()
         self.num_actions = num_actions
         self.num_atoms = num_atoms
-        self._build_trunk(
+        core_input_size = self._build_trunk(
             torso,
             torso_size,
             obs_shape,
             use_lstm=use_lstm,
             lstm_size=lstm_size,
             action_size=num_actions,
+            use_last_action_reward=(
+                use_lstm if use_last_action_reward is None else use_last_action_reward
+            ),
         )
-        head_input_size = lstm_size if use_lstm else torso_size
+        head_input_size = lstm_size if use_lstm else core_input_size
 
         def stream(outputs: int) -> nn.Sequential:
             if head_size is None:
@@ -121,11 +127,12 @@ class QNet(_Trunk):
     ) -> tuple[QOutput | DistributionalQOutput, CoreState]:
         """Run T steps for B samples; the ``inputs`` contract is beast/models/__init__.py's.
 
-        Feed-forward models read only ``inputs["obs"]`` and return the empty state.
+        Feed-forward models read only ``inputs["obs"]`` (and the reward and last action
+        if ``use_last_action_reward``) and return the empty state.
         """
         x, T, B = self._features(inputs["obs"])
         if self.core is None:
-            core_output = x
+            core_output = self._core_input(x, inputs)
             core_state = ()
         else:
             with _float32(x):

@@ -69,6 +69,11 @@ def build_user_model(config: Any, spec: Any) -> nn.Module:
     docs/models.md). ModelError, one line, when the path does not
     import or the call does not fit."""
     path = config.model
+    if getattr(config, "use_last_action_reward", None) is not None:
+        raise ModelError(
+            f"--use_last_action_reward chooses the built-in networks' inputs; --model {path}"
+            " reads what its forward reads (docs/models.md): drop the flag"
+        )
     factory = _import_model(path)
     kwargs = {"obs_shape": spec.model_obs_shape()}
     if spec.continuous:

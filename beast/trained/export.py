@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 import warnings
@@ -30,13 +31,19 @@ import zipfile
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from beast.config import ConfigError
 from beast.envs import EnvError
-from beast.trained.policy import Policy, Signature, StepFunction, acting_module, torch_step
+from beast.trained.policy import (
+    Policy,
+    Signature,
+    StepFunction,
+    acting_module,
+    example_inputs,
+    torch_step,
+)
 
 __all__ = ["FORMATS", "export", "load_exported", "load_policy", "main"]
 
@@ -45,20 +52,12 @@ FORMATS = {"torchscript": "pt", "onnx": "onnx"}
 # Where the signature travels: a TorchScript extra file, an ONNX metadata key.
 SIGNATURE_FILE = "beast.json"
 SIGNATURE_KEY = "beast"
-# The batch size of the example inputs a trace or an export runs once; the files take any.
-_EXAMPLE_BATCH = 2
 _ONNX_PACKAGES = "pip install -e '.[export]' (onnx, onnxruntime, onnxscript)"
-
-
-def _example_inputs(signature: Signature) -> tuple[Tensor, ...]:
-    """Zeros for every input, [2, ...], done set (a first step)."""
-    inputs = []
-    for spec in signature.inputs:
-        value = np.zeros((_EXAMPLE_BATCH, *spec.shape), dtype=spec.dtype)
-        if spec.name == "done":
-            value[:] = True
-        inputs.append(torch.from_numpy(value))
-    return tuple(inputs)
+# The logger of torch's registry of ONNX functions, which it builds on a process's first
+# export: it warns of ops of packages that are not installed ("torchvision is not
+# installed. Skipping torchvision::nms", four lines) and of its own naming quirks, none of
+# them about the policy exported (an op that cannot be exported raises).
+_ONNX_REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"
 
 
 def _require_onnx() -> None:
@@ -99,7 +98,7 @@ def export(
         suffix = "" if checkpoint == "latest" else f"_{checkpoint}"
         output = os.path.join(run_dir, f"policy{suffix}.{FORMATS[format]}")
     output = os.fspath(output)
-    example = _example_inputs(signature)
+    example = example_inputs(signature)
     # Tracing warns of the Python branches it records (an LSTM unroll's `T > 1`), which
     # are fixed for one step; the ONNX exporter of its deprecations and skipped ops.
     with warnings.catch_warnings(), torch.no_grad():
@@ -125,17 +124,23 @@ def _export_onnx(
     module: torch.nn.Module, example: tuple[Tensor, ...], signature: Signature, output: str
 ) -> None:
     batch = torch.export.Dim("batch")
-    with contextlib.redirect_stdout(sys.stderr):  # the exporter reports its steps
-        program = torch.onnx.export(
-            module,
-            example,
-            input_names=[s.name for s in signature.inputs],
-            output_names=[s.name for s in signature.outputs],
-            # forward(*inputs): one entry for the tuple, the batch axis of each input.
-            dynamic_shapes=(tuple({0: batch} for _ in example),),
-            dynamo=True,
-            verbose=False,
-        )
+    registry = logging.getLogger(_ONNX_REGISTRY_LOGGER)
+    level = registry.level
+    registry.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # the exporter reports its steps
+            program = torch.onnx.export(
+                module,
+                example,
+                input_names=[s.name for s in signature.inputs],
+                output_names=[s.name for s in signature.outputs],
+                # forward(*inputs): one entry for the tuple, the batch axis of each input.
+                dynamic_shapes=(tuple({0: batch} for _ in example),),
+                dynamo=True,
+                verbose=False,
+            )
+    finally:
+        registry.setLevel(level)
     program.model.metadata_props[SIGNATURE_KEY] = signature.to_json()
     program.save(output)
 

@@ -17,12 +17,18 @@ One step for B envs, batch first (`Signature` names and orders them):
              "obs[0]", ... for a Dict or Tuple, beast/fields.py), as the env (made by
              `beast.envs.make`) returns them: [B, *shape];
              reward float32 [B]: the reward that came with the observation (0 at the
-             first step), which the networks read as an input;
-             done bool [B]: the observation starts an episode (a recurrent state resets);
-             the state: last_action (int64 [B], or float32 [B, d], the unclipped action)
-             and, for an LSTM, core_state_0 and core_state_1 float32 [B, 1, hidden].
+             first step), for a network that reads it (--use_last_action_reward);
+             done bool [B]: the observation starts an episode, for a recurrent network
+             (its state resets);
+             the state: last_action (int64 [B], or float32 [B, d], the unclipped action),
+             for a network that reads it, and, for an LSTM, core_state_0 and core_state_1
+             float32 [B, 1, hidden].
     outputs  action (int64 [B], or float32 [B, d] within the env's bounds), then the next
              state: next_last_action, next_core_state_0, ...
+
+Only what the network reads is an input (`inputs_read`): a feed-forward policy that acts
+on the observation alone (PPO's and SAC's, a feed-forward mlp) takes the observation and
+returns the action, and has no state.
 
 The initial state is zeros, with done set: what --mode test starts an episode from. As
 there, the state carries through an episode end (done resets the LSTM's part; the last
@@ -40,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -68,6 +75,11 @@ __all__ = [
 
 # The state's first part; an LSTM's tensors follow as core_state_0, core_state_1, ...
 LAST_ACTION = "last_action"
+# The inputs besides the observation and the core state, in their order; a policy takes
+# those its network reads.
+STEP_INPUTS = ("reward", "done", LAST_ACTION)
+# The batch size of the example inputs a trace or an export runs once; the files take any.
+_EXAMPLE_BATCH = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,17 +92,23 @@ class TensorSpec:
     dtype: str
 
 
+# The step inputs that are no state, as a signature lists them.
+_STEP_SPECS = (TensorSpec("reward", (), "float32"), TensorSpec("done", (), "bool"))
+
+
 @dataclasses.dataclass(frozen=True)
 class Signature:
     """What the exported function takes and returns (module docstring), and where it came
     from; saved with every export as JSON (`to_json`).
 
-    obs: the observation's leaves. state: last_action, then the core state's tensors.
-    num_actions: a Discrete space's size, 0 for a Box. action_low, action_high: a Box's
-    bounds. env, algo, xpid, step, checkpoint: the run and the checkpoint it holds.
+    obs: the observation's leaves. step_inputs: reward and done, those the network reads.
+    state: last_action (if read), then the core state's tensors. num_actions: a Discrete
+    space's size, 0 for a Box. action_low, action_high: a Box's bounds. env, algo, xpid,
+    step, checkpoint: the run and the checkpoint it holds.
     """
 
     obs: tuple[TensorSpec, ...]
+    step_inputs: tuple[TensorSpec, ...]
     state: tuple[TensorSpec, ...]
     action: TensorSpec
     num_actions: int
@@ -104,12 +122,7 @@ class Signature:
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
-        return (
-            *self.obs,
-            TensorSpec("reward", (), "float32"),
-            TensorSpec("done", (), "bool"),
-            *self.state,
-        )
+        return (*self.obs, *self.step_inputs, *self.state)
 
     @property
     def outputs(self) -> tuple[TensorSpec, ...]:
@@ -134,10 +147,13 @@ class Signature:
 
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {key: value for key, value in values.items() if key in fields}
+        # Files written before the inputs followed the network took reward and done.
+        step_inputs = values.get("step_inputs", [dataclasses.asdict(s) for s in _STEP_SPECS])
         return cls(
             **{
                 **values,
                 "obs": specs(values["obs"]),
+                "step_inputs": specs(step_inputs),
                 "state": specs(values["state"]),
                 "action": specs([values["action"]])[0],
                 "action_low": tuple(values["action_low"]),
@@ -154,24 +170,44 @@ class ActingModule(nn.Module):
         model: the algorithm's network (checkpoint weights, eval mode).
         rule: its evaluation policy (`Algorithm.acting_rule(explore=False)`).
         spec: the env's spec.
+        reads: the STEP_INPUTS it takes (those the network reads, `inputs_read`); the
+            network gets zeros for the others.
     """
 
-    def __init__(self, model: nn.Module, rule: ActingRule, spec: envs.EnvSpec) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        rule: ActingRule,
+        spec: envs.EnvSpec,
+        reads: Sequence[str] = STEP_INPUTS,
+    ) -> None:
         super().__init__()
         self.model = model
         self.rule = rule
         self.obs_keys = tuple(spec.obs_fields())
+        self.reads = tuple(name for name in STEP_INPUTS if name in reads)
+        action = spec.action_field()
+        self.action_shape, self.action_dtype = tuple(action.shape), action.dtype
         self.continuous = spec.continuous
         if spec.continuous:
             self.register_buffer("action_low", torch.tensor(spec.action_low, dtype=torch.float32))
             self.register_buffer("action_high", torch.tensor(spec.action_high, dtype=torch.float32))
 
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
-        n = len(self.obs_keys)
-        obs, (reward, done, last_action), core = inputs[:n], inputs[n : n + 3], inputs[n + 3 :]
+        n, m = len(self.obs_keys), len(self.reads)
+        obs, core = inputs[:n], inputs[n + m :]
+        given = dict(zip(self.reads, inputs[n : n + m], strict=True))
+        batch = obs[0].shape[0]
         # One time step: the networks' [T=1, B, ...] layout, and their [d0, B, ...] states.
+        # The network takes every field; those it does not read are zeros.
         fields = dict(zip(self.obs_keys, obs, strict=True))
-        fields.update(reward=reward, done=done, last_action=last_action)
+        zeros = {
+            "reward": ((batch,), torch.float32),
+            "done": ((batch,), torch.bool),
+            LAST_ACTION: ((batch, *self.action_shape), self.action_dtype),
+        }
+        for name, (shape, dtype) in zeros.items():
+            fields[name] = given[name] if name in given else torch.zeros(shape, dtype=dtype)
         step_inputs = model_inputs({key: value.unsqueeze(0) for key, value in fields.items()})
         state = tuple(s.transpose(0, 1) for s in core)
         outputs, next_state = self.model(step_inputs, state)
@@ -179,7 +215,36 @@ class ActingModule(nn.Module):
         # --mode test clips what the env gets (EnvSpec.clip_actions), and the model reads
         # the action unclipped as its next last action.
         action = torch.clamp(drawn, self.action_low, self.action_high) if self.continuous else drawn
-        return (action, drawn, *(s.transpose(0, 1) for s in next_state))
+        next_last_action = (drawn,) if LAST_ACTION in given else ()
+        return (action, *next_last_action, *(s.transpose(0, 1) for s in next_state))
+
+
+def example_inputs(signature: Signature) -> tuple[Tensor, ...]:
+    """Zeros for every input of `signature`, [2, ...], done set (a first step): what a
+    trace or an export runs once."""
+    inputs = []
+    for spec in signature.inputs:
+        value = np.zeros((_EXAMPLE_BATCH, *spec.shape), dtype=spec.dtype)
+        if spec.name == "done":
+            value[:] = True
+        inputs.append(torch.from_numpy(value))
+    return tuple(inputs)
+
+
+def inputs_read(module: ActingModule, signature: Signature) -> tuple[str, ...]:
+    """The STEP_INPUTS that `module` (taking them all, as `signature` lists) reads: those
+    its traced graph uses. A network of one's own that cannot be traced is taken to read
+    them all."""
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            # The tracer's warnings are of the Python branches it records, fixed here.
+            warnings.simplefilter("ignore")
+            graph = torch.jit.trace(module, example_inputs(signature), check_trace=False).graph
+    except Exception:  # a user's network: any error of its own; export reports it
+        return STEP_INPUTS
+    values = list(graph.inputs())[1:]  # after `self`
+    used = {spec.name for spec, value in zip(signature.inputs, values, strict=True) if value.uses()}
+    return tuple(name for name in STEP_INPUTS if name in used)
 
 
 def _run_checkpoint(run_dir: str, checkpoint: str) -> tuple[dict[str, Any], str]:
@@ -218,18 +283,20 @@ def acting_module(run_dir: str, checkpoint: str = "latest") -> tuple[ActingModul
     model = build_checked_model(algorithm)
     model.load_state_dict(saved["model_state_dict"])
     model.eval()
-    module = ActingModule(model, algorithm.acting_rule(explore=False), spec).eval()
+    rule = algorithm.acting_rule(explore=False)
     action = spec.action_field()
-    state = [TensorSpec(LAST_ACTION, tuple(action.shape), str(numpy_dtype(action.dtype)))]
+    core_state = []
     for i, tensor in enumerate(model.initial_state(1)):
         shape = tuple(tensor.transpose(0, 1).shape[1:])
-        state.append(TensorSpec(f"core_state_{i}", shape, str(numpy_dtype(tensor.dtype))))
+        core_state.append(TensorSpec(f"core_state_{i}", shape, str(numpy_dtype(tensor.dtype))))
+    last_action = TensorSpec(LAST_ACTION, tuple(action.shape), str(numpy_dtype(action.dtype)))
     signature = Signature(
         obs=tuple(
             TensorSpec(key, tuple(f.shape), str(numpy_dtype(f.dtype)))
             for key, f in spec.obs_fields().items()
         ),
-        state=tuple(state),
+        step_inputs=_STEP_SPECS,
+        state=(last_action, *core_state),
         action=TensorSpec("action", tuple(action.shape), str(numpy_dtype(action.dtype))),
         num_actions=spec.num_actions,
         action_low=tuple(spec.action_low),
@@ -240,7 +307,13 @@ def acting_module(run_dir: str, checkpoint: str = "latest") -> tuple[ActingModul
         step=int(saved["step"]),
         checkpoint=os.path.basename(path),
     )
-    return module, signature
+    reads = inputs_read(ActingModule(model, rule, spec).eval(), signature)
+    signature = dataclasses.replace(
+        signature,
+        step_inputs=tuple(s for s in _STEP_SPECS if s.name in reads),
+        state=(*((last_action,) if LAST_ACTION in reads else ()), *core_state),
+    )
+    return ActingModule(model, rule, spec, reads).eval(), signature
 
 
 # A policy's function: the signature's inputs, in order, to its outputs.
@@ -295,9 +368,12 @@ class Policy:
         batch_size = leaves[0].shape[0]
         if state is None:
             state, done = self.initial_state(batch_size), True
-        reward = torch.as_tensor(np.broadcast_to(np.float32(reward), (batch_size,)).copy())
-        done = torch.as_tensor(np.broadcast_to(np.bool_(done), (batch_size,)).copy())
-        outputs = self._step([*leaves, reward, done, *state])
+        given = {"reward": (np.float32(reward), np.float32), "done": (np.bool_(done), np.bool_)}
+        step_inputs = [
+            torch.as_tensor(np.broadcast_to(given[s.name][0], (batch_size,)).copy())
+            for s in self.signature.step_inputs
+        ]
+        outputs = self._step([*leaves, *step_inputs, *state])
         action = outputs[0].numpy()
         return (action if batched else action[0]), tuple(outputs[1:])
 

@@ -2,7 +2,9 @@
 
 The contract: time-major [T, B] inputs in, AgentOutput(policy_logits [T, B, A] float32,
 baseline [T, B] float32) and a core state out; uint8 images scaled inside the model; reward
-clipped and last action one-hot encoded as core inputs; a recurrent state reset per sample on
+clipped and last action one-hot encoded as core inputs of the image models and the LSTMs (a
+feed-forward MLP reads the observation alone), as use_last_action_reward says where it is
+given; a recurrent state reset per sample on
 `done` before step t, so one call over T steps equals T one-step calls carrying the state;
 state_dicts portable between models built with the same arguments, in shared memory.
 """
@@ -149,9 +151,11 @@ def test_float_obs_not_modified():
     assert torch.equal(inputs["obs"], obs_before)
 
 
-@pytest.mark.parametrize("use_lstm", [False, True])
-def test_reward_clipped_and_last_action_used(use_lstm):
-    model = build_model("mlp", (5,), 3, use_lstm=use_lstm)
+@pytest.mark.parametrize("use_lstm, use_last_action_reward", [(True, None), (False, True)])
+def test_reward_clipped_and_last_action_used(use_lstm, use_last_action_reward):
+    model = build_model(
+        "mlp", (5,), 3, use_lstm=use_lstm, use_last_action_reward=use_last_action_reward
+    )
     inputs = make_inputs((5,), 3, 1, 4, generator=torch.Generator().manual_seed(0))
 
     def run(**overrides):
@@ -165,6 +169,40 @@ def test_reward_clipped_and_last_action_used(use_lstm):
     assert not torch.allclose(run(reward=one).baseline, run(reward=0.5 * one).baseline)
     a0, a1 = torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4, dtype=torch.long)
     assert not torch.allclose(run(last_action=a0).baseline, run(last_action=a1).baseline)
+
+
+@pytest.mark.parametrize(
+    "name, obs_shape, kwargs, reads",
+    [
+        ("mlp", (5,), {}, False),  # a feed-forward MLP acts on the observation alone
+        ("mlp", (5,), {"use_lstm": True}, True),
+        ("mlp", (5,), {"use_lstm": True, "use_last_action_reward": False}, False),
+        ("separate_mlp", (5,), {}, False),
+        ("atari", SMALL_IMAGE, {}, True),  # one frame stack shows neither (TorchBeast's)
+        ("resnet", SMALL_IMAGE, {}, True),
+        ("atari", SMALL_IMAGE, {"use_last_action_reward": False}, False),
+    ],
+)
+def test_which_networks_read_the_last_action_and_reward(name, obs_shape, kwargs, reads):
+    torch.manual_seed(0)
+    model = build_model(name, obs_shape, 3, **kwargs)
+    inputs = make_inputs(obs_shape, 3, 2, 4, generator=torch.Generator().manual_seed(0))
+    other = dict(inputs, reward=-inputs["reward"], last_action=(inputs["last_action"] + 1) % 3)
+    with torch.no_grad():
+        a, b = model(inputs)[0], model(other)[0]
+    assert a.baseline.shape == (2, 4)
+    if reads:
+        assert not torch.allclose(a.baseline, b.baseline)
+    else:
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # The trunk's size follows: what the core reads is F (+ 1 + A).
+    if name == "mlp" and not kwargs.get("use_lstm"):
+        assert model.baseline.in_features == 64
+
+
+def test_separate_mlp_refuses_the_last_action_and_reward():
+    with pytest.raises(ValueError, match="separate_mlp model reads the observation alone"):
+        build_model("separate_mlp", (5,), 3, use_last_action_reward=True)
 
 
 def test_auto_picks_by_obs_rank():
@@ -364,9 +402,12 @@ def test_parameter_counts_match_the_architectures():
         resnet_torso + _linear(core_in, A) + _linear(core_in, 1)
     )
     mlp_torso = _linear(4, 64) + _linear(64, 64)
-    core_in = 64 + 2 + 1
     assert n_params(build_model("mlp", (4,), 2)) == (
-        mlp_torso + _linear(core_in, 2) + _linear(core_in, 1)
+        mlp_torso + _linear(64, 2) + _linear(64, 1)
+    )  # feed-forward: the heads read the torso's features alone
+    core_in = 64 + 2 + 1
+    assert n_params(build_model("mlp", (4,), 2, use_lstm=True)) == (
+        mlp_torso + _lstm(core_in, 64) + _linear(64, 2) + _linear(64, 1)
     )
 
 

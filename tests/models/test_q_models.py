@@ -4,7 +4,8 @@ The contract: the actor-critic models' inputs ([T, B] time-major, uint8 images s
 inside), QOutput(q_values [T, B, A] float32) and a core state out; a dueling head, so
 the mean of Q over actions is the value stream; with an LSTM, reward and last action
 feed the core and `done` resets the state per sample (one call over T steps equals T
-one-step calls); without one, only the observation matters.
+one-step calls); without one, only the observation matters, unless use_last_action_reward
+feeds the head the reward and last action too.
 """
 
 import pytest
@@ -80,6 +81,22 @@ def test_feedforward_reads_only_the_observation():
         a, _ = model(inputs)
         b, _ = model(dict(other, obs=inputs["obs"]))
     torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("use_lstm", [False, True])
+def test_feedforward_reads_only_the_observation_unless_asked(use_lstm):
+    model = build_q_model(
+        "mlp", (5,), 4, use_lstm=use_lstm, use_last_action_reward=None if use_lstm else True
+    )
+    g = torch.Generator().manual_seed(0)
+    inputs = make_inputs((5,), 4, 3, 2, generator=g)
+    other = dict(inputs, reward=-inputs["reward"], last_action=(inputs["last_action"] + 1) % 4)
+    with torch.no_grad():
+        a, _ = model(inputs)
+        b, _ = model(other)
+    assert not torch.allclose(a.q_values, b.q_values)
+    if not use_lstm:
+        assert model.value[0].in_features == 64 + 1 + 4
 
 
 @pytest.mark.parametrize("key", ["reward", "last_action"])

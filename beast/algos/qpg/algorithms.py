@@ -585,6 +585,11 @@ class DDPG(Algorithm):
                 f" {config.model}; pass --model package.module:Name"
                 " (beast/algos/qpg/networks.py says what it returns)"
             )
+        if config.use_last_action_reward:
+            raise ModelError(
+                f"--algo {config.algo}'s built-in network reads the observation alone; drop"
+                " --use_last_action_reward"
+            )
         return ActorCriticQNet(
             spec.model_obs_shape(),
             spec.action_dim,
