@@ -8,7 +8,7 @@ reads.
 
 An experience spec (beast/experience/specs.py) builds one pair of them for a run: the
 rollout slots and `RolloutSource` (beast/experience/rollout_slots.py and
-rollout_source.py), or a replay's sink and `ReplaySource` (replay_sink.py,
+rollout_source.py), or a replay's sink and `ReplaySource` (replay_sink.py, replay_source.py,
 transition_replay.py). The engine, the actors, the supervisor, polybeast's feeders and the
 learner hold them by these protocols only, and never ask which kind they hold.
 """

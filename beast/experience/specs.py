@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from beast.experience.contract import Sink, Source
-from beast.experience.replay_sink import ReplaySource, SequenceSink
+from beast.experience.replay_sink import SequenceSink
+from beast.experience.replay_source import ReplaySource
 from beast.experience.rollout_replay import RolloutReplay
 from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
 from beast.experience.rollout_source import RolloutSource

@@ -22,7 +22,8 @@ from beast.algos.base import LearnerContext
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.algos.r2d2 import SequenceQUpdate, r2d2_loss
 from beast.experience.contract import Batch
-from beast.experience.replay_sink import ReplaySource, SequenceSink
+from beast.experience.replay_sink import SequenceSink
+from beast.experience.replay_source import ReplaySource
 from beast.experience.sequence_replay import PrioritizedReplay, SequenceBuilder, sequence_spec
 from beast.fields import box_obs, core_state_shapes
 from beast.learning import thread_tuner

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from beast.experience.contract import Batch
-from beast.train_step import package
+from beast.train_step import package, rewrites
 from tests.support.train_steps import (
     PENDULUM,
     build,
@@ -74,7 +74,7 @@ def test_a_cuda_graph_captures_while_another_thread_copies_to_the_gpu():
 
 
 def test_the_traces_tanh_is_tanh_to_float32_precision():
-    """Traces write float32 tanh as a rational function (package._tanh, for inductor's
+    """Traces write float32 tanh as a rational function (rewrites._tanh, for inductor's
     faster kernels): against tanh in float64, within 4e-7 everywhere, relative too
     (tiny values keep their precision), never past 1, NaN kept; float64 keeps tanh."""
     x = torch.cat(
@@ -86,13 +86,13 @@ def test_the_traces_tanh_is_tanh_to_float32_precision():
         ]
     )
     exact = torch.tanh(x.double())
-    traced = package._tanh(x)
+    traced = rewrites._tanh(x)
     error = (traced.double() - exact).abs()
     assert error.max() <= 4e-7
     assert (error / exact.abs().clamp_min(1e-300)).max() <= 4e-7
     assert traced.abs().max() <= 1.0
-    assert package._tanh(torch.tensor([math.nan])).isnan().all()
-    assert package._tanh(x.double()) is NotImplemented
+    assert rewrites._tanh(torch.tensor([math.nan])).isnan().all()
+    assert rewrites._tanh(x.double()) is NotImplemented
 
 
 @pytest.mark.parametrize("faster", [True, False])
@@ -102,12 +102,12 @@ def test_a_product_the_blas_takes_faster_transposed_is_traced_transposed(
 ):
     """A first layer's weight gradient, gᵀ @ x with x of few columns, is what the BLAS
     computes fastest as (xᵀ @ g)ᵀ, for one network or an ensemble's stacked members:
-    where the measurement (`package._transposed_faster`, stubbed here) says so, the trace
+    where the measurement (`rewrites._transposed_faster`, stubbed here) says so, the trace
     takes it that way, contiguous again for the ops that view it, with the same values;
     where not, the trace keeps the product as it was."""
     measured = []
     monkeypatch.setattr(
-        package, "_transposed_faster", lambda *layout: measured.append(layout) or faster
+        rewrites, "_transposed_faster", lambda *layout: measured.append(layout) or faster
     )
 
     def weight_gradient(g, x):
@@ -137,7 +137,7 @@ def test_a_batched_product_with_a_dimension_of_one_is_traced_as_products_and_a_s
     rows, inner, columns, kept
 ):
     """An ensemble's product with M, K or N of 1 (its scalar output layer, that layer's
-    gradient) is traced as products and a sum (package._bmm), with bmm's and baddbmm's
+    gradient) is traced as products and a sum (rewrites._bmm), with bmm's and baddbmm's
     values; others stay products."""
     a, b = torch.randn(2, rows, inner), torch.randn(2, inner, columns)
     bias = torch.randn(2, 1, columns)
@@ -164,5 +164,5 @@ def test_products_are_measured_in_their_own_layouts_even_repeating_ones():
     gradient = ((2, 64, 256), (64 * 256, 1, 64))  # gᵀ per member, column-major
     for inputs_stride in [(0, 4, 1), (256 * 4, 4, 1)]:  # x expanded, or one per member
         layout = (*gradient, (2, 256, 4), inputs_stride, torch.float32, torch.float32)
-        assert package._transposed_faster(*layout) in (True, False)
-    assert package._laid_out((0, 4), (4, 1), torch.float32).shape == (0, 4)
+        assert rewrites._transposed_faster(*layout) in (True, False)
+    assert rewrites._laid_out((0, 4), (4, 1), torch.float32).shape == (0, 4)
