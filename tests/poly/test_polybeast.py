@@ -31,7 +31,8 @@ ray = pytest.importorskip("ray")
 from beast.algos.base import LearnerContext  # noqa: E402
 from beast.algos.impala import ActorCriticUpdate, impala_loss  # noqa: E402
 from beast.algos.policies import CategoricalPolicy, EpsilonGreedyPolicy  # noqa: E402
-from beast.config import ConfigError, config_for  # noqa: E402
+from beast.config import ConfigError  # noqa: E402
+from beast.run.parsing import config_for  # noqa: E402
 from beast.experience.replay_sink import SequenceSink  # noqa: E402
 from beast.experience.rollout_slots import (  # noqa: E402
     RolloutBuffers,
