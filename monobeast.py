@@ -10,6 +10,7 @@ one line saying what is wrong.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 PROG = "monobeast.py"
@@ -28,6 +29,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from beast.run.cli import exit_process
+    try:
+        from beast.run.cli import exit_process
 
-    exit_process(main())
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C while beast is still being imported
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    exit_process(code)

@@ -12,6 +12,7 @@ wrong. See docs/polybeast.md.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 PROG = "polybeast.py"
@@ -30,6 +31,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from beast.run.cli import exit_process
+    try:
+        from beast.run.cli import exit_process
 
-    exit_process(main())
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C while beast is still being imported
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    exit_process(code)

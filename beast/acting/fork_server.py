@@ -33,9 +33,21 @@ def actor_context() -> mp.context.ForkServerContext:
 def start() -> None:
     """Start the fork server now, if it is not running; at this process's exit, one still
     importing (a run that stopped early) is stopped with it, not left to finish its
-    imports alone."""
+    imports alone.
+
+    It starts with SIGINT ignored, which it keeps across its exec and its interpreter's
+    start: a terminal's Ctrl-C reaches the whole process group, and multiprocessing's
+    server ignores SIGINT only once its imports are done, so a Ctrl-C in the run's first
+    seconds printed a KeyboardInterrupt traceback from them (or a "Fatal Python error"
+    from its interpreter's start). The run stops it and its actors itself."""
     actor_context()
-    multiprocessing.forkserver.ensure_running()
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     atexit.unregister(stop)  # once, however many runs this process starts
     atexit.register(stop)
 

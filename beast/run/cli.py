@@ -57,5 +57,8 @@ def run_entry_point(prog: str, parse: Callable[[], object], train: Callable[[obj
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        # Before the run's own handling (a started run stops with a final checkpoint and
+        # returns): one line, not the traceback of wherever start-up was.
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     return 0

@@ -148,6 +148,30 @@ def test_ctrl_c_stops_everything_within_10s(tmp_path, algo_flags):
     assert shm_entries() - before == set()
 
 
+@pytest.mark.parametrize("seconds", [0.5, 2.0, 4.0])
+def test_ctrl_c_during_start_up_is_one_line(tmp_path, seconds):
+    """Ctrl-C to the process group at a moment of start-up (beast's imports, the fork
+    server's, the env's probe, the model's build; which one depends on the machine's
+    load): exit 130 and one line, or once the run has started its own stop; never a
+    traceback, from any of the run's processes."""
+    marker = uuid.uuid4().hex
+    argv = [*CARTPOLE_SMALL, "--total_steps", "100000000", "--savedir", str(tmp_path)]
+    proc = start([*argv, "--xpid", "early"], marker)
+    try:
+        time.sleep(seconds)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode == 130:
+        assert err == "monobeast.py: interrupted\n"
+    else:
+        assert (proc.returncode, err) == (0, ""), err
+        assert "[beast] interrupted: stopping actors and learner" in out
+    assert wait_until_gone(marker) == []
+
+
 def test_old_gym_api_env_learns_through_the_adapter(tmp_path):
     # OldStyleEnv (tests/envs/test_envs.py): old gym API, reward = action, 5 steps.
     # Always choosing action 1 scores 5; a uniform policy scores 2.5.
