@@ -24,9 +24,9 @@ ALGORITHMS: dict[str, str] = {
     "dqn": "beast.algos.dqn:DQN",
     "c51": "beast.algos.dqn:C51",
     "rainbow": "beast.algos.dqn:Rainbow",
-    "ddpg": "beast.algos.qpg.algorithms:DDPG",
-    "td3": "beast.algos.qpg.algorithms:TD3",
-    "sac": "beast.algos.qpg.algorithms:SAC",
+    "ddpg": "beast.algos.qpg.ddpg:DDPG",
+    "td3": "beast.algos.qpg.td3:TD3",
+    "sac": "beast.algos.qpg.sac:SAC",
 }
 
 
