@@ -228,6 +228,18 @@ def open_study(spec: SweepSpec, sweep_dir: str) -> optuna.Study:
     return study
 
 
+def _trials_before(study: optuna.Study) -> str:
+    """The trials a search starts from, as its first line says them: its runs (a trial
+    queued again after an interrupt is its run's second Optuna trial, and counts once),
+    and those queued to resume."""
+    optuna = import_optuna()
+    trials = study.get_trials(deepcopy=False)
+    runs = len({t.user_attrs.get(_RUN_ATTR) for t in trials} - {None})
+    queued = sum(t.state == optuna.trial.TrialState.WAITING for t in trials)
+    said = f"{runs} trial{'' if runs == 1 else 's'} before"
+    return said + (f", {queued} of them queued to resume" if queued else "")
+
+
 def _queue_again(study: optuna.Study, trial: optuna.trial.FrozenTrial | optuna.Trial) -> None:
     """Queue a trial that did not end (its search stopped) to run again: same params, same
     run directory, so that it resumes the run."""
@@ -367,7 +379,7 @@ def run_optuna(
         f"[optuna] {spec.name}: TPE over {', '.join(spec.optuna.params)}, {budget},"
         f" pruner {spec.optuna.pruner}, {len(slots)} at a time;"
         f" study in {os.path.join(sweep_dir, spec.optuna.storage)}"
-        f" ({len(search.study.trials)} trials before)",
+        f" ({_trials_before(search.study)})",
         flush=True,
     )
     threads = [

@@ -277,9 +277,23 @@ def run_sweep(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m beast.sweep",
-        description="Run a grid / random search of monobeast flags on this machine.",
+        description="Run a search of monobeast flags: each run a monobeast process, on this"
+        " machine (population-based training also on a Ray cluster). The sweep file's"
+        " section picks the mode: grid (every combination of the values listed), random"
+        " (seeded draws from uniform, log_uniform, int_uniform or choice distributions;"
+        " with a grid, each grid point with each draw), optuna (TPE proposes each trial's"
+        " flags, trials pruned on the runs' evaluations, resumable from its storage file;"
+        " pip install -e '.[tune]') or pbt (population-based training: every interval"
+        " steps the worst members continue from perturbed copies of the best). Started"
+        " again, a sweep resumes: finished runs are skipped, the others resume from their"
+        " checkpoints. At the end: a table of the runs, results.csv and returns.png in"
+        " SAVEDIR/NAME (docs/usage.md, docs/tuning.md; example files in configs/sweeps/).",
     )
-    parser.add_argument("sweep_file", help="YAML sweep file (see configs/sweeps/).")
+    parser.add_argument(
+        "sweep_file",
+        help="YAML sweep file: name, savedir, max_parallel, cpus_per_run, flags (every"
+        " run's), and grid and/or random, or optuna, or pbt (see configs/sweeps/).",
+    )
     parser.add_argument(
         "--max_parallel",
         type=int,

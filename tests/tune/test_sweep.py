@@ -180,3 +180,15 @@ def test_dry_run_and_bad_file_exit_codes(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip().startswith("python -m beast.sweep: error:")
     assert "unknown key 'sed'" in bad.stderr
+
+
+def test_help_describes_every_mode(capsys):
+    from beast.tune.sweep import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse's line wraps undone
+    for mode in ("grid (", "random (", "optuna (", "pbt ("):
+        assert mode in text
+    assert "population-based training" in text and "TPE" in text and "resume" in text

@@ -202,6 +202,29 @@ def test_a_trial_of_a_dead_search_is_queued_again_under_its_run(tmp_path, monkey
     ]
 
 
+def test_a_resumed_search_counts_its_runs_not_its_requeued_trials(tmp_path, monkeypatch, capsys):
+    """A trial interrupted and queued again is its run's second Optuna trial: the search
+    that resumes it says how many runs came before, and that one is queued."""
+    data = {"name": "count", "flags": {"eval_interval": 100, "total_steps": 100}}
+    data["optuna"] = {**OPTUNA, "n_trials": 3}
+    spec = load_sweep(sweep_file(tmp_path, data))
+    sweep_dir = str(tmp_path / "count")
+    plans = {name: ({100: 5.0}, 0, 100) for name in ("trial0", "trial1", "trial2")}
+    monkeypatch.setattr(optuna_search, "drive", fake_drive(plans))
+    study = optuna_search.open_study(spec, sweep_dir)
+    for name, interrupted in (("trial0", False), ("trial1", True)):
+        trial = study.ask(optuna_search._distributions(spec.optuna.params))
+        trial.set_user_attr("run", name)
+        if interrupted:  # as a search stopped by Ctrl-C leaves it
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            optuna_search._queue_again(study, trial)
+        else:
+            study.tell(trial, 1.0)
+    optuna_search.run_optuna(spec, sweep_dir, slots=[(None, None)], cpus_per_run=1)
+    first_line = capsys.readouterr().out.splitlines()[0]
+    assert first_line.endswith("(2 trials before, 1 of them queued to resume)")
+
+
 # --- Optuna: real runs, interrupted and resumed -----------------------------------------
 
 
