@@ -1,5 +1,5 @@
 """The dtype rule for the policies' numerics: PPO's surrogate and value losses, the
-categorical and Gaussian distributions (beast/algos/ppo.py, distributions.py), and
+categorical and Gaussian distributions (beast/algos/surrogate.py, distributions.py), and
 DDPG's, TD3's and SAC's targets and losses (beast/algos/qpg/functions.py).
 
 The references are plain loops over the papers' formulas, in float64, never the code
@@ -16,7 +16,7 @@ import math
 import numpy as np
 import torch
 
-from beast.algos import ppo
+from beast.algos import surrogate
 from beast.algos.distributions import Categorical, DiagGaussian
 from beast.algos.qpg import functions as qpg
 from tests.support.dtype_cases import (
@@ -121,21 +121,21 @@ def categorical_inputs(rng):
 
 POLICY_CASES = [
     Case(
-        "ppo.masked_mean",
+        "surrogate.masked_mean",
         lambda rng: per_step_inputs(rng, "values"),
-        lambda t: (ppo.masked_mean(t["values"], t["mask"]),),
+        lambda t: (surrogate.masked_mean(t["values"], t["mask"]),),
         lambda x: ((x["values"] * x["mask"]).sum() / max(x["mask"].sum(), 1),),
         ("values",),
     ),
     *(
         Case(
-            f"ppo.clipped_surrogate[clip_range={clip_range}]",
+            f"surrogate.clipped_surrogate[clip_range={clip_range}]",
             lambda rng: {
                 "log_ratio": rng.normal(0.0, 0.3, T * B),
                 "advantages": rng.normal(0.0, 1.0, T * B),
             },
             lambda t, clip_range=clip_range: (
-                ppo.clipped_surrogate(t["log_ratio"], t["advantages"], clip_range),
+                surrogate.clipped_surrogate(t["log_ratio"], t["advantages"], clip_range),
             ),
             lambda x, clip_range=clip_range: surrogate_reference(x, clip_range),
             ("log_ratio", "advantages"),
@@ -144,12 +144,12 @@ POLICY_CASES = [
     ),
     *(
         Case(
-            f"ppo.value_loss[clip_range_vf={clip_range}]",
+            f"surrogate.value_loss[clip_range_vf={clip_range}]",
             lambda rng: {
                 key: rng.normal(0.0, 0.5, T * B) for key in ("values", "returns", "old_values")
             },
             lambda t, clip_range=clip_range: (
-                ppo.value_loss(t["values"], t["returns"], t["old_values"], clip_range),
+                surrogate.value_loss(t["values"], t["returns"], t["old_values"], clip_range),
             ),
             lambda x, clip_range=clip_range: value_loss_reference(x, clip_range),
             ("values", "returns") if clip_range is None else ("values", "returns", "old_values"),

@@ -12,7 +12,7 @@ import torch
 
 from beast.algos.distributions import Categorical, DiagGaussian
 from beast.algos.gae import generalized_advantages
-from beast.algos.ppo import clipped_surrogate, masked_mean, value_loss
+from beast.algos.surrogate import clipped_surrogate, masked_mean, value_loss
 from beast.config import ConfigError
 from beast.run.parsing import parse_args
 from tests.support.references import gae_reference, implied_kl_by_quadrature, random_episode_ends
