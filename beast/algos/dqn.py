@@ -44,7 +44,6 @@ from torch import Tensor, nn
 from beast.algos.base import LearnerContext, Update, as_outputs
 from beast.algos.distributional import categorical_projection
 from beast.algos.dtypes import compute_dtype
-from beast.algos.impala import REWARD_CLIPPING_MODES
 from beast.algos.nstep import NStepReturns, bootstrap_targets
 from beast.algos.q_learning import (
     QLearningAlgorithm,
@@ -54,6 +53,7 @@ from beast.algos.q_learning import (
     q_values_taken,
     transformed_targets,
 )
+from beast.algos.replay_args import QLearningArgs, with_default
 from beast.algos.target_update import TargetNetworkUpdate
 from beast.algos.transitions import (
     ExplorationSchedule,
@@ -193,46 +193,33 @@ def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> flo
 
 
 @dataclass(frozen=True)
-class DQNArgs:
+class DQNArgs(QLearningArgs):
     """DQN and its ingredients (Double, Dueling, n-step, prioritized replay) on a replay of
     transitions; defaults as Stable-Baselines3's DQN where the papers leave a choice."""
 
-    discounting: float = flag(0.99, "Discount factor gamma.")
-    reward_clipping: str = flag(
-        "none", "Reward clipping in the targets.", choices=REWARD_CLIPPING_MODES
+    reward_clipping: str = with_default(QLearningArgs, "reward_clipping", "none")
+    replay_size: int = with_default(QLearningArgs, "replay_size", 100_000)
+    n_step: int = with_default(QLearningArgs, "n_step", 1)
+    target_update_period: int = with_default(QLearningArgs, "target_update_period", 1000)
+    priority_exponent: float = with_default(QLearningArgs, "priority_exponent", 0.6)
+    importance_sampling_exponent: float = with_default(
+        QLearningArgs, "importance_sampling_exponent", 0.4
     )
-    replay_size: int = flag(
-        100_000,
-        "Transitions the replay keeps (each env step once, in its env's ring, in shared"
-        " memory); the startup line prints the total.",
-    )
+    # SB3's batch_size / train_freq.
+    samples_per_insert: float = with_default(QLearningArgs, "samples_per_insert", 8.0)
+    value_rescaling: bool = with_default(QLearningArgs, "value_rescaling", False)
+    frame_dedup: bool = with_default(QLearningArgs, "frame_dedup", True)
     learning_starts: int = flag(1000, "Env steps in the replay before the learner samples.")
-    n_step: int = flag(1, "Rewards summed before bootstrapping from the target network.")
     double_q: bool = flag(True, "Double Q-learning: the online network picks the bootstrap action.")
     dueling: bool = flag(True, "The built-in network's dueling head (V + A - mean A).")
     loss: str = flag("huber", "The TD loss: Huber (delta 1) or squared error.", choices=LOSSES)
     prioritized_replay: bool = flag(
         False, "Sample transitions by priority |TD| (Schaul et al. 2016), else uniformly."
     )
-    priority_exponent: float = flag(
-        0.6, "Prioritized replay: a transition of priority p is drawn with probability ~ p**this."
-    )
-    importance_sampling_exponent: float = flag(
-        0.4, "Prioritized replay: a sample's loss is weighted by (N*P)**-this / max."
-    )
-    target_update_period: int = flag(
-        1000, "Learner updates between target-network updates (see --tau)."
-    )
     tau: float = flag(
         1.0,
         "Each target update moves the target network this far towards the online one:"
         " 1 copies it (DQN), < 1 is Polyak averaging.",
-    )
-    samples_per_insert: float = flag(
-        8.0,
-        "Transitions the learner samples per env step (batch_size / train_freq in SB3's"
-        " terms); actors wait when they run ahead, so the ratio holds whatever the"
-        " machine's speed; 0: actors never wait.",
     )
     exploration: str = flag(
         "linear",
@@ -243,23 +230,6 @@ class DQNArgs:
     eps_start: float = flag(1.0, "--exploration linear: epsilon at step 0.")
     eps_end: float = flag(0.05, "--exploration linear: epsilon after --eps_decay_steps.")
     eps_decay_steps: int = flag(10_000, "--exploration linear: env steps of the decay.")
-    eps_base: float = flag(
-        0.4,
-        "--exploration per_env: env i of all N envs explores with epsilon"
-        " eps_base**(1 + eps_alpha*i/(N-1)) (Ape-X).",
-    )
-    eps_alpha: float = flag(7.0, "--exploration per_env: the spread, see --eps_base.")
-    test_epsilon: float = flag(0.001, "--mode test: the greedy policy's epsilon.")
-    value_rescaling: bool = flag(
-        False,
-        "Learn h(Q), h(x) = sign(x)(sqrt(|x|+1)-1) + 0.001x (Pohlen et al. 2018), rather than Q.",
-    )
-    frame_dedup: bool = flag(
-        True,
-        "Frame-stacked image observations (Atari): store each frame once and rebuild the"
-        " stacks when sampling, about a quarter of the memory; other observations are"
-        " stored whole.",
-    )
 
     @staticmethod
     def check(config: Any) -> None:
@@ -309,9 +279,7 @@ class RainbowArgs(C51Args):
     prioritized_replay: bool = flag(
         True, "Sample transitions by priority (Schaul et al. 2016), else uniformly."
     )
-    priority_exponent: float = flag(
-        0.5, "Prioritized replay: a transition of priority p is drawn with probability ~ p**this."
-    )
+    priority_exponent: float = with_default(QLearningArgs, "priority_exponent", 0.5)
 
 
 class TransitionQUpdate(TargetNetworkUpdate):

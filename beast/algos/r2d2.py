@@ -67,15 +67,15 @@ from torch import Tensor, nn
 
 from beast.algos.base import LearnerContext, Update, as_outputs
 from beast.algos.dtypes import compute_dtype
-from beast.algos.impala import REWARD_CLIPPING_MODES, clip_rewards
+from beast.algos.impala import clip_rewards
 from beast.algos.q_learning import (
     QLearningAlgorithm,
     QLossOutput,
-    check_q_learning_args,
     double_q_values,
     q_values_taken,
     transformed_targets,
 )
+from beast.algos.replay_args import QLearningArgs
 from beast.algos.target_update import TargetNetworkUpdate
 from beast.algos.value_rescaling import DEFAULT_RESCALE_EPS
 from beast.config import ConfigError, flag, require_positive
@@ -86,7 +86,6 @@ from beast.train_step import StepLoss
 
 __all__ = [
     "NStepTargets",
-    "QLearningArgs",
     "R2D2",
     "R2D2Args",
     "SequenceQUpdate",
@@ -373,68 +372,10 @@ def unroll_with_burn_in(
 
 
 @dataclass(frozen=True)
-class QLearningArgs:
-    """Flags of n-step double Q-learning on a prioritized replay of sequences (R2D2)."""
-
-    discounting: float = flag(0.99, "Discount factor gamma.")
-    reward_clipping: str = flag(
-        "abs_one", "Reward clipping in the targets.", choices=REWARD_CLIPPING_MODES
-    )
-    replay_size: int = flag(
-        1000,
-        "Sequences the prioritized replay keeps (seq_len+1 steps each),"
-        " in shared memory; the startup line prints the total.",
-    )
-    n_step: int = flag(5, "Rewards summed before bootstrapping from the target network.")
-    target_update_period: int = flag(
-        2500, "Learner updates between copies of the online into the target network."
-    )
-    min_replay_size: int = flag(1000, "Sequences in the replay before the learner samples.")
-    priority_exponent: float = flag(
-        0.9, "A sequence of priority p is sampled with probability ~ p**this."
-    )
-    importance_sampling_exponent: float = flag(
-        0.6, "A sample's loss is weighted by (N*P)**-this, normalised by the batch's max."
-    )
-    eps_base: float = flag(
-        0.4,
-        "Env i of all N envs of all actors explores with epsilon"
-        " eps_base**(1 + eps_alpha*i/(N-1)) (Ape-X).",
-    )
-    eps_alpha: float = flag(7.0, "The spread of the envs' epsilons, see --eps_base.")
-    value_rescaling: bool = flag(
-        True,
-        "Learn h(Q), h(x) = sign(x)(sqrt(|x|+1)-1) + 0.001x (Pohlen et al. 2018), rather"
-        " than Q; rewards still go through --reward_clipping.",
-    )
-    frame_dedup: bool = flag(
-        False,
-        "Store each frame of frame-stacked (Atari) observations once instead of in 4 stacks:"
-        " about a quarter of the replay's memory.",
-    )
-    samples_per_insert: float = flag(
-        0.0,
-        "Actors pause when they insert sequences faster than the learner samples this many"
-        " per insert (beyond --min_replay_size and one batch of slack), so learning per env"
-        " step does not depend on the machine's speed; 0: never pause.",
-    )
-    test_epsilon: float = flag(0.001, "--mode test: the greedy policy's epsilon.")
-
-    @staticmethod
-    def check(config: Any) -> None:
-        check_q_learning_args(config)
-        require_positive(config, "min_replay_size")
-        if config.min_replay_size > config.replay_size:
-            raise ConfigError(
-                f"--min_replay_size {config.min_replay_size} exceeds --replay_size"
-                f" {config.replay_size}: learning would never start"
-            )
-
-
-@dataclass(frozen=True)
 class R2D2Args(QLearningArgs):
     """R2D2 (Kapturowski et al. 2019): recurrent Q-learning on replayed sequences."""
 
+    min_replay_size: int = flag(1000, "Sequences in the replay before the learner samples.")
     seq_len: int = flag(80, "Steps per replayed sequence.")
     seq_overlap: int = flag(40, "Steps that adjacent sequences of an episode share.")
     burn_in: int = flag(
@@ -503,6 +444,12 @@ class R2D2(QLearningAlgorithm):
     @classmethod
     def validate(cls, config: Any) -> None:
         QLearningArgs.check(config)
+        require_positive(config, "min_replay_size")
+        if config.min_replay_size > config.replay_size:
+            raise ConfigError(
+                f"--min_replay_size {config.min_replay_size} exceeds --replay_size"
+                f" {config.replay_size}: learning would never start"
+            )
         if config.seq_len <= 0:
             raise ConfigError(f"--seq_len must be positive, got {config.seq_len}")
         if not 0 <= config.seq_overlap < config.seq_len:

@@ -29,6 +29,7 @@ from beast.algos.base import (
 from beast.algos.policies import SquashedPolicy
 from beast.algos.qpg.networks import ActorCriticQNet
 from beast.algos.qpg.updates import TD3Update
+from beast.algos.replay_args import ReplayArgs, with_default
 from beast.algos.transitions import (
     ExplorationSchedule,
     check_transition_args,
@@ -62,20 +63,15 @@ def auto_or_float(name: str, text: str) -> float | None:
 
 
 @dataclass(frozen=True)
-class DDPGArgs:
+class DDPGArgs(ReplayArgs):
     """What DDPG, TD3 and SAC share; defaults as Stable-Baselines3's."""
 
-    discounting: float = flag(0.99, "Discount factor gamma.")
-    replay_size: int = flag(
-        1_000_000,
-        "Transitions the replay keeps (each env step once, in its env's ring, in shared"
-        " memory); the startup line prints the total.",
-    )
+    replay_size: int = with_default(ReplayArgs, "replay_size", 1_000_000)
+    n_step: int = with_default(ReplayArgs, "n_step", 1)
     learning_starts: int = flag(
         100,
         "Env steps of uniform random actions, in the replay before the learner samples.",
     )
-    n_step: int = flag(1, "Rewards summed before bootstrapping from the target critics.")
     utd_ratio: float = flag(
         1.0,
         "Gradient updates per env step (update-to-data ratio; SB3's gradient_steps /"
