@@ -17,6 +17,13 @@ without measuring, as --compile auto starts from its records. A new version of b
 measures again: what it changed in the learner's or the actors' cost can move the
 balance (a compiled step made DQN's learner 2x faster), and a choice measured once
 would otherwise hold for every later version.
+
+A remembered count is measured again, rather than kept for good, when its figures say
+the measurement was unsound: when they are implausible (agent steps/s more than
+PLAUSIBLE_RATIO apart between the counts: a start-up on a 2-core machine remembered "134
+with 1, 2 with 2" and kept 1 thread for every later run), when they are older than
+RECORD_MAX_AGE, and when other processes than the run's used more than BUSY_SHARE of
+the machine while they were measured (`others_cpu_seconds`).
 """
 
 from __future__ import annotations
@@ -35,15 +42,30 @@ from beast.config import RUN_NAMING_FLAGS, Config
 from beast.util.records import read_record, record_path, source_digest, write_record
 
 __all__ = [
+    "BUSY_SHARE",
+    "PLAUSIBLE_RATIO",
     "RECORD_FILE",
+    "RECORD_MAX_AGE",
     "SMALL_MODEL_PARAMETERS",
     "ThreadTuner",
     "learner_threads",
+    "others_cpu_seconds",
     "setup_key",
     "thread_tuner_for",
 ]
 
 RECORD_FILE = "beast_threads.json"
+# The widest gap between the candidates' agent steps/s a sound measurement shows: a second
+# thread at most halves an update, and the worst it cost a run here was 1.35x (SAC
+# HalfCheetah beside its actor, `learner_threads`); figures further apart mean a window
+# was disturbed (another program, a stall).
+PLAUSIBLE_RATIO = 4.0
+# How long a remembered count holds: what else runs on the machine changes.
+RECORD_MAX_AGE = 7 * 24 * 3600.0
+# The share of the machine's CPU time that other processes may have used while the
+# counts were measured (a quarter: on 2 cores half a core, about what a second thread
+# stands to gain): above it, the windows measured the other work as much as the run.
+BUSY_SHARE = 0.25
 # Flags that name or bound a run but do not change what its learner and actors do per
 # step: runs differing only in these share a remembered thread count.
 _RUN_IDENTITY = RUN_NAMING_FLAGS | {"config", "total_steps", "stop_step", "max_nonfinite_updates"}
@@ -58,6 +80,44 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _proc_stat(pid: str) -> tuple[int, int] | None:
+    """(parent pid, CPU ticks used by the process and the children it waited for) of
+    /proc/PID/stat, or None for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            text = file.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
+    # state ppid ... utime(11) stime(12) cutime(13) cstime(14), counted from state.
+    return int(fields[1]), sum(int(v) for v in fields[11:15])
+
+
+def others_cpu_seconds(root: int | None = None) -> float:
+    """CPU-seconds used since boot by the processes outside this run: the machine's busy
+    time (/proc/stat: user, nice, system, irq, softirq, steal) less that of this process
+    (or `root`) and its descendants (the fork server, its actors, evaluators). 0.0 where
+    /proc cannot be read: the tuner then sees an idle machine, as before it looked."""
+    try:
+        with open("/proc/stat") as file:
+            cpu = [int(v) for v in file.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    machine = sum(cpu[i] for i in (0, 1, 2, 5, 6, 7) if i < len(cpu))
+    parents: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (stat := _proc_stat(name)) is not None:
+            parents.setdefault(stat[0], []).append(int(name))
+            ticks[int(name)] = stat[1]
+    run, pending = 0, [os.getpid() if root is None else root]
+    while pending:
+        pid = pending.pop()
+        run += ticks.get(pid, 0)
+        pending += parents.get(pid, [])
+    return max(0, machine - run) / os.sysconf("SC_CLK_TCK")
 
 
 def setup_key(config: Any, candidates: Sequence[int]) -> str:
@@ -81,8 +141,10 @@ class ThreadTuner:
     drifting machine favours neither), compares the agent steps per second the run made
     in those windows (what a user waits for, actors and learner together), keeps the best
     (a larger count only if it is at least `margin` better), and says so once. With a
-    `record_key` (`setup_key`), the choice is saved under it, and a run that finds one
-    saved takes it at its first update instead of measuring.
+    `record_key` (`setup_key`), the choice is saved under it with its figures, its time
+    and the share of the machine other processes used meanwhile (`others_cpu`: their
+    cumulative CPU-seconds, over `machine_cores`), and a run that finds a sound one saved
+    (module docstring) takes it at its first update instead of measuring.
     """
 
     def __init__(
@@ -97,6 +159,9 @@ class ThreadTuner:
         margin: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
         set_threads: Callable[[int], None] = torch.set_num_threads,
+        others_cpu: Callable[[], float] = others_cpu_seconds,
+        machine_cores: int | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.candidates = sorted(set(candidates))
         self.log = log
@@ -105,6 +170,11 @@ class ThreadTuner:
         self.margin = margin
         self.clock = clock
         self.set_threads = set_threads
+        self.others_cpu = others_cpu
+        self.machine_cores = machine_cores or os.cpu_count() or 1
+        self.wall_clock = wall_clock
+        self._others_at: tuple[float, float] | None = None  # (clock, others_cpu) at the start
+        self._unsound: str | None = None  # why a remembered count is measured again
         self._plan = [c for _ in range(rounds) for c in self.candidates]
         self._rates: dict[int, list[float]] = {c: [] for c in self.candidates}
         self._warmup_seconds = warmup_seconds
@@ -114,14 +184,39 @@ class ThreadTuner:
         self._remembered = self._recall() if self.chosen is None else None
 
     def _recall(self) -> tuple[int, dict[int, float]] | None:
-        """The saved choice for this setup, if it is one of the candidates."""
+        """The saved choice for this setup, if it is one of the candidates and sound
+        (module docstring); else None, with why in `_unsound` if there was one."""
         if self.record_key is None:
             return None
         saved = read_record(RECORD_FILE, self.record_key)
         count, rates = saved.get("threads"), saved.get("rates", {})
         if count not in self.candidates or not isinstance(rates, dict):
             return None
-        return count, {int(c): float(r) for c, r in rates.items() if str(c).isdigit()}
+        try:
+            rates = {int(c): float(r) for c, r in rates.items()}
+        except (TypeError, ValueError):
+            return None
+        self._unsound = self._why_unsound(saved, rates)
+        return None if self._unsound else (count, rates)
+
+    def _why_unsound(self, saved: dict[str, Any], rates: dict[int, float]) -> str | None:
+        """Why a remembered measurement is not to be kept, or None."""
+        measured = ", ".join(f"{rates[c]:,.0f} with {c}" for c in sorted(rates))
+        if sorted(rates) != self.candidates or not all(
+            0 < r < float("inf") for r in rates.values()
+        ):
+            return f"its figures are incomplete ({measured or 'none'})"
+        if max(rates.values()) > PLAUSIBLE_RATIO * min(rates.values()):
+            return f"its figures are implausible ({measured} agent steps/s)"
+        measured_at, share = saved.get("measured_at"), saved.get("others_share")
+        if not isinstance(measured_at, int | float) or not isinstance(share, int | float):
+            return "it was recorded without its time and the machine's load"
+        age = self.wall_clock() - measured_at
+        if age > RECORD_MAX_AGE:
+            return f"it was measured {age / 86400:.0f} days ago"
+        if share > BUSY_SHARE:
+            return f"other processes used {share:.0%} of the machine while it was measured"
+        return None
 
     def after_update(self, step: int, updates_ready: bool) -> None:
         """Called after each update with the run's agent step; `updates_ready`: the
@@ -145,6 +240,7 @@ class ThreadTuner:
         if self._window is None:
             if now - self._started < self._warmup_seconds:
                 return
+            self._others_at = (now, self.others_cpu())
             self._open(step, now)
             return
         count, opened, first_step = self._window
@@ -167,10 +263,27 @@ class ThreadTuner:
         for count in self.candidates[1:]:
             if rates[count] > rates[best] * (1.0 + self.margin):
                 best = count
+        assert self._others_at is not None
+        opened, others = self._others_at
+        seconds = max(self.clock() - opened, 1e-9)
+        share = max(0.0, self.others_cpu() - others) / (seconds * self.machine_cores)
         if self.record_key is not None:
-            saved = {"threads": best, "rates": {str(c): r for c, r in rates.items()}}
+            saved = {
+                "threads": best,
+                "rates": {str(c): r for c, r in rates.items()},
+                "measured_at": self.wall_clock(),
+                "others_share": round(share, 3),
+            }
             write_record(RECORD_FILE, self.record_key, saved)
-        self._settle(best, rates, "measured in this run")
+        source = "measured in this run"
+        if self._unsound:
+            source += f" (the remembered count was not kept: {self._unsound})"
+        if share > BUSY_SHARE:
+            source += (
+                f", while other processes used {share:.0%} of the machine: the next run"
+                " measures again"
+            )
+        self._settle(best, rates, source)
 
     def _settle(self, count: int, rates: dict[int, float], source: str) -> None:
         self.chosen = count

@@ -11,7 +11,11 @@ is about their protocol.
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -28,11 +32,12 @@ from beast.experience.sequence_replay import PrioritizedReplay, SequenceBuilder,
 from beast.fields import box_obs, core_state_shapes
 from beast.learning import thread_tuner
 from beast.learning.learner import Learner, NonFiniteError, Stepper, TrainingProgress
-from beast.learning.thread_tuner import ThreadTuner, setup_key
+from beast.learning.thread_tuner import RECORD_FILE, ThreadTuner, others_cpu_seconds, setup_key
 from beast.models import build_q_model, copy_weights
 from beast.run.parsing import parse_args
 from beast.train_step import auto, compiler
 from beast.train_step.optim import build_optimizer
+from beast.util.records import read_record, write_record
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -435,6 +440,7 @@ def test_the_thread_tuners_choice_is_remembered_for_the_same_setup(tmp_path, mon
         window_seconds=1.0,
         clock=lambda: now[0],
         set_threads=threads.append,
+        others_cpu=lambda: 0.0,  # an idle machine: the suite's own load is not the point
     )
     step = 0
     while first.chosen is None:
@@ -459,6 +465,114 @@ def test_the_thread_tuners_choice_is_remembered_for_the_same_setup(tmp_path, mon
     fresh = ThreadTuner([1, 2], lines.append, record_key=setup_key(more_actors, [1, 2]))
     fresh.after_update(0, updates_ready=True)
     assert fresh.chosen is None
+
+
+NOW = 1.8e9  # the wall clock the remembered entries below are judged at
+
+
+def measure(tuner, threads, now, rates=None):
+    """Run `tuner`'s windows to its choice, the run making rates[count] agent steps/s."""
+    rates = rates or {1: 100, 2: 150}
+    step = 0
+    while tuner.chosen is None:
+        now[0] += 0.1
+        step += int(rates[threads[-1]] * 0.1) if threads else 0
+        tuner.after_update(step, updates_ready=True)
+
+
+@pytest.mark.parametrize(
+    "entry, reason",
+    [
+        # The start-up the issue saw: a window at 2 threads under other work.
+        ({"rates": {"1": 134.0, "2": 2.0}}, "its figures are implausible (134 with 1, 2 with 2"),
+        ({"rates": {"1": 134.0}}, "its figures are incomplete (134 with 1)"),
+        ({"measured_at": NOW - 8 * 86400}, "it was measured 8 days ago"),
+        ({"others_share": 0.6}, "other processes used 60% of the machine while it was measured"),
+        ({"measured_at": None}, "it was recorded without its time and the machine's load"),
+    ],
+)
+def test_an_unsound_remembered_count_is_measured_again(tmp_path, monkeypatch, entry, reason):
+    """A remembered count whose figures are implausible, incomplete, old or measured on
+    a busy machine is not kept: the run measures the counts again, says why, and
+    remembers its own figures with their time and the machine's load."""
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))
+    sound = {"threads": 1, "rates": {"1": 134.0, "2": 120.0}}
+    sound.update(measured_at=NOW - 3600, others_share=0.05)
+    entry = {k: v for k, v in {**sound, **entry}.items() if v is not None}
+    write_record(RECORD_FILE, "setup", entry)
+    now, threads, lines = [0.0], [], []
+    tuner = ThreadTuner(
+        [1, 2],
+        lines.append,
+        record_key="setup",
+        warmup_seconds=0.0,
+        window_seconds=1.0,
+        clock=lambda: now[0],
+        set_threads=threads.append,
+        others_cpu=lambda: 0.1 * now[0],  # 5% of 2 cores: a quiet machine
+        machine_cores=2,
+        wall_clock=lambda: NOW,
+    )
+    measure(tuner, threads, now)
+    assert threads[:4] == [1, 2, 1, 2] and tuner.chosen == 2
+    assert f"measured in this run (the remembered count was not kept: {reason}" in lines[-1]
+    saved = read_record(RECORD_FILE, "setup")
+    assert saved["threads"] == 2 and saved["measured_at"] == NOW
+    assert saved["others_share"] == pytest.approx(0.05, abs=1e-3)
+
+
+def test_a_sound_remembered_count_is_kept_and_a_busy_measurement_is_not(tmp_path, monkeypatch):
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))
+    now, threads, lines = [0.0], [], []
+    busy = ThreadTuner(
+        [1, 2],
+        lines.append,
+        record_key="setup",
+        warmup_seconds=0.0,
+        window_seconds=1.0,
+        clock=lambda: now[0],
+        set_threads=threads.append,
+        others_cpu=lambda: 1.5 * now[0],  # other work kept 1.5 of 2 cores busy
+        machine_cores=2,
+        wall_clock=lambda: NOW,
+    )
+    measure(busy, threads, now)
+    assert lines[-1].endswith(
+        "measured in this run, while other processes used 75% of the machine: the next run"
+        " measures again; --num_threads fixes it)"
+    )
+    again = ThreadTuner([1, 2], lines.append, record_key="setup", wall_clock=lambda: NOW)
+    again.after_update(0, updates_ready=True)
+    assert again.chosen is None  # measures
+    write_record(RECORD_FILE, "setup", {**read_record(RECORD_FILE, "setup"), "others_share": 0.1})
+    kept = ThreadTuner([1, 2], lines.append, record_key="setup", wall_clock=lambda: NOW + 3600)
+    kept.after_update(0, updates_ready=False)
+    assert kept.chosen == 2 and "measured in an earlier run of this setup" in lines[-1]
+
+
+def child_cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_others_cpu_seconds_leaves_out_the_run_itself():
+    """What this process and its children used is the run's, not the others': counted
+    from a process that is not there (no run), the others' time is larger by at least
+    what a busy child of this process used."""
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.0)
+        spent = child_cpu_seconds(child.pid)
+        no_run = others_cpu_seconds(root=2**22 + 1)  # above pid_max's default: no process
+        this_run = others_cpu_seconds()
+    finally:
+        child.kill()
+        child.wait()
+    assert spent > 0.05  # it ran, however loaded the machine
+    # Ticks are 10 ms: the two readings, a few ms apart, differ by the run's time (and
+    # the ticks the whole machine spent between them, at most a tick per core).
+    assert no_run - this_run >= spent - 0.01 * (os.cpu_count() + 1)
 
 
 def test_optimizers_import_no_dynamo_until_something_else_does():
