@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 
 from beast.algos import ALGORITHMS
+from beast.algos.build import DEFAULT_ALGORITHM, algorithms_of, config_for
 from beast.config import ConfigError, check_value
-from beast.run.parsing import DEFAULT_ALGORITHM, algorithms_of, config_for
 from beast.util.parent_death import signal_when_parent_dies
 
 __all__ = [
@@ -52,7 +52,8 @@ __all__ = [
     "visible_gpus",
 ]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The checkout: beast/tune/sweep_runs.py's third parent, where monobeast.py is.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MONOBEAST = os.path.join(ROOT, "monobeast.py")
 # Flags the sweep sets itself for every run.
 _RESERVED = frozenset({"xpid", "savedir", "mode"})
