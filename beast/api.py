@@ -34,11 +34,12 @@ from typing import Any
 
 import yaml
 
+from beast.algos.build import config_from_dict
 from beast.config import AUTO, Config, ConfigError
 from beast.outputs.checkpoint import load_latest_checkpoint
 from beast.outputs.logs import RETURN_WINDOW
 from beast.poly.config import PolyConfig
-from beast.run.parsing import config_from_dict, config_from_flags
+from beast.run.parsing import config_from_flags
 from beast.trained.export import export, load_policy
 from beast.trained.play import EvalResult, test
 from beast.trained.policy import Policy

@@ -71,6 +71,7 @@ from beast.acting.actor import ActorSettings
 from beast.acting.inference import CentralInference, InferenceServer, InferenceTable
 from beast.acting.supervisor import ActorPool
 from beast.algos.base import LearnerContext
+from beast.algos.build import config_for
 from beast.algos.impala import ActorCriticUpdate, Impala, impala_loss
 from beast.algos.policies import CategoricalPolicy
 from beast.config import AUTO, Config, int_or_auto
@@ -81,7 +82,6 @@ from beast.learning.learner import Stepper, TrainingProgress
 from beast.models import build_model, copy_weights
 from beast.native import QueueClosed
 from beast.run.measure import TrivialModel, synthetic_batch, torch_threads
-from beast.run.parsing import config_for
 from beast.run.plan import acting_bf16, select_precision
 from beast.train_step.optim import build_optimizer
 

@@ -45,6 +45,7 @@ from torch import nn
 
 from beast import envs
 from beast.algos.base import LearnerContext
+from beast.algos.build import build_algorithm, build_checked_model
 from beast.experience.contract import Batch
 from beast.experience.rollout_slots import rollout_spec
 from beast.experience.sequence_replay import sequence_spec
@@ -54,7 +55,6 @@ from beast.fields import Field, core_state_shapes
 from beast.learning.learner import Stepper, TrainingProgress
 from beast.run.measure import synthetic_batch
 from beast.run.parsing import parse_args
-from beast.run.plan import build_algorithm, build_checked_model
 from beast.train_step import auto as compile_auto
 from benchmarks.races import split_flags
 

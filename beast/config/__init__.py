@@ -4,7 +4,7 @@ Every hyperparameter is a field with its help text next to it. The core flags (w
 run, acting, inference, rollouts and batches, learner, model, optimizer, logging,
 reliability) are `Config`'s fields; each algorithm adds its own (beast/algos: its
 `Args` dataclass). This package is a leaf: it imports no algorithm. Above the
-algorithms, beast/run/parsing.py composes the two: `config_for(algo)` is `Config` with
+algorithms, beast/algos/build.py composes the two: `config_for(algo)` is `Config` with
 the algorithm's fields added,
 so a run's config is one flat, frozen dataclass, and a flag of another algorithm is an
 error that names the algorithm it belongs to. The command-line parser is generated from

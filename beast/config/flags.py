@@ -2,7 +2,7 @@
 each, `flag` (how a field and its help are declared, for the core and for each
 algorithm's `Args`) and `ConfigError`, what bad input raises (one line for the user).
 It imports no algorithm: the command line composes these flags with an algorithm's
-(beast/run/parsing.py `config_for`). The package docstring
+(beast/algos/build.py `config_for`). The package docstring
 (beast/config/__init__.py) says how values are layered.
 """
 
@@ -560,7 +560,7 @@ class Config:
     def flag_elsewhere(cls, key: str) -> str | None:
         """Whose flag `key` is when it is not this class's ("a flag of --algo laser, not of
         impala"), for messages; None here. The classes that compose the core flags with an
-        algorithm's know the other algorithms (beast/run/parsing.py `config_for`)."""
+        algorithm's know the other algorithms (beast/algos/build.py `config_for`)."""
         return None
 
 

@@ -39,9 +39,9 @@ import torch
 
 from beast.acting.actor import env_sources, policy_inputs
 from beast.acting.inference import LocalInference, record_arrays
+from beast.algos.build import build_algorithm
 from beast.envs.batch import make_env_batch
 from beast.poly.config import PolyConfig
-from beast.run.plan import build_algorithm
 
 __all__ = ["EnvServer", "Incarnation", "RolloutTimes"]
 

@@ -26,6 +26,7 @@ from torch import nn
 
 from beast import envs
 from beast.algos.base import ActingRule, Algorithm, LearnerContext, Update
+from beast.algos.build import build_checked_model
 from beast.algos.normalize import RewardScaler, find_observation_normalizer
 from beast.config import RUN_NAMING_FLAGS, Config, ConfigError
 from beast.experience.contract import Sink, Source
@@ -37,7 +38,7 @@ from beast.outputs.checkpoint import (
     save_checkpoint,
     save_replay_file,
 )
-from beast.run.plan import RunPlan, build_checked_model
+from beast.run.plan import RunPlan
 from beast.train_step import MODULES_IN_USE
 
 

@@ -64,14 +64,13 @@ from beast.acting.supervisor import (
     start_worker,
     stop_workers,
 )
+from beast.algos.build import build_algorithm, build_checked_model, config_from_dict
 from beast.config import Config
 from beast.learning.learner import UpdateStats
 from beast.models import copy_weights
 from beast.outputs.checkpoint import BEST_CHECKPOINT_NAME, load_checkpoint, save_best_checkpoint
 from beast.outputs.eval_report import EvalReport
 from beast.run.build import Run
-from beast.run.parsing import config_from_dict
-from beast.run.plan import build_algorithm, build_checked_model
 from beast.train_step import MODULES_IN_USE
 from beast.trained.play import play_episodes
 from beast.util.threads import die_with_fork_server, process_alive

@@ -1,8 +1,7 @@
-"""A run's config class and its values: the core flags (beast/config) composed with the
-chosen algorithm's (`config_for`), the command-line parser generated from their fields
-(the core flags, then the --algo's under its own heading), and the layering of defaults <
-config file < flags for the command line (`parse_args`), the Python API
-(`config_from_flags`) and a saved run (`config_from_dict`).
+"""A run's config from the command line: the parser generated from the fields of the
+chosen algorithm's config class (beast/algos/build.py `config_for`: the core flags, then
+the --algo's under its own heading), and the layering of defaults < config file < flags
+for the command line (`parse_args`) and the Python API (`config_from_flags`).
 
 It sits above the algorithms, which declare their flags as an `Args` dataclass: beast.config
 stays a leaf that imports none of them.
@@ -13,96 +12,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import functools
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import field
 from typing import Any
 
 import yaml
 
 from beast.algos import ALGORITHMS, algorithm_class
+from beast.algos.build import DEFAULT_ALGORITHM, config_for, flag_of_another_algorithm
 from beast.config.families import tuned_config
 from beast.config.files import _resolve_config_path, check_value, config_to_yaml, load_config_file
 from beast.config.flags import AUTO, FAMILIES, Config, ConfigError, _arg_type
 
-__all__ = [
-    "DEFAULT_ALGORITHM",
-    "algorithms_of",
-    "build_parser",
-    "config_for",
-    "config_from_dict",
-    "config_from_flags",
-    "parse_args",
-]
-
-# --algo's default: the registry's first.
-DEFAULT_ALGORITHM = next(iter(ALGORITHMS))
-
-
-@functools.cache
-def config_for(algo: str, base: type[Config] = Config) -> type[Config]:
-    """`base` (Config, or polybeast's subclass) with the fields of `algo`'s `Args` added:
-    the config class of a run of that algorithm. Its `validate` runs `base`'s checks, then
-    the algorithm's. KeyError for an unknown algorithm."""
-    algorithm = algorithm_class(algo)
-    own = [
-        (f.name, f.type, field(default=f.default, metadata=f.metadata))
-        for f in dataclasses.fields(algorithm.Args)
-    ]
-    # Core flags whose defaults the algorithm replaces (`Algorithm.core_defaults`).
-    core = {f.name: f for f in dataclasses.fields(base)}
-    unknown = set(algorithm.core_defaults) - set(core)
-    if unknown:
-        raise KeyError(f"{algo}'s core_defaults name no core flag: {sorted(unknown)}")
-    replaced = [
-        (name, core[name].type, field(default=value, metadata=core[name].metadata))
-        for name, value in algorithm.core_defaults.items()
-    ]
-    algo_field = next(f for f in dataclasses.fields(base) if f.name == "algo")
-    algo_metadata = {**algo_field.metadata, "choices": tuple(ALGORITHMS)}
-
-    def validate(self: Config) -> None:
-        base.validate(self)
-        algorithm.validate(self)
-
-    return dataclasses.make_dataclass(
-        f"{algorithm.__name__}{base.__name__}",
-        [
-            *own,
-            *replaced,
-            ("algo", algo_field.type, field(default=algo, metadata=algo_metadata)),
-        ],
-        bases=(base,),
-        frozen=True,
-        namespace={
-            "validate": validate,
-            "flag_elsewhere": classmethod(lambda cls, key: flag_of_another_algorithm(key, algo)),
-            "algorithm_fields": tuple(name for name, _, _ in own),
-            "__module__": __name__,
-        },
-    )
-
-
-def algorithms_of(key: str) -> tuple[str, ...]:
-    """The algorithms that have a flag `key` of their own (an `Args` field), in the
-    registry's order; () for a core flag or no flag at all."""
-    return tuple(
-        name
-        for name in ALGORITHMS
-        if any(f.name == key for f in dataclasses.fields(algorithm_class(name).Args))
-    )
-
-
-def flag_of_another_algorithm(key: str, algo: str) -> str | None:
-    """ "a flag of --algo laser, not of impala" when `key` is a flag of other algorithms
-    than `algo` (all of them named), else None."""
-    owners = algorithms_of(key)
-    if not owners or algo in owners:
-        return None
-    names = ", ".join(owners[:-1]) + " and " + owners[-1] if len(owners) > 1 else owners[0]
-    return f"a flag of --algo {names}, not of {algo}"
+__all__ = ["build_parser", "config_from_flags", "parse_args"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -324,18 +247,3 @@ def config_from_flags(
     file_values = load_config_file(path, run_class) if path is not None else {}
     config = run_class(**{**file_values, **values, "config": path, "family": family})
     return _validated(config, path, file_values, set(values)).finalize()
-
-
-def config_from_dict(values: Mapping[str, Any], base: type[Config] = Config) -> Config:
-    """A saved run's config (a checkpoint's, a run's config.yaml) as its algorithm's class.
-
-    Keys that are no fields (any more) are dropped and missing ones take their defaults,
-    so a run saved by an older beast still loads for --mode test. ConfigError for an
-    unknown algorithm.
-    """
-    algo = values.get("algo", DEFAULT_ALGORITHM)
-    if algo not in ALGORITHMS:
-        raise ConfigError(f"the saved run's --algo {algo!r} is not one of {', '.join(ALGORITHMS)}")
-    run_class = config_for(algo, base)
-    names = {f.name for f in dataclasses.fields(run_class)}
-    return run_class(**{key: value for key, value in values.items() if key in names})

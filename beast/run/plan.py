@@ -12,12 +12,12 @@ import torch
 from torch import nn
 
 from beast import envs
-from beast.algos import ALGORITHMS, algorithm_class
 from beast.algos.base import Algorithm
-from beast.config import Config, ConfigError
+from beast.algos.build import build_algorithm, build_checked_model
+from beast.config import Config
 from beast.envs.batch import check_backend
 from beast.learning.thread_tuner import learner_threads
-from beast.models import ModelError, check_model, is_user_model
+from beast.models import is_user_model
 from beast.run.checks import check_frame_stacks, check_replay_fits
 from beast.train_step import compilations_under_way, wait_for_compilations
 
@@ -74,51 +74,6 @@ def acting_bf16(precision: str, device: torch.device) -> bool:
     run, where `device` has native bf16 (AtariNet at K=8 on one CPU thread: 2.7 ->
     2.2 ms; Pong end to end 1,585 -> 1,675 steps/s, benchmarks/RESULTS.md)."""
     return precision == "bf16" and (device.type == "cuda" or cpu_bf16_native())
-
-
-def build_algorithm(config: Config, spec: envs.EnvSpec) -> Algorithm:
-    """The run's algorithm for the env; a one-line ConfigError when it cannot act in the
-    env's action space or normalise its observations."""
-    algorithm = algorithm_class(config.algo)
-    if spec.continuous and not algorithm.continuous_actions:
-        able = [name for name in ALGORITHMS if algorithm_class(name).continuous_actions]
-        raise ConfigError(
-            f"--algo {config.algo} needs a Discrete action space, and {config.env} has"
-            f" {spec.describe_actions()}; for continuous actions use --algo"
-            f" {', '.join(able)}"
-        )
-    if not spec.continuous and not algorithm.discrete_actions:
-        able = [name for name in ALGORITHMS if algorithm_class(name).discrete_actions]
-        raise ConfigError(
-            f"--algo {config.algo} needs a continuous (Box) action space, and {config.env}"
-            f" has {spec.describe_actions()} (Discrete); for discrete actions use --algo"
-            f" {', '.join(able)}"
-        )
-    if config.normalize_obs and not any(
-        f.dtype.is_floating_point for f in spec.obs_fields().values()
-    ):
-        raise ConfigError(
-            f"--normalize_obs is for float vector observations, and {config.env}'s are"
-            f" {spec.describe_obs()} (image models scale pixels themselves); drop"
-            " --normalize_obs"
-        )
-    return algorithm(config, spec)
-
-
-def build_checked_model(algorithm: Algorithm) -> nn.Module:
-    """The algorithm's network, or a one-line ConfigError when it cannot be built for the
-    env or does not return what the algorithm needs (checked on a dummy batch)."""
-    config, spec = algorithm.config, algorithm.spec
-    try:
-        model = algorithm.build_model()
-        check_model(model, spec, algorithm.model_outputs(), config.model)
-    except ModelError as error:
-        raise ConfigError(str(error)) from None
-    except ValueError as error:  # a built-in model that does not fit the observations
-        raise ConfigError(
-            f"--model {config.model} does not fit --env {config.env}: {error}"
-        ) from None
-    return model
 
 
 @dataclass(frozen=True)

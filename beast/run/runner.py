@@ -32,6 +32,7 @@ import torch
 from beast.acting import fork_server
 from beast.acting.inference import InferenceServer, InferenceTable
 from beast.acting.supervisor import ActorPool, ForkServerError
+from beast.algos.build import build_checked_model
 from beast.config import Config
 from beast.outputs.checkpoint import CheckpointError
 from beast.outputs.logs import RunLog
@@ -50,7 +51,7 @@ from beast.run.lifecycle import (
     start_run,
     stop_on_signals,
 )
-from beast.run.plan import acting_bf16, build_checked_model
+from beast.run.plan import acting_bf16
 from beast.train_step import MODULES_IN_USE
 from beast.util.profile import format_profile
 

@@ -33,6 +33,7 @@ import torch
 
 from beast import envs
 from beast.acting.inference import LocalInference
+from beast.algos.build import build_algorithm, build_checked_model, config_from_dict
 from beast.config import Config, ConfigError
 from beast.outputs.checkpoint import (
     BEST_CHECKPOINT_NAME,
@@ -42,8 +43,6 @@ from beast.outputs.checkpoint import (
     load_checkpoint,
     load_latest_checkpoint,
 )
-from beast.run.parsing import config_from_dict
-from beast.run.plan import build_algorithm, build_checked_model
 
 __all__ = ["EvalResult", "Episode", "VIDEO_NAME", "play_episodes", "test"]
 

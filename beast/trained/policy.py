@@ -1,7 +1,7 @@
 """A trained policy as one function of tensors: what `beast.load_policy` runs in Python
 and what `python -m beast.export` saves for use without beast (docs/export.md).
 
-The policy is the one `--mode test` plays (beast/evaluate.py): the run's checkpoint
+The policy is the one `--mode test` plays (beast/trained/play.py): the run's checkpoint
 (--checkpoint latest or best), its env's spec, its algorithm's network with the
 checkpoint's weights, and the algorithm's evaluation policy (`Algorithm.acting_rule(explore=
 False)`), whose action `ActingModule` computes with torch ops
@@ -56,11 +56,10 @@ from torch import Tensor, nn
 
 from beast import envs
 from beast.algos.base import ActingRule, as_outputs
+from beast.algos.build import build_algorithm, build_checked_model, config_from_dict
 from beast.config import Config, ConfigError
 from beast.fields import model_inputs, numpy_dtype, obs_leaf, obs_path
 from beast.outputs.checkpoint import CHECKPOINT_NAME, has_checkpoint
-from beast.run.parsing import config_from_dict
-from beast.run.plan import build_algorithm, build_checked_model
 from beast.trained.play import load_test_checkpoint
 
 __all__ = [

@@ -60,8 +60,8 @@ from typing import Any
 
 import yaml
 
+from beast.algos.build import DEFAULT_ALGORITHM
 from beast.config import Config, ConfigError
-from beast.run.parsing import DEFAULT_ALGORITHM
 from beast.tune.sweep_runs import (
     Run,
     RunResult,

@@ -15,6 +15,7 @@ import torch
 from beast import envs
 from beast.algos import impala, laser
 from beast.algos.base import LearnerContext
+from beast.algos.build import config_for
 from beast.algos.distributions import Categorical
 from beast.algos.impala import ActorCriticUpdate, Impala
 from beast.algos.laser import Laser
@@ -26,7 +27,7 @@ from beast.experience.rollout_source import RolloutSource
 from beast.fields import box_obs, core_state, core_state_shapes
 from beast.learning.learner import Learner, Stepper, TrainingProgress
 from beast.models import build_model
-from beast.run.parsing import config_for, parse_args
+from beast.run.parsing import parse_args
 from tests.support.in_process import run_monobeast
 
 LOSS_KWARGS = {

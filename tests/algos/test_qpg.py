@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from beast.algos.base import LearnerContext
+from beast.algos.build import build_algorithm
 from beast.algos.nstep import NStepReturns
 from beast.algos.policies import SquashedPolicy
 from beast.algos.qpg.functions import (
@@ -36,7 +37,6 @@ from beast.experience.contract import Batch
 from beast.learning.learner import Stepper, TrainingProgress
 from beast.models import PolyakAverager
 from beast.run.parsing import parse_args
-from beast.run.plan import build_algorithm
 from tests.support.in_process import run_monobeast
 from tests.support.references import reference_tanh_gaussian_log_prob
 from tests.support.runs import assert_refused_in_one_line

@@ -15,16 +15,10 @@ import pytest
 import torch
 
 from beast import envs
+from beast.algos.build import build_algorithm, build_checked_model
 from beast.run.build import build_experience
 from beast.run.parsing import parse_args
-from beast.run.plan import (
-    RunPlan,
-    build_algorithm,
-    build_checked_model,
-    cpu_bf16_native,
-    select_policy,
-    select_precision,
-)
+from beast.run.plan import RunPlan, cpu_bf16_native, select_policy, select_precision
 from tests.support.runs import (
     APEX_SMALL,
     R2D2_SMALL,

@@ -35,13 +35,14 @@ from torch import nn
 
 from beast.acting.actor import Actor, ActorSettings
 from beast.algos.base import as_outputs
+from beast.algos.build import build_algorithm
 from beast.algos.dqn import q_learning_targets
 from beast.algos.nstep import n_step_returns
 from beast.algos.r2d2 import n_step_double_q_targets
 from beast.envs import env_spec, make
 from beast.run.build import build_experience
 from beast.run.parsing import parse_args
-from beast.run.plan import RunPlan, build_algorithm
+from beast.run.plan import RunPlan
 from beast.util.profile import ACTOR_PHASES, PhaseClock
 
 LIMIT, GAMMA = 3, 0.9

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from beast import envs
+from beast.algos.build import build_algorithm
 from beast.config import AUTO, ConfigError
 from beast.run import autosize
 from beast.run.measure import TrivialModel
 from beast.run.parsing import parse_args
-from beast.run.plan import build_algorithm
 from tests.support.in_process import run_monobeast
 from tests.support.runs import CARTPOLE_SMALL
 

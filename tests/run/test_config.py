@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from beast.algos import ALGORITHMS, algorithm_class
+from beast.algos.build import config_for
 from beast.config import (
     CONFIGS_DIR,
     Config,
@@ -16,7 +17,7 @@ from beast.config import (
     load_config_file,
 )
 from beast.envs import EnvError, probe_spec
-from beast.run.parsing import build_parser, config_for, parse_args
+from beast.run.parsing import build_parser, parse_args
 
 
 def test_defaults_are_valid_and_finalized():

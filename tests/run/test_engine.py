@@ -18,9 +18,9 @@ import torch
 
 from beast import envs
 from beast.algos import ALGORITHMS
+from beast.algos.build import build_algorithm, build_checked_model
 from beast.config import ConfigError
 from beast.run.parsing import parse_args
-from beast.run.plan import build_algorithm, build_checked_model
 from tests.support.in_process import run_monobeast
 from tests.support.runs import (
     CARTPOLE_SMALL,

@@ -22,6 +22,7 @@ from torch import nn
 from beast import envs
 from beast.acting.error_board import ErrorBoard
 from beast.acting.inference import LocalInference
+from beast.algos.build import build_algorithm, build_checked_model, config_for
 from beast.algos.policies import EpsilonGreedyPolicy
 from beast.learning.learner import UpdateStats
 from beast.models import copy_weights
@@ -34,8 +35,6 @@ from beast.run.evaluator import (
     EvalWorker,
     run_evaluator,
 )
-from beast.run.parsing import config_for
-from beast.run.plan import build_algorithm, build_checked_model
 from beast.trained.play import play_episodes
 
 # A test of the evaluator process that hangs fails after this long.

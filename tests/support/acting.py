@@ -24,11 +24,11 @@ from beast import envs
 from beast.acting.actor import ActorSettings
 from beast.acting.inference import InferenceServer, InferenceTable
 from beast.acting.supervisor import ActorPool
+from beast.algos.build import config_for
 from beast.algos.impala import Impala
 from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
 from beast.fields import core_state_shapes
 from beast.native import QueueClosed
-from beast.run.parsing import config_for
 
 # How often the main thread checks that the actors are alive.
 POLL_SECONDS = 0.1

@@ -11,11 +11,11 @@ import numpy as np
 import torch
 
 from beast.algos.base import LearnerContext
+from beast.algos.build import build_algorithm
 from beast.envs.spec import EnvSpec
 from beast.experience.contract import Batch
 from beast.learning.learner import Stepper, TrainingProgress
 from beast.run.parsing import parse_args
-from beast.run.plan import build_algorithm
 from beast.train_step import (
     ParameterGroup,
     StepLoss,
@@ -46,7 +46,7 @@ def build(
     identity: str | None = None,
 ):
     """An algorithm's update on a tiny network, seeded: two builds start identical.
-    `identity`: the run's step identity (beast/run/engine.py `step_identity`)."""
+    `identity`: the run's step identity (beast/run/build.py `step_identity`)."""
     env = "Pendulum-v1" if spec.continuous else "CartPole-v1"
     config = parse_args(["--algo", algo, "--env", env, *flags])
     torch.manual_seed(0)
