@@ -8,8 +8,9 @@ Every model is ``torso -> core -> heads`` and runs on time-major batches:
                                                Dict or Tuple observation, a dict (tuple)
                                                of such tensors, one per leaf, nested as
                                                the space is
-    inputs["reward"]       [T, B] float32      raw reward that arrived with obs_t; the model
-                                               clips it to [-1, 1] for the core input
+    inputs["reward"]       [T, B] float32      raw reward that arrived with obs_t; a model
+                                               that reads it clips it to [-1, 1] for the
+                                               core input
     inputs["last_action"]  [T, B] int64        action taken before obs_t (one-hot encoded);
                            [T, B, d] float32   for continuous actions, used as it is
     inputs["done"]         [T, B] bool         obs_t starts a new episode; read only by
@@ -25,8 +26,12 @@ Continuous (Box) actions of dimension d replace the logits by a diagonal Gaussia
 (``--log_std_init``), as in PPO's MuJoCo setup (Schulman et al. 2017, section 6.1).
 
 The core input is ``[torso features, clipped reward, one-hot last action]`` as in TorchBeast's
-AtariNet. Without an LSTM the heads read that vector directly; with one, they read the LSTM
-output. The policy and baseline heads are separate linear layers on a shared torso and core.
+AtariNet for the image models and every LSTM, and the torso's features alone for a
+feed-forward MLP, which acts on the observation as Stable-Baselines3's and CleanRL's do (an
+exported policy then takes the observation only); ``use_last_action_reward`` (the flag
+--use_last_action_reward) says otherwise. Without an LSTM the heads read the core input
+directly; with one, they read the LSTM output. The policy and baseline heads are separate
+linear layers on a shared torso and core.
 
 Recurrent state (``CoreState``) is ``(h, c)``, each float32 ``[1, B, lstm_size]``: one LSTM
 layer of 256 units by default, as in the IMPALA paper (Espeholt et al. 2018, fig. 3), rather
@@ -51,7 +56,8 @@ shared layers and no reward or last-action input.
 Q-networks (`QNet`, `build_q_model`) take the same inputs and torsos and return
 ``QOutput.q_values`` [T, B, num_actions] float32 through a dueling head (Wang et al. 2016). With
 an LSTM (R2D2) the core input is the same ``[features, clipped reward, one-hot last action]``;
-without one (Ape-X) the head reads the torso features alone, as in the Ape-X paper's dueling DQN.
+without one (Ape-X) the head reads the torso features alone, as in the Ape-X paper's dueling DQN
+(unless ``use_last_action_reward``).
 
 The package, one module per family (docs/internals.md):
 
