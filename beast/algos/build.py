@@ -20,6 +20,7 @@ from torch import nn
 
 from beast import envs
 from beast.algos import ALGORITHMS, algorithm_class
+from beast.algos.actor_critic import ActorCriticAlgorithm
 from beast.algos.base import Algorithm
 from beast.config import Config, ConfigError
 from beast.models import ModelError, check_model
@@ -106,15 +107,26 @@ def config_from_dict(values: Mapping[str, Any], base: type[Config] = Config) -> 
     """A saved run's config (a checkpoint's, a run's config.yaml) as its algorithm's class.
 
     Keys that are no fields (any more) are dropped and missing ones take their defaults,
-    so a run saved by an older beast still loads for --mode test. ConfigError for an
-    unknown algorithm.
+    so a run saved by an older beast still loads for --mode test, except where the default
+    changed what the run built: a run saved before --use_last_action_reward existed had an
+    actor-critic's built-in mlp read the reward and last action (as every built-in
+    actor-critic network did then; "auto" resolves to the image models, which still do,
+    or to that mlp). ConfigError for an unknown algorithm.
     """
     algo = values.get("algo", DEFAULT_ALGORITHM)
     if algo not in ALGORITHMS:
         raise ConfigError(f"the saved run's --algo {algo!r} is not one of {', '.join(ALGORITHMS)}")
     run_class = config_for(algo, base)
     names = {f.name for f in dataclasses.fields(run_class)}
-    return run_class(**{key: value for key, value in values.items() if key in names})
+    saved = {key: value for key, value in values.items() if key in names}
+    if (
+        "use_last_action_reward" not in values
+        and "use_last_action_reward" in names
+        and issubclass(algorithm_class(algo), ActorCriticAlgorithm)
+        and values.get("model", "auto") in ("auto", "mlp")
+    ):
+        saved["use_last_action_reward"] = True
+    return run_class(**saved)
 
 
 def build_algorithm(config: Config, spec: envs.EnvSpec) -> Algorithm:

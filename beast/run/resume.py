@@ -23,12 +23,14 @@ from beast.run.build import Run
 
 # Flags a resumed run must share with its checkpoint: they define the model,
 # its inputs, the optimizer state's layout or the algorithm's state.
+# (--use_last_action_reward is not among them: its default, None, resolves by model, so
+# None and True build the same image network; a network that reads otherwise does not fit
+# the checkpoint's weights, which `restore` reports.)
 RESUME_MUST_MATCH = (
     "env",
     "algo",
     "model",
     "use_lstm",
-    "use_last_action_reward",
     "hidden_size",
     "activation",
     "normalize_obs",
@@ -119,6 +121,16 @@ def restore(
             run.reward_scaler.load_state_dict(payload["reward_scaler"])
     except (RuntimeError, ValueError, KeyError) as error:
         reason = str(error).strip().splitlines()[0]
+        saved = payload.get("config", {})
+        now = getattr(run.config, "use_last_action_reward", None)
+        if "use_last_action_reward" not in saved:
+            # Saved before the flag, when the built-in mlp read the reward and last action.
+            reason += " (a run saved before --use_last_action_reward: resume it with that flag)"
+        elif saved["use_last_action_reward"] != now:
+            reason += (
+                f" (--use_last_action_reward {saved['use_last_action_reward']!r} in the"
+                f" checkpoint, {now!r} now)"
+            )
         raise ConfigError(f"cannot resume from {path}: it does not fit: {reason}") from error
     saved = dict(payload["progress"])
     saved["step"] //= progress_divisor

@@ -509,6 +509,21 @@ def test_the_default_mlp_acts_on_the_observation_alone(default_runs):
     assert [s.name for s in policy.signature.outputs] == ["action"]
 
 
+def test_a_run_saved_before_the_flag_plays_as_it_was_trained(runs, tmp_path):
+    """A run saved before --use_last_action_reward (its config has no such key) built its
+    feed-forward mlp reading the reward and last action, as every built-in actor-critic
+    did then: it loads with them and acts as it was trained."""
+    run_dir, _ = runs("impala_last_action_reward")
+    checkpoint = load_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME))
+    del checkpoint["config"]["use_last_action_reward"]
+    (tmp_path / "old").mkdir()
+    save_checkpoint(str(tmp_path / "old"), checkpoint)
+    old, trained = beast.load_policy(tmp_path / "old"), beast.load_policy(run_dir)
+    assert [s.name for s in old.signature.inputs] == ["obs", "reward", "last_action"]
+    obs = np.random.default_rng(0).normal(size=(50, 4)).astype(np.float32)
+    np.testing.assert_array_equal(old.act(obs)[0], trained.act(obs)[0])
+
+
 def test_onnx_export_prints_no_foreign_warnings(default_runs):
     """The exporter's registry warns of torchvision, which beast does not use ("torchvision
     is not installed. Skipping torchvision::nms", four lines): export prints its own line
