@@ -96,6 +96,22 @@ def test_train_then_test_on_cartpole(tmp_path):
             ["--env", "CartPole-v1", "--replay_ratio", "1"],
             "--replay_ratio is a flag of --algo laser, not of impala",
         ),
+        # Networks that read the observation alone, whatever the flag says.
+        (
+            ["--algo", "sac", "--env", "Pendulum-v1", "--use_last_action_reward"],
+            "--algo sac's built-in network reads the observation alone",
+        ),
+        (
+            ["--algo", "ppo", "--env", "CartPole-v1", "--use_last_action_reward"],
+            "the separate_mlp model reads the observation alone",
+        ),
+        (
+            [
+                *("--env", "CartPole-v1", "--use_last_action_reward"),
+                *("--model", "tests.support.user_models:TinyActorCritic"),
+            ],
+            "--use_last_action_reward chooses the built-in networks' inputs",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
