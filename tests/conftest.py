@@ -3,6 +3,8 @@ thread count and random states as they were before it (`keep_global_state`); and
 shared by tests: the native-code tests' (test_native.py, test_batcher.py) and the env
 batch tests' `register_id` (test_env_batch.py, test_envpool_batch.py)."""
 
+import atexit
+import glob
 import multiprocessing as mp
 import os
 import shutil
@@ -31,8 +33,12 @@ def pytest_configure(config):
     Git's user settings stay the user's (GIT_CONFIG_GLOBAL): a run records its git
     state, which reads them."""
     worker = getattr(config, "workerinput", {}).get("workerid", "main")
-    private = tempfile.mkdtemp(prefix=f"beast-tests-{worker}-")
+    _remove_folders_of_dead_processes()
+    private = tempfile.mkdtemp(prefix=f"beast-tests-{worker}-{os.getpid()}-")
     _PRIVATE.append(private)
+    # xdist's workers end without pytest_unconfigure; atexit covers a normal exit, and the
+    # next run's sweep (above) a killed one.
+    atexit.register(shutil.rmtree, private, True)
     home = os.path.join(private, "home")
     os.makedirs(home)
     gitconfig = os.path.join(os.path.expanduser("~"), ".gitconfig")
@@ -40,6 +46,15 @@ def pytest_configure(config):
         os.environ["GIT_CONFIG_GLOBAL"] = gitconfig
     os.environ["HOME"] = home
     os.environ["BEAST_COMPILE_CACHE"] = os.path.join(private, "compile-cache")
+
+
+def _remove_folders_of_dead_processes() -> None:
+    """Remove the private folders (beast-tests-WORKER-PID-*) of pytest processes that are
+    gone: a run killed by a timeout leaves its folders behind."""
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), "beast-tests-*-*-*")):
+        pid = os.path.basename(folder).split("-")[3]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_unconfigure(config):
