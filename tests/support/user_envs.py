@@ -6,6 +6,7 @@ from __future__ import annotations
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+from gymnasium.envs.classic_control.acrobot import AcrobotEnv
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 from gymnasium.envs.classic_control.pendulum import PendulumEnv
 from gymnasium.wrappers import TimeLimit
@@ -21,6 +22,16 @@ class CustomCartPole(gymnasium.Wrapper):
 
     def __init__(self) -> None:
         super().__init__(TimeLimit(CartPoleEnv(), max_episode_steps=MAX_EPISODE_STEPS))
+
+
+class CustomAcrobot(gymnasium.Wrapper):
+    """Acrobot-v1 as a user's own class: Gymnasium's AcrobotEnv with the 500-step time limit
+    of its registration (-1 a step until the tip swings above the bar), made by `--env
+    tests.support.user_envs:CustomAcrobot`. Like CustomCartPole, its vector observations
+    and Discrete actions pick configs/<algo>/classic.yaml, so one file must serve both."""
+
+    def __init__(self) -> None:
+        super().__init__(TimeLimit(AcrobotEnv(), max_episode_steps=MAX_EPISODE_STEPS))
 
 
 class CustomPendulum(gymnasium.Wrapper):
