@@ -221,6 +221,9 @@ def test_a_block_of_batches_is_one_update_each_and_one_priority_update(period):
     assert_tree_holds_the_loss_priorities(learner, drawn.indices, priorities)
 
 
+# Its compilation (aot_eager) takes seconds unloaded and over 30 s beside a busy machine:
+# a longer watchdog, or the alarm lands in the compiler and the step falls back to eager.
+@pytest.mark.watchdog(300)
 def test_a_compiled_block_of_sequences_steps_as_one_at_a_time(monkeypatch):
     """The same with the update compiled (torch's aot_eager backend: the block's traced
     graph on eager kernels), after its eager probes: R2D2's recurrent sequences, burn-in
