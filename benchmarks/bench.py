@@ -49,11 +49,9 @@ import functools
 import math
 import os
 import platform
-import queue
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,9 +65,7 @@ import torch
 from torch import nn
 
 from beast import envs
-from beast.acting.actor import ActorSettings
 from beast.acting.inference import CentralInference, InferenceServer, InferenceTable
-from beast.acting.supervisor import ActorPool
 from beast.algos.base import LearnerContext
 from beast.algos.build import config_for
 from beast.algos.impala import ActorCriticUpdate, Impala, impala_loss
@@ -80,7 +76,7 @@ from beast.experience.rollout_slots import RolloutBuffers, rollout_spec
 from beast.fields import Field, box_obs, core_state_shapes
 from beast.learning.learner import Stepper, TrainingProgress
 from beast.models import build_model, copy_weights
-from beast.native import QueueClosed
+from beast.run.acting_probe import ActorsWithoutLearner
 from beast.run.measure import TrivialModel, synthetic_batch, torch_threads
 from beast.run.plan import acting_bf16, select_precision
 from beast.train_step.optim import build_optimizer
@@ -508,129 +504,40 @@ def measure_acting(
     )
     config = algorithm.config
     config.validate()  # monobeast's checks: the lanes must split K evenly
-    splits = config.env_splits(policy)
-    acting_policy = algorithm.acting_rule()
     if bf16 is None:
         cpu = torch.device("cpu")
         bf16 = acting_bf16(select_precision(config, cpu, spec, Impala), cpu)
     if actor_model is None:
         torch.manual_seed(seed)
         actor_model = algorithm.builtin_model()
-    actor_model.share_memory()
-    actor_model.eval()
-    slots_held = num_actors * num_envs_per_actor
-    num_buffers = num_buffers or 2 * slots_held
-    if num_buffers < slots_held:
-        raise ValueError(f"num_buffers must be >= num_actors * num_envs_per_actor ({slots_held})")
-    buffers = RolloutBuffers(
-        rollout_spec(
-            unroll_length=unroll_length,
-            obs=spec.obs_fields(),
-            record=acting_policy.record_spec(),
-            core_state_shapes=core_state_shapes(actor_model.initial_state(1)),
-        ),
-        num_buffers,
+    probe = ActorsWithoutLearner(
+        algorithm,
+        actor_model,
+        num_buffers=num_buffers,
+        policy=policy,
+        bf16=bf16,
+        inference_timeout_ms=inference_timeout_ms,
+        capture=capture,
     )
-
-    arrivals: list[float] = []  # perf_counter time of every full slot; consumer appends
-    captured: list[dict[str, torch.Tensor]] = []
-    stop = threading.Event()
-
-    def consume() -> None:
-        while not stop.is_set():
-            try:
-                index = buffers.full_queue.get(timeout=_ACTING_POLL_SECONDS)
-            except queue.Empty:
-                continue
-            except QueueClosed:
-                return
-            if len(captured) < capture:
-                captured.append(buffers.gather([index]))
-            arrivals.append(time.perf_counter())
-            try:
-                buffers.free_queue.put(index)
-            except QueueClosed:
-                return
-
-    table = server = None
-    if policy == "central":
-        table = InferenceTable(
-            num_actors=num_actors,
-            num_envs=num_envs_per_actor,
-            obs=spec.obs_fields(),
-            policy=acting_policy,
-            initial_state=actor_model.initial_state(1),
-            num_env_splits=splits,
-        )
-        server = InferenceServer(
-            table=table,
-            policy=acting_policy,
-            model=copy.deepcopy(actor_model),
-            source=actor_model,
-            device=torch.device("cpu"),
-            max_batch=slots_held,
-            batch_window=inference_timeout_ms / 1000.0,
-            bf16=bf16,
-        )
-    # The runner's actor pool, with no restarts: a failed actor fails the benchmark.
-    actors = ActorPool(
-        settings=ActorSettings(
-            env=env,
-            seed=seed,
-            num_actors=num_actors,
-            num_envs=num_envs_per_actor,
-            episodic_life=False,
-            policy=acting_policy,
-            bf16=bf16,
-            num_env_splits=splits,
-        ),
-        sink=buffers,
-        policy_source=table if table is not None else actor_model,
-        num_actors=num_actors,
-        max_restarts=0,
-        log=functools.partial(print, file=sys.stderr, flush=True),
-    )
-    consumer = threading.Thread(target=consume, name="bench-consumer", daemon=True)
-    try:
-        consumer.start()
-        if server is not None:
-            server.start()
-        actors.start()
+    with probe:
         deadline = time.perf_counter() + _ACTING_START_TIMEOUT
-        while not arrivals:
-            _check_actors(actors, server)
+        while not probe.arrivals:
+            probe.check()
             if time.perf_counter() > deadline:
                 raise RuntimeError(f"no rollout from the actors in {_ACTING_START_TIMEOUT:.0f} s")
             time.sleep(_ACTING_POLL_SECONDS)
-        start = arrivals[0] + warmup_seconds
+        start = probe.arrivals[0] + warmup_seconds
         end = start + seconds
-        while time.perf_counter() < end or len(captured) < capture:
-            _check_actors(actors, server)
+        while time.perf_counter() < end or len(probe.captured) < capture:
+            probe.check()
             time.sleep(_ACTING_POLL_SECONDS)
-    finally:
-        stop.set()
-        buffers.close()
-        if table is not None:
-            table.close()
-        consumer.join(_ACTOR_JOIN_SECONDS)
-        actors.stop(_ACTOR_JOIN_SECONDS)
-        if server is not None:
-            server.stop(_ACTOR_JOIN_SECONDS)
     # A fixed window: a rollout that straddles either end is counted or not at random,
     # so the estimate is unbiased; its noise is one rollout burst per end.
-    done = sum(1 for t in arrivals if start <= t < end)
+    done = sum(1 for t in probe.arrivals if start <= t < end)
     result = ActingResult(steps_per_second=done * unroll_length / seconds)
-    if captured:
-        result.rollouts = {key: torch.cat([c[key] for c in captured], dim=1) for key in captured[0]}
+    if probe.captured:
+        result.rollouts = probe.rollouts()
     return result
-
-
-def _check_actors(actors: ActorPool, server: InferenceServer | None = None) -> None:
-    failure = actors.check()
-    if failure:
-        raise RuntimeError(failure)
-    if server is not None and server.failed.is_set():
-        raise RuntimeError(f"inference failed: {server.error!r}")
 
 
 # ---------------------------------------------------------------------------------------
