@@ -476,8 +476,9 @@ class RunLog:
         with self._lock:
             return sum(self._returns) / len(self._returns) if self._returns else float("nan")
 
-    def progress_line(self) -> str:
-        """The console line; also resets the SPS window."""
+    def progress_line(self, note: str | None = None) -> str:
+        """The console line, `note` at its end (the update's compilation, beast/run/
+        lifecycle.py `report`); also resets the SPS window."""
         with self._lock:
             now = time.monotonic()
             then, then_step = self._last_line
@@ -497,14 +498,17 @@ class RunLog:
         return (
             f"step {self.step:,}/{self.total_steps:,} ({pct:.1f}%) | SPS {sps:,.0f} | {returns}"
             f" | {loss_text} | elapsed {format_duration(now - self._start)}"
-            f" ETA {format_duration(remaining)}"
+            f" ETA {format_duration(remaining)}" + (f" | {note}" if note else "")
         )
 
-    def report_progress(self) -> None:
-        """The periodic progress report: a plain line, unless the live bar shows it."""
-        line = self.progress_line()
+    def report_progress(self, note: str | None = None) -> None:
+        """The periodic progress report: a plain line, unless the live bar shows it (then
+        `note`, if any, is a message above the bar)."""
+        line = self.progress_line(note)
         if self._progress is None:
             self.print(line)
+        elif note:
+            self.print(note)
 
     def print(self, message: str) -> None:
         """A message; on a terminal it scrolls above the live progress bar."""

@@ -39,6 +39,7 @@ __all__ = [
     "start_evaluation",
     "start_run",
     "stop_on_signals",
+    "update_note",
 ]
 
 
@@ -155,10 +156,26 @@ def start_run(config: Config) -> tuple[Run, RunLog]:
         f" {config.num_actors} actors x {config.num_envs_per_actor} envs"
         f" ({resolve_backend(config.env, config.env_backend, lane_envs)} env batches),"
         f" learner on {plan.device} in {plan.precision} with {torch.get_num_threads()}"
-        " thread(s);"
+        f" thread(s){_update_plan(run)};"
         f" {describe_defaults(config, spec)}"
     )
     return run, log
+
+
+def _update_plan(run: Run) -> str:
+    """The start-up line's account of the update's path (beast/train_step `TrainStep.plan`:
+    eager, compiled from an earlier run's package, or compiled in the background after its
+    first steps, with about how long that takes), after a comma; empty for an update
+    without a train step."""
+    train_step = getattr(run.update, "train_step", None)
+    return f", {train_step.plan()}" if train_step is not None else ""
+
+
+def update_note(run: Run) -> str | None:
+    """What the progress line says of the update's path (`TrainStep.progress_note`): a
+    build under way, or the switch to the compiled step; None otherwise."""
+    train_step = getattr(run.update, "train_step", None)
+    return train_step.progress_note() if train_step is not None else None
 
 
 def start_evaluation(run: Run, log: RunLog) -> Evaluation | None:
@@ -197,7 +214,7 @@ def report(run: Run, log: RunLog) -> None:
     if status is not None:
         log.print(status)
     else:
-        log.report_progress()
+        log.report_progress(update_note(run))
     waited = MODULES_IN_USE.waiting_seconds()
     if waited >= _SAY_WAITS_OVER_SECONDS:
         log.print(f"the learner waits for its update's compilation ({waited:.0f} s so far)")

@@ -43,6 +43,7 @@ from beast.run.lifecycle import (
     start_evaluation,
     start_run,
     stop_on_signals,
+    update_note,
 )
 from beast.util.profile import ACTOR_PHASES, PhaseClock
 
@@ -105,7 +106,7 @@ def train_serial(config: Config) -> None:
                 run.save()
                 last_checkpoint = now
         if progress.step >= learner.total_steps:
-            log.report_progress()
+            log.report_progress(update_note(run))
             log.print(f"reached {end_of_run(run)}")
             if evaluator is not None:
                 evaluator.finish(progress.step)

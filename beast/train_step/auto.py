@@ -20,12 +20,15 @@ from beast.util.records import read_record, write_record
 
 __all__ = [
     "BUILD_SHARE_PER_EXTRA_STEP",
+    "BuildHistory",
     "COMPILED_RATIO",
     "Decision",
     "EAGER_PROBES",
+    "FIRST_BUILD_SECONDS",
     "KEEP_COMPILED_BELOW",
     "RETRY_BELOW_SECONDS",
     "StepRecord",
+    "build_share",
     "hardware",
     "signature",
     "worth_compiling",
@@ -41,9 +44,11 @@ __all__ = [
 # control and MuJoCo (benchmarks/RESULTS.md), 0.8-1.1 for convolutional networks, whose
 # time is their convolutions'; on CUDA 0.1-0.3.
 FIRST_COMPILE_SECONDS = {"cpu": 10.0, "cpu convolutions": 30.0, "cuda": 60.0}
-# A call of K steps (a block, `TrainStep.steps`) unrolls them in one graph, whose build
-# takes longer: each step past the first adds about this share of a one-step build (DQN
-# CartPole's block of 4: 51 s against 27 s for one step; PPO's of 5: 51 s against 25).
+# A call of K steps (a block, `TrainStep.steps`) on CUDA unrolls them in one graph, whose
+# build takes longer: each step past the first adds about this share of a one-step build
+# (measured on CPU when CPU blocks were unrolled too: DQN CartPole's block of 4, 51 s
+# against 27 s for one step; PPO's of 5, 51 s against 25). On CPU a block's steps are
+# one step's package called once each (package.ChainedSteps): one build (`build_share`).
 BUILD_SHARE_PER_EXTRA_STEP = 0.3
 COMPILED_RATIO = {"cpu": 0.6, "cpu convolutions": 0.9, "cuda": 0.3}
 # A compiled step kept only if at least this much faster than the eager one, measured.
@@ -58,6 +63,54 @@ KEEP_COMPILED_BELOW = 0.97
 RETRY_BELOW_SECONDS = 5.0
 # Eager steps of each kind timed before deciding (the first, warming caches, not counted).
 EAGER_PROBES = 4
+# How long a package's build takes (CPU) or torch.compile's compilation (CUDA), before
+# this machine has done one: what the log announces, not what auto weighs (that is what
+# the build costs the run, which goes on eagerly meanwhile: `FIRST_COMPILE_SECONDS`).
+FIRST_BUILD_SECONDS = {"cpu": 20.0, "cpu convolutions": 100.0, "cuda": 60.0}
+
+
+def build_share(hardware: str, steps_per_call: int) -> float:
+    """A build of a call of `steps_per_call` steps over a one-step build's: on CUDA the
+    steps are unrolled in one graph (`BUILD_SHARE_PER_EXTRA_STEP` a step past the first);
+    on CPU each distinct step is its own package (package.ChainedSteps), as cheap to
+    build as one step's."""
+    if hardware != "cuda":
+        return 1.0
+    return 1 + BUILD_SHARE_PER_EXTRA_STEP * max(steps_per_call - 1, 0)
+
+
+class BuildHistory:
+    """How long the last builds of compiled steps took on this machine, by hardware
+    (`hardware`), kept beside the compiled graphs: the log's "about N s" for the next
+    build of any step (a step built once loads from its package, so the figures that
+    matter are other steps'). Each figure is kept per step of its call (a block of K
+    steps builds for longer, `BUILD_SHARE_PER_EXTRA_STEP`)."""
+
+    _FILE = "beast_builds.json"
+    _KEEP = 10  # the newest figures, per hardware
+
+    @classmethod
+    def estimate(cls, hardware: str, steps_per_call: int = 1) -> tuple[float, str]:
+        """About how long a build of a call of `steps_per_call` steps takes here, and
+        where the figure comes from: the median of past builds, or the prior
+        (`FIRST_BUILD_SECONDS`)."""
+        figures = read_record(cls._FILE, hardware).get("seconds_per_unit")
+        scale = build_share(hardware, steps_per_call)
+        if isinstance(figures, list) and figures:
+            try:
+                return statistics.median(float(f) for f in figures) * scale, "from past builds"
+            except (TypeError, ValueError):
+                pass
+        return FIRST_BUILD_SECONDS[hardware] * scale, "from a prior"
+
+    @classmethod
+    def add(cls, hardware: str, seconds: float, steps_per_call: int = 1) -> None:
+        """A build of a call of `steps_per_call` steps took `seconds`."""
+        figures = read_record(cls._FILE, hardware).get("seconds_per_unit")
+        figures = [f for f in figures if isinstance(f, (int, float))] if figures else []
+        scale = build_share(hardware, steps_per_call)
+        figures.append(round(seconds / scale, 2))
+        write_record(cls._FILE, hardware, {"seconds_per_unit": figures[-cls._KEEP :]})
 
 
 class StepRecord(NamedTuple):
@@ -129,8 +182,7 @@ def worth_compiling(
     cost = record.compile_seconds
     first = cost is None
     if first:
-        extra_steps = max(steps_per_call - 1, 0)
-        cost = FIRST_COMPILE_SECONDS[hardware] * (1 + BUILD_SHARE_PER_EXTRA_STEP * extra_steps)
+        cost = FIRST_COMPILE_SECONDS[hardware] * build_share(hardware, steps_per_call)
     measured = record.compiled / record.eager if record.eager and record.compiled else None
     if measured is not None and (measured < KEEP_COMPILED_BELOW or cost >= RETRY_BELOW_SECONDS):
         ratio = measured

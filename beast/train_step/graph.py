@@ -338,5 +338,15 @@ def _moved_targets(
 
 
 def copied(tree: Any) -> Any:
-    """`tree` with every tensor in it cloned (a dry run's or a warm-up's arguments)."""
-    return tree_map(lambda value: value.clone() if isinstance(value, Tensor) else value, tree)
+    """`tree` with every tensor in it cloned (a dry run's or a warm-up's arguments), each
+    laid out as its original: a package runs its inputs with the strides it was traced
+    with (a block's part is a strided view, beast/train_step/package.py `ChainedSteps`),
+    and `clone` makes such a view contiguous."""
+    return tree_map(lambda value: _copy(value) if isinstance(value, Tensor) else value, tree)
+
+
+def _copy(value: Tensor) -> Tensor:
+    if value.is_contiguous():
+        return value.clone()
+    copy = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device)
+    return copy.copy_(value)

@@ -5,9 +5,12 @@ loading a PPO CartPole step from inductor's caches took 5 s of a 16 s race, and 
 step's as long. Here the step is traced once per run at the operator level instead
 (`make_fx` over fake tensors: 0.3 s, no kernel runs), the trace's code names the
 package, and a package already built is a shared library loaded in milliseconds
-(AOTInductor). A new one is exported and compiled by inductor into the same fused C++
-kernels torch.compile makes, in a child process while the learner goes on eagerly, then
-kept in `compile_cache_dir()/steps` for every later run whose step traces the same.
+(AOTInductor). A new one is compiled by inductor from the trace itself (graph_file.py)
+into the same fused C++ kernels torch.compile makes, in a child process while the
+learner goes on eagerly, then kept in `compile_cache_dir()/steps` for every later run
+whose step traces the same. A block of steps is each distinct step's package called in
+turn (`ChainedSteps`), not one graph of the steps unrolled, which took twice as long to
+build and ran no faster.
 
 The package's name is a hash of everything its code depends on: the traced graph's
 code, the values of the constants the trace kept, every input's shape, dtype and
@@ -20,8 +23,10 @@ parameter and buffer of the modules is an input, read at each step.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -30,22 +35,25 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, suppress
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_loads
 
-from beast.train_step import compiler, rewrites
+from beast.train_step import compiler, graph_file, rewrites
 from beast.train_step.compiler import inductor_patch
 from beast.train_step.graph import copied
+from beast.train_step.interface import split_block
 from beast.util.graph_capture import capturing_graph
 from beast.util.records import compile_cache_dir, source_digest
 
 __all__ = [
+    "BuildChild",
     "BuildStopped",
+    "ChainedSteps",
     "PackagedStep",
     "Trace",
     "known_step_key",
@@ -87,64 +95,129 @@ class Trace:
         whole process while it runs)."""
         return torch.export.export(self.graph, self.arguments, strict=False)
 
-    def build(self, exported: Any, stopping: threading.Event | None = None) -> None:
-        """Compile `exported` into this trace's package (inductor's kernels and their C++
-        wrapper in one shared library: tens of seconds) in a process of its own, so that
+    def build(
+        self,
+        program: Any = None,
+        stopping: threading.Event | None = None,
+        child: BuildChild | None = None,
+    ) -> None:
+        """Compile this trace into its package (inductor's kernels and their C++ wrapper in
+        one shared library: seconds to tens of seconds) in a process of its own, so that
         nothing in this one waits for it but what needs the package (the learner's steps
-        go on eagerly meanwhile). RuntimeError, with the child's last line, if it failed;
-        `BuildStopped` if `stopping` was set first (the child is stopped too, as it is
-        when the thread that started it ends: the kernel signals it, from the child's
-        first line on, `beast.util.parent_death`).
-
-        The child leads a process group of its own, which the C++ compilers it runs join:
-        stopped, it stops them with it (`build_in_child`). A compiler it only killed would
-        leave its own children (cc1plus, the assembler) compiling on for seconds after the
-        run's exit, orphans of the run."""
+        go on eagerly meanwhile). `program`: what the child compiles, by default the
+        trace's graph itself (beast/train_step/graph_file.py), or an ExportedProgram
+        (`export`). `child`: a `BuildChild` started earlier (its imports then ran beside
+        the trace), else one started here. RuntimeError, with the child's last line, if it
+        failed; `BuildStopped` if `stopping` was set first (the child is stopped too, as it
+        is when the thread that started it ends: the kernel signals it, from the child's
+        first line on, `beast.util.parent_death`)."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
-        # Removed by whichever of the two ends last (a stopped run exits at once).
-        scratch = tempfile.mkdtemp(prefix="beast-step-")
+        if program is None:
+            program = self.graph_file()
+        child = child if child is not None else BuildChild()
         try:
-            program = os.path.join(scratch, "program.pt2")
-            torch.export.save(exported, program)
-            with open(os.path.join(scratch, "stderr"), "w+") as stderr:
-                child = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "beast.util.parent_death",
-                        str(os.getpid()),
-                        "SIGTERM",
-                        f"{__name__}:build_in_child",
-                        program,
-                        self.path,
-                    ],
-                    env=dict(os.environ, PYTHONPATH=path),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=stderr,
-                    start_new_session=True,
-                )
-                try:
-                    while not _exited(child):
-                        if stopping is not None and stopping.is_set():
-                            raise BuildStopped("the run stopped before the step's package")
-                finally:
-                    if child.poll() is None:
-                        child.terminate()
-                        child.wait()
-                stderr.seek(0)
-                lines = stderr.read().strip().splitlines()
+            if isinstance(program, bytes):
+                name = os.path.join(child.scratch, "step.graph")
+                with open(name, "wb") as file:
+                    file.write(program)
+            else:
+                name = os.path.join(child.scratch, "program.pt2")
+                torch.export.save(program, name)
+            child.finish(name, self.path, stopping)
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        if child.returncode != 0:
-            last = lines[-1] if lines else f"exit code {child.returncode}"
-            raise RuntimeError(f"building the step's package failed: {last}")
+            child.stop()
+
+    def graph_file(self) -> Any:
+        """What a build compiles: the trace's graph as bytes (graph_file.py: 0.02 s), or,
+        for a graph that module does not write, the ExportedProgram (`export`)."""
+        try:
+            return graph_file.dumps(self.graph, self.arguments)
+        except graph_file.Unwritable:
+            return self.export()
 
     def load(self) -> Runner:
         """The built package (`load_package`)."""
         return load_package(self.path)
+
+
+class BuildChild:
+    """A build's child process (`build_in_child`), started before it has a program to
+    build: its imports (torch and inductor, 2.3-2.7 CPU s on the 2-core VM) run while the
+    learner traces the step, on the other core. `finish` hands it the program and waits
+    for the package; `stop` ends it, used or not.
+
+    The child leads a process group of its own, which the C++ compilers it runs join:
+    stopped, it stops them with it (`build_in_child`). A compiler it only killed would
+    leave its own children (cc1plus, the assembler) compiling on for seconds after the
+    run's exit, orphans of the run. The kernel stops the child when the thread that
+    started it ends (`beast.util.parent_death`): start it in a thread that outlives the
+    build (the learner's)."""
+
+    def __init__(self) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
+        # Each phase's wall and CPU seconds, once it built (`_Phases`): what
+        # benchmarks/cold_build.py reports.
+        self.phases: dict[str, dict[str, float]] = {}
+        # Removed by whichever of the two ends last (a stopped run exits at once).
+        self.scratch = tempfile.mkdtemp(prefix="beast-step-")
+        self._stderr = open(os.path.join(self.scratch, "stderr"), "w+")  # noqa: SIM115
+        try:
+            self._process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "beast.util.parent_death",
+                    str(os.getpid()),
+                    "SIGTERM",
+                    f"{__name__}:build_in_child",
+                ],
+                env=dict(os.environ, PYTHONPATH=path),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=self._stderr,
+                start_new_session=True,
+                text=True,
+            )
+        except BaseException:
+            self._stderr.close()
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
+
+    def finish(self, program: str, destination: str, stopping: threading.Event | None) -> None:
+        """Build `program` (a file in `scratch`) into the package at `destination`; as
+        `Trace.build`."""
+        child = self._process
+        try:
+            assert child.stdin is not None
+            child.stdin.write(f"{program}\t{destination}\n")
+            child.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass  # it ended already: its exit code and last line say why
+        while not _exited(child):
+            if stopping is not None and stopping.is_set():
+                raise BuildStopped("the run stopped before the step's package")
+        self._stderr.seek(0)
+        lines = self._stderr.read().strip().splitlines()
+        if child.returncode != 0:
+            last = lines[-1] if lines else f"exit code {child.returncode}"
+            raise RuntimeError(f"building the step's package failed: {last}")
+        if lines and lines[-1].startswith(_PHASES_LINE):
+            with suppress(ValueError):
+                self.phases = json.loads(lines[-1].removeprefix(_PHASES_LINE))
+
+    def stop(self) -> None:
+        """End the child if it still runs (a build not needed, or stopped), and remove its
+        scratch directory."""
+        child = self._process
+        if child.poll() is None:
+            child.terminate()
+            child.wait()
+        if child.stdin is not None and not child.stdin.closed:
+            with suppress(OSError):
+                child.stdin.close()
+        self._stderr.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def load_package(path: str) -> Runner:
@@ -191,10 +264,14 @@ def known_step_key(identity: str, arguments: tuple[Any, ...]) -> str:
     return digest.hexdigest()[:32]
 
 
-def loads_only(traced: Trace | None) -> bool:
-    """Whether compiling `traced` is only loading its package: an earlier run built it,
-    and the backend is inductor's (the tests' eager backend runs the trace itself)."""
-    return traced is not None and compiler.BACKEND != "aot_eager" and traced.built
+def loads_only(traced: Trace | Sequence[Trace] | None) -> bool:
+    """Whether compiling `traced` (a trace, or each step's of a call: `ChainedSteps`) is
+    only loading packages: an earlier run built them, and the backend is inductor's (the
+    tests' eager backend runs the trace itself)."""
+    if traced is None or compiler.BACKEND == "aot_eager":
+        return False
+    traces = [traced] if isinstance(traced, Trace) else list(traced)
+    return bool(traces) and all(each.built for each in traces)
 
 
 def trace(function: Callable[..., Any], arguments: tuple[Any, ...]) -> Trace:
@@ -251,11 +328,17 @@ class PackagedStep:
         # Spent exporting and building packages: what a later run, loading them, skips.
         self.build_seconds = 0.0
         self._runners: dict[Any, Runner] = {}
+        # A build's child started for the next build (`add`), or None.
+        self._child: BuildChild | None = None
 
-    def add(self, traced: Trace) -> None:
-        """The package of `traced` (built first where no run built it before), for
-        arguments of its shapes."""
-        self._runners[_tensors_and_shapes(traced.arguments)[1]] = self._runner(traced)
+    def add(self, traced: Trace, child: BuildChild | None = None) -> None:
+        """The package of `traced` (built first where no run built it before, by `child`
+        if one was started for it), for arguments of its shapes."""
+        self._child = child
+        try:
+            self._runners[_tensors_and_shapes(traced.arguments)[1]] = self._runner(traced)
+        finally:
+            self._child = None
 
     def add_package(self, path: str, arguments: tuple[Any, ...]) -> None:
         """The package at `path`, for arguments of the shapes of `arguments`."""
@@ -269,18 +352,79 @@ class PackagedStep:
         return runner(arguments, tensors)
 
     def _runner(self, traced: Trace) -> Runner:
-        """The trace's package, built first where no run built it before."""
+        """The trace's package, built first where no run built it before (by the child
+        `add` was handed, where one was started for it; it is stopped if not needed)."""
+        child, self._child = self._child, None
+        try:
+            return self._built(traced, child)
+        finally:
+            if child is not None:
+                child.stop()
+
+    def _built(self, traced: Trace, child: BuildChild | None) -> Runner:
         if compiler.BACKEND == "aot_eager":
             # torch's backend that runs the captured graph on eager kernels, with no code
             # generated (the tests' parity checks): here, the trace itself.
             return _GraphRunner(traced.graph)
         if not traced.built:
             started = time.perf_counter()
-            with self.holding():
-                exported = traced.export()
-            traced.build(exported, self.stopping)  # steps go on meanwhile
+            try:
+                program = graph_file.dumps(traced.graph, traced.arguments)
+            except graph_file.Unwritable:
+                with self.holding():  # an export patches torch.nn.Module process-wide
+                    program = traced.export()
+            if child is None:  # steps go on meanwhile
+                traced.build(program, self.stopping)
+            else:
+                traced.build(program, self.stopping, child=child)
             self.build_seconds += time.perf_counter() - started
         return traced.load()
+
+
+class ChainedSteps:
+    """A call of several steps (a block: `TrainStep.steps`) as one call of each step's
+    own package after the other, called as the block's graph is (`StepGraph.step`'s
+    arguments, the batch the whole block's) and returning what it returns.
+
+    Each package is one step's graph, traced on one part of the block (`split_block`'s
+    views, whose strides it was built for), and writes the flat buffers in place, so the
+    next reads the weights, moments and targets the one before left, as the steps of one
+    unrolled graph do. Why not that graph: its build grows with its steps (a SAC Pendulum
+    block of 4 unrolled: 2,458 nodes against 628 for one step, 39 CPU s of inductor and
+    C++ against 17), and the unrolled code is no faster (one thread, the package calls
+    alone, SAC's 4 steps one call each took 0.91 of the block's time, median of 15
+    paired timings, 2026-12-07).
+
+    Args:
+        steps: each step's compiled step, in the block's order (steps that train the same
+            groups share one).
+        cut: the inputs the block's parts cut (`split_block`; None: every one)."""
+
+    def __init__(self, steps: Sequence[Callable[..., Any]], cut: tuple[str, ...] | None) -> None:
+        self.steps = list(steps)
+        self.cut = cut
+
+    def __call__(
+        self,
+        flat: Tensor,
+        target_flat: Tensor,
+        steps: Tensor,
+        buffers: dict[str, Tensor],
+        lr: Tensor,
+        tau: Tensor,
+        held: tuple[Tensor, ...],
+        inputs: dict[str, Tensor],
+    ) -> tuple[Any, ...]:
+        parts = split_block(inputs, len(self.steps), self.cut)
+        outputs = [
+            step(flat, target_flat, steps, buffers, lr, tau[i : i + 1], held, part)
+            for i, (step, part) in enumerate(zip(self.steps, parts, strict=True))
+        ]
+        # Each step's [1] verdicts, and its stats and priorities (lists of one).
+        stacked = tuple(torch.cat([output[j] for output in outputs]) for j in range(5))
+        stats = [output[5][0] for output in outputs]
+        priorities = [output[6][0] for output in outputs]
+        return (*stacked, stats, priorities)
 
 
 class _GraphRunner:
@@ -309,7 +453,7 @@ def _exited(child: subprocess.Popen) -> bool:
 def _tensors_and_shapes(arguments: tuple[Any, ...]) -> tuple[list[Tensor], Any]:
     """The tensors among the arguments' leaves, in the order a package takes them
     (pytree's: sequences in order, dicts in their keys' order), and what picks the
-    package: the arguments' structure, and each tensor's shape and dtype. Arguments of
+    package: the arguments' structure, and each tensor's shape, dtype and strides. Arguments of
     tuples, lists, dicts and leaves (every step's) are walked here, in 9 us where pytree's
     flattening and the hashing of its spec took 25 (of PPO CartPole's 0.4 ms step);
     others go through pytree."""
@@ -319,7 +463,7 @@ def _tensors_and_shapes(arguments: tuple[Any, ...]) -> tuple[list[Tensor], Any]:
     except _OtherContainer:
         leaves, spec = tree_flatten(arguments)
         tensors = [leaf for leaf in leaves if isinstance(leaf, Tensor)]
-        return tensors, (spec, *((tensor.shape, tensor.dtype) for tensor in tensors))
+        return tensors, (spec, *((t.shape, t.dtype, t.stride()) for t in tensors))
 
 
 class _OtherContainer(Exception):
@@ -331,7 +475,9 @@ def _structure(value: Any, tensors: list[Tensor]) -> Any:
     `tensors` in pytree's order."""
     if isinstance(value, Tensor):
         tensors.append(value)
-        return (value.shape, value.dtype)
+        # Strides too: a package runs its inputs as laid out when traced (a block's part,
+        # `ChainedSteps`, is a strided view of it).
+        return (value.shape, value.dtype, value.stride())
     kind = type(value)
     if kind is tuple or kind is list:
         return (kind, *(_structure(item, tensors) for item in value))
@@ -367,26 +513,42 @@ def _instruction_set() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
-def build_in_child(program: str, destination: str) -> None:
-    """The child process of `Trace.build`: the exported `program` compiled into the
-    package at `destination`, written under another name and renamed (runs building the
-    same step at once never read half a file; a stopped build leaves none), and the
-    program's scratch directory removed. SIGTERM (the run stopped the build, or ended)
-    stops the compilers it runs too, all of its process group; the child then removes
-    what it wrote and exits at once."""
+def build_in_child() -> None:
+    """The child process of a build (`BuildChild`): imports the compiler, then reads one
+    line, the program to build and the package to write, tab-separated (none: the build
+    was not needed, and it exits). The program (a graph file, graph_file.py, or an
+    exported program) is compiled into the package, written under another name and
+    renamed (runs building the same step at once never read half a file; a stopped build
+    leaves none), and its scratch directory removed. SIGTERM (the run stopped the build,
+    or ended) stops the compilers it runs too, all of its process group; the child then
+    removes what it wrote and exits at once."""
     if os.getpgrp() == os.getpid():  # the group is the build's own (not a caller's)
         signal.signal(signal.SIGTERM, _stop_build)
     temporary = None
+    program = None
+    phases = _Phases()  # the imports: from the interpreter's start
     try:
         try:
+            # The compiler imported before the program comes: while the learner traces.
+            compiler.import_compiler()
             compiler.configure_compiler()
-            exported = torch.export.load(program)
+            compiler.configure_build()
+            phases.mark("imports")
+            compiler.probe_instruction_sets()
+            phases.mark("probes")
+            line = sys.stdin.readline().rstrip("\n")
+            phases.mark("waiting")
+            if not line:
+                return
+            program, destination = line.split("\t")
             handle, temporary = tempfile.mkstemp(suffix=".pt2", dir=os.path.dirname(destination))
             os.close(handle)
             with warnings.catch_warnings():  # torch's own deprecations, said while pickling
                 warnings.simplefilter("ignore", FutureWarning)
-                torch._inductor.aoti_compile_and_package(exported, package_path=temporary)
+                _compile_and_package(program, temporary)
+            phases.mark("compiling")
             os.replace(temporary, destination)
+            print(f"{_PHASES_LINE}{json.dumps(phases.seconds)}", file=sys.stderr, flush=True)
             if os.path.abspath(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == os.path.abspath(
                 compile_cache_dir()
             ):  # beast's own cache (not one a user shares with other programs)
@@ -394,11 +556,69 @@ def build_in_child(program: str, destination: str) -> None:
         finally:
             if temporary is not None and os.path.exists(temporary):
                 os.remove(temporary)
-            shutil.rmtree(os.path.dirname(program), ignore_errors=True)
+            if program is not None:
+                shutil.rmtree(os.path.dirname(program), ignore_errors=True)
     except SystemExit:
         # Stopped: gone at once, not through the interpreter's exit, which takes seconds
         # in a process that imported inductor.
         os._exit(1)
+
+
+# A build's child ends its stderr with this and its phases' seconds (`BuildChild.phases`).
+_PHASES_LINE = "beast build phases: "
+
+
+class _Phases:
+    """A build child's phases, each its wall seconds and the CPU seconds of the child
+    itself (Python: imports, inductor's lowering and code generation) and of the
+    processes it waited for (the C++ compilers, the probes), from the interpreter's
+    start."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, dict[str, float]] = {}
+        self._last = (_process_start(), 0.0, 0.0)
+
+    def mark(self, name: str) -> None:
+        now = time.time()
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        waited = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = own.ru_utime + own.ru_stime
+        compilers = waited.ru_utime + waited.ru_stime
+        then, then_cpu, then_compilers = self._last
+        self.seconds[name] = {
+            "wall": round(now - then, 3),
+            "cpu": round(cpu - then_cpu, 3),
+            "compilers_cpu": round(compilers - then_compilers, 3),
+        }
+        self._last = (now, cpu, compilers)
+
+
+def _process_start() -> float:
+    """When this process started (the epoch's seconds), from /proc; now elsewhere."""
+    try:
+        with open("/proc/self/stat") as file:
+            ticks = int(file.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as file:
+            uptime = float(file.read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+def _compile_and_package(program: str, package: str) -> None:
+    """inductor's ahead-of-time compilation of `program` into `package`: a graph file
+    compiled as the GraphModule it holds (`torch._inductor.aot_compile`, what
+    `aoti_compile_and_package` does with an ExportedProgram's module), else the exported
+    program."""
+    if not program.endswith(".graph"):
+        torch._inductor.aoti_compile_and_package(torch.export.load(program), package_path=package)
+        return
+    from torch._inductor.package import package_aoti
+
+    with open(program, "rb") as file:
+        module, arguments = graph_file.loads(file.read())
+    files = torch._inductor.aot_compile(module, arguments, options={"aot_inductor.package": True})
+    package_aoti(package, files)
 
 
 def _remove_build_leftovers(cache: str, now: float) -> int:

@@ -4,11 +4,12 @@ each kind of step takes (beast/train_step/__init__.py)."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -39,6 +40,9 @@ __all__ = ["COMPILE_MODES", "TrainStep"]
 COMPILE_MODES = ("auto", "on", "off")
 # The record of packages by their key before a trace (`TrainStep._load_known`).
 _KNOWN_PACKAGES = "beast_packages.json"
+# The packages each setup (a run's settings and beast's code, no batch yet) used, for the
+# start-up line's account of the update's path (`TrainStep.plan`).
+_SETUP_PACKAGES = "beast_setups.json"
 
 
 class TrainStep:
@@ -112,6 +116,12 @@ class TrainStep:
         self._looked_up: set[Kind] = set()  # kinds whose known package was looked for
         # CPU: each traced kind's key before its trace, and its package (`_remember`).
         self._known_keys: dict[Kind, tuple[str, str]] = {}
+        # A build under way in the background, for the progress line: when it started and
+        # about how long it takes (`progress_note`).
+        self._build_started: dict[Kind, tuple[float, float]] = {}
+        # Where a compiled step took over from the eager one (the agent step, the build's
+        # seconds), until the progress line has said so once.
+        self._switched: tuple[int | None, float] | None = None
         self._layout: Layout | None = None
         self._state: OptimizerState | None = None
         self._compiling = compile != "off"
@@ -151,6 +161,42 @@ class TrainStep:
         if self.path == "eager":
             return "eager"
         return f"{self.path} (compiled in {self.compile_seconds:.1f} s)"
+
+    def plan(self) -> str:
+        """The path the update will take, for the run's start-up line: eager (and why), the
+        package an earlier run of this setup built (compiled from the first step), or a
+        compilation after the first steps (on CPU a build in the background, the learner
+        eager until it is done), with about how long it takes: the median of this
+        machine's past builds, or a prior (`auto.BuildHistory`)."""
+        if not self._compiling:
+            return "the update eager" + (" (--compile off)" if self.decision.mode == "off" else "")
+        hardware = self._hardware()
+        if hardware != "cuda" and self._setup_packages():
+            return "the update compiled from its package of an earlier run"
+        seconds, source = auto.BuildHistory.estimate(hardware)
+        about = f"about {seconds:.0f} s {source}"
+        if hardware == "cuda":
+            how = f"compiling it by torch.compile ({about}; the steps wait)"
+        else:
+            how = f"compiling it in the background ({about}; eager until then)"
+        if self.decision.mode == "auto":
+            return f"the update eager for its first steps, then {how} if the steps left pay for it"
+        return f"the update eager for its first steps, then {how}"
+
+    def progress_note(self) -> str | None:
+        """What the progress line adds about the update's path: a build under way (its
+        seconds so far, of about how many), or, once, the switch to the compiled step."""
+        now = time.perf_counter()
+        for kind, (started, estimate) in list(self._build_started.items()):
+            compilation = self._compilations.get(kind)
+            if compilation is not None and compilation.is_alive():
+                return f"update eager, compiling ({now - started:.0f} s of about {estimate:.0f})"
+        switched, self._switched = self._switched, None
+        if switched is None:
+            return None
+        step, seconds = switched
+        at = f" at step {step:,}" if step is not None else ""
+        return f"update compiled{at} (built in {seconds:.0f} s)"
 
     def _decline(self, reason: str) -> None:
         self._compiling = False
@@ -298,13 +344,17 @@ class TrainStep:
         arguments = self._inputs.arguments(inputs, copies=True, parts=parts)
         started = time.perf_counter()
         traced = None
+        child = None
         if self._device().type == "cpu":
+            child = self._early_build_child()
             # Traced here, in the learner's thread and its step: a trace puts fake tensors
             # in the modules while it runs, which no other thread may see (a checkpoint
             # takes the lock the learner's step holds).
             try:
-                traced = package.trace(function, arguments)
+                traced = self._trace(kind, inputs, parts)
             except Exception as error:  # an operation no graph holds
+                if child is not None:
+                    child.stop()
                 self._decided[kind] = None
                 self.decision.timed.pop(kind)
                 self._failed(error)
@@ -313,17 +363,22 @@ class TrainStep:
                 key = self._known_key(
                     kind, self._inputs.arguments(inputs, copies=False, parts=parts)
                 )
-                self._known_keys[kind] = (key, traced.path)
+                self._known_keys[kind] = (key, [traced.traces[i].path for i in traced.order])
+            if child is not None and package.loads_only(traced.traces):
+                child.stop()
+                child = None
         compilation = compilation_thread(
-            _name(kind), self._compile, kind, function, arguments, traced, started
+            _name(kind), self._compile, kind, function, arguments, traced, started, child
         )
         self._compilations[kind] = compilation
         # A package an earlier run built is loaded here, in the learner's thread: 0.3 s,
         # where a thread of its own would first need the compiler imported here (1 s of
         # the learner's time, every run, for what only a build needs).
-        if self.background and not package.loads_only(traced):
+        if self.background and not package.loads_only(traced and traced.traces):
             compiler.import_compiler()
-            MODULES_IN_USE.compilation_starting()
+            if traced is None:  # torch.compile (CUDA) holds the modules from its start
+                MODULES_IN_USE.compilation_starting()
+            self._announce_build(kind, parts)
             compilation.start()
         else:
             compilation.run()
@@ -335,6 +390,7 @@ class TrainStep:
         del self._compilations[kind]
         compiled = self._compiled_steps.pop(kind, None)
         if compiled is None:
+            self._build_started.pop(kind, None)
             self._decided[kind] = None
             self.decision.timed.pop(kind, None)
             return
@@ -351,6 +407,12 @@ class TrainStep:
         record = self.decision.timed[kind]
         eager = f"eager it took {self.decision.per_step(kind, record.eager)}"
         built = self._build_seconds.get(kind)  # None: torch.compile's (CUDA)
+        if self._build_started.pop(kind, None) is not None or built:
+            # What the progress line marks once (`progress_note`), and the next builds'
+            # estimate (a build's own seconds: trace to load).
+            progress = getattr(self.stepper, "progress", None)
+            self._switched = (getattr(progress, "step", None), seconds)
+            auto.BuildHistory.add(self._hardware(), seconds, parts)
         if built:
             how = f" ({seconds:.1f} s, its package built beside the learner's eager steps;"
         elif built is not None:
@@ -363,6 +425,86 @@ class TrainStep:
         # package (a build, this run's alone, is not counted).
         self.decision.timed[kind] = record._replace(compile_seconds=seconds - (built or 0.0))
 
+    def _announce_build(self, kind: Kind, parts: int) -> None:
+        """Say at once that a build starts in the background, and about how long it takes
+        (`auto.BuildHistory`); the progress line counts its seconds (`progress_note`)."""
+        hardware = self._hardware()
+        seconds, source = auto.BuildHistory.estimate(hardware, parts)
+        self._build_started[kind] = (time.perf_counter(), seconds)
+        subject = _subject(kind).replace("the learner's ", "the ")
+        if hardware == "cuda":
+            self.log(
+                f"compiling {subject} by torch.compile (about {seconds:.0f} s {source});"
+                " the learner's steps wait for it"
+            )
+        else:
+            self.log(
+                f"compiling {subject} in the background (about {seconds:.0f} s {source});"
+                " eager until then"
+            )
+
+    def _trace(self, kind: Kind, inputs: Mapping[str, Any], parts: int) -> _Traced:
+        """A call of `kind` traced for its packages: each distinct step of it alone (a
+        block's steps that train the same groups share one trace), on its part of the
+        block (`package.ChainedSteps` says why not the block's unrolled graph)."""
+        trains = step_trains(kind, parts)
+        pieces = split_block(inputs, parts, self._cuts[kind])
+        traced = _Traced()
+        first: dict[Train, int] = {}
+        for train, piece in zip(trains, pieces, strict=True):
+            if train not in first:
+                first[train] = len(traced.traces)
+                function = functools.partial(
+                    self._graph.step, trains=(train,), used=(self._used.get(train),), cut=None
+                )
+                arguments = self._inputs.arguments(piece, copies=True, parts=1)
+                traced.functions.append(function)
+                traced.traces.append(package.trace(function, arguments))
+            traced.order.append(first[train])
+        return traced
+
+    def _early_build_child(self) -> package.BuildChild | None:
+        """A package build's child, started before the trace where a build is all but
+        certain (a step of known identity whose package no earlier run recorded:
+        `_load_known` found none), so that its imports run on the other core while this
+        thread traces; None where the trace may find a package built already (a user's
+        model, whose steps are always traced) or no package is built (the tests'
+        backend)."""
+        if not self.background or self.identity is None or compiler.BACKEND == "aot_eager":
+            return None
+        try:
+            return package.BuildChild()
+        except OSError:  # no process to spare: the build starts its own
+            return None
+
+    def _setup_key(self) -> str | None:
+        """What names this setup's packages before any batch (`_SETUP_PACKAGES`): the
+        known keys' parts (`_known_key`) but the kind and the arguments; None where steps
+        are always traced (no `identity`)."""
+        if self.identity is None:
+            return None
+        return package.known_step_key(repr(("setup", self.identity, *self._made_of())), ())
+
+    def _setup_packages(self) -> bool:
+        """Whether an earlier run of this setup left packages of its steps, all still here
+        (its first step then loads one: `_load_known`)."""
+        key = self._setup_key()
+        names = read_record(_SETUP_PACKAGES, key).get("packages") if key else None
+        return bool(names) and all(
+            isinstance(name, str) and os.path.exists(package.package_path(name)) for name in names
+        )
+
+    def _made_of(self) -> tuple[Any, ...]:
+        """What the step's graph is made from besides the run's settings and its
+        arguments: the loss, the modules, the optimizers and the clipping."""
+        loss = getattr(self.loss, "__qualname__", type(self.loss).__qualname__)
+        modules = [(name, repr(module)) for name, module in self.program.parts.items()]
+        optimizers = [
+            (name, type(group.optimizer).__name__, sorted(group.optimizer.defaults.items()))
+            for name, group in self.groups.items()
+        ]
+        return loss, modules, optimizers, self.stepper.grad_norm_clipping
+
     def _record(self, kind: Kind, inputs: Mapping[str, Any]) -> auto.StepRecord:
         """What compiling this kind of step cost and gained in earlier runs."""
         params = self._layout.params if self._layout else []
@@ -374,13 +516,7 @@ class TrainStep:
     def _known_key(self, kind: Kind, arguments: tuple[Any, ...]) -> str:
         """`package.known_step_key` of this kind of step, for these arguments."""
         assert self.identity is not None
-        loss = getattr(self.loss, "__qualname__", type(self.loss).__qualname__)
-        modules = [(name, repr(module)) for name, module in self.program.parts.items()]
-        optimizers = [
-            (name, type(group.optimizer).__name__, sorted(group.optimizer.defaults.items()))
-            for name, group in self.groups.items()
-        ]
-        clipping = self.stepper.grad_norm_clipping
+        loss, modules, optimizers, clipping = self._made_of()
         cut = self._cuts[kind]
         identity = repr((self.identity, loss, kind, cut, modules, optimizers, clipping))
         return package.known_step_key(identity, arguments)
@@ -391,10 +527,16 @@ class TrainStep:
         known = self._known_keys.pop(kind, None)
         if known is None:
             return
-        key, path = known
-        # Each step's, in order (None: every parameter).
+        key, paths = known
+        # Each step's, in order (None: every parameter), and its package.
         reached = [None if u is None else u.params.tolist() for u in self._step_used(kind, parts)]
-        write_record(_KNOWN_PACKAGES, key, {"package": os.path.basename(path), "reached": reached})
+        packages = [os.path.basename(path) for path in paths]
+        write_record(_KNOWN_PACKAGES, key, {"packages": packages, "reached": reached})
+        setup = self._setup_key()
+        if setup is not None:
+            names = read_record(_SETUP_PACKAGES, setup).get("packages")
+            names = [n for n in names if isinstance(n, str) and n not in packages] if names else []
+            write_record(_SETUP_PACKAGES, setup, {"packages": [*names, *dict.fromkeys(packages)]})
 
     def _load_known(self, kind: Kind, inputs: Mapping[str, Any], parts: int) -> bool:
         """At a kind's first step on CPU: the package an earlier run recorded for this
@@ -414,8 +556,12 @@ class TrainStep:
         started = time.perf_counter()
         arguments = self._inputs.arguments(inputs, copies=False, parts=parts)
         known = read_record(_KNOWN_PACKAGES, self._known_key(kind, arguments))
-        name = known.get("package")
-        if not isinstance(name, str) or not os.path.exists(package.package_path(name)):
+        names = known.get("packages")
+        if not (
+            isinstance(names, list)
+            and len(names) == parts
+            and all(isinstance(n, str) and os.path.exists(package.package_path(n)) for n in names)
+        ):
             return False
         layout = self._layout
         assert layout is not None
@@ -434,11 +580,20 @@ class TrainStep:
             )
             if len(used) != parts:
                 raise ValueError(f"{len(used)} steps recorded for {parts}")
-            function = functools.partial(
-                self._graph.step, trains=trains, used=used, cut=self._cuts[kind]
-            )
-            compiled = package.PackagedStep(function, MODULES_IN_USE.for_compilation, self.stopping)
-            compiled.add_package(package.package_path(name), arguments)
+            loaded: dict[str, package.PackagedStep] = {}
+            pieces = split_block(inputs, parts, self._cuts[kind])
+            for name, train, piece, used_i in zip(names, trains, pieces, used, strict=True):
+                if name not in loaded:
+                    function = functools.partial(
+                        self._graph.step, trains=(train,), used=(used_i,), cut=None
+                    )
+                    loaded[name] = package.PackagedStep(
+                        function, MODULES_IN_USE.for_compilation, self.stopping
+                    )
+                    one = self._inputs.arguments(piece, copies=False, parts=1)
+                    loaded[name].add_package(package.package_path(name), one)
+            steps = [loaded[name] for name in names]
+            compiled = steps[0] if parts == 1 else package.ChainedSteps(steps, self._cuts[kind])
         except Exception:  # a record or package this torch cannot read: traced instead
             return False
         self._used.update(zip(trains, used, strict=True))
@@ -466,8 +621,9 @@ class TrainStep:
         kind: Kind,
         function: Callable[..., tuple[Any, ...]],
         arguments: tuple[Any, ...],
-        traced: package.Trace | None,
+        traced: _Traced | None,
         started: float,
+        child: package.BuildChild | None = None,
     ) -> None:
         """Compile this kind's step (`arguments`: copies of the state and the batch; the
         dry run that proves the result writes them, never the run's state); the result
@@ -481,10 +637,14 @@ class TrainStep:
         compiler.configure_compiler()
         try:
             if traced is not None:
-                holding = MODULES_IN_USE.for_compilation
-                compiled = package.PackagedStep(function, holding, self.stopping)
-                compiled.add(traced)
-                self._build_seconds[kind] = compiled.build_seconds
+                holding = _holding_for_export
+                packaged = []
+                for each, trace in zip(traced.functions, traced.traces, strict=True):
+                    packaged.append(package.PackagedStep(each, holding, self.stopping))
+                    packaged[-1].add(trace, child)  # the first build takes the child
+                    child = None
+                compiled = traced.call([packaged[i] for i in traced.order], self._cuts[kind])
+                self._build_seconds[kind] = sum(each.build_seconds for each in packaged)
             else:
                 compiled = torch.compile(
                     function,
@@ -499,6 +659,9 @@ class TrainStep:
             if not (self.stopping is not None and self.stopping.is_set()):
                 self._failed(error)  # (a stopped run has nothing more to say of it)
             return
+        finally:
+            if child is not None:  # not handed to a build (the package's own stops it)
+                child.stop()
         seconds = time.perf_counter() - started
         self.compile_seconds += seconds
         self._compiled_seconds[kind] = seconds
@@ -565,6 +728,33 @@ class TrainStep:
                 self._buffer_targets(tau)
             results.append(StepResult(applied, False, stats[i], priorities[i]))
         return results
+
+
+@contextlib.contextmanager
+def _holding_for_export() -> Iterator[None]:
+    """The modules held for a trace's export (beast/train_step/package.py, a graph its
+    own file cannot hold), which patches torch.nn.Module process-wide: the learner's next
+    step waits until the export holds them (Python's locks are not fair: it could take
+    them back at every step)."""
+    MODULES_IN_USE.compilation_starting()
+    with MODULES_IN_USE.for_compilation():
+        yield
+
+
+class _Traced:
+    """A call's traces (`TrainStep._trace`): each distinct step's function and trace, and
+    for each step of the call, which of them it is."""
+
+    def __init__(self) -> None:
+        self.functions: list[Callable[..., Any]] = []
+        self.traces: list[package.Trace] = []
+        self.order: list[int] = []
+
+    def call(
+        self, steps: Sequence[Callable[..., Any]], cut: tuple[str, ...] | None
+    ) -> Callable[..., Any]:
+        """The compiled call: the one step's own, or the steps chained."""
+        return steps[0] if len(steps) == 1 else package.ChainedSteps(steps, cut)
 
 
 def _name(kind: Kind) -> str:
