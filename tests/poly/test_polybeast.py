@@ -29,6 +29,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray = pytest.importorskip("ray")
 
 from beast.algos.base import LearnerContext  # noqa: E402
+from beast.algos.build import config_for  # noqa: E402
 from beast.algos.impala import ActorCriticUpdate, impala_loss  # noqa: E402
 from beast.algos.policies import CategoricalPolicy, EpsilonGreedyPolicy  # noqa: E402
 from beast.config import ConfigError  # noqa: E402
@@ -47,7 +48,6 @@ from beast.models import build_model  # noqa: E402
 from beast.poly.config import PolyConfig, parse_poly_args  # noqa: E402
 from beast.poly.env_server import EnvServer, Incarnation  # noqa: E402
 from beast.poly.feeders import ServerPool  # noqa: E402
-from beast.algos.build import config_for  # noqa: E402
 from beast.train_step.optim import build_optimizer  # noqa: E402
 from tests.support.runs import (  # noqa: E402
     ROOT,
