@@ -27,7 +27,13 @@ script that holds its settings and says where they come from:
   compares beast with SB3 at its better setting.
 
 Sides: beast (`monobeast.py` with the race's flags, then `--beast_flags`), SB3 at each
-of `--sb3_threads` torch threads (default 1; 1 and 2 in sac_halfcheetah), and SBX.
+of `--sb3_threads` torch threads (default 1; 1 and 2 in sac_halfcheetah), and SBX
+(`--sides` picks some). beast races twice per seed (`--beast_cache`): with a cold
+compile cache (`BEAST_COMPILE_CACHE` an empty folder: its first run on a machine, its
+update's package built during the race, its thread count measured) and with a warm one
+(`--warm_cache`, by default the user's own, `beast.util.records.compile_cache_dir`,
+filled first by one untimed run of the race's command: every later run of the same
+settings, whatever the seed, loads the package at its first update).
 One at a time, never two at once; from one seed to the next the order of the sides
 rotates, so with as many seeds as sides each goes first once. Every side is a process
 of its own, timed from its launch (benchmarks.peers says how, and how SBX's XLA uses
@@ -48,12 +54,14 @@ faster (P6 asks >= 2 x SB3 and ahead of SBX).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import shlex
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -62,15 +70,18 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from beast.util.records import compile_cache_dir
 from benchmarks import sb3_dqn_side_by_side as dqn
 from benchmarks import sb3_qpg_side_by_side as qpg
 from benchmarks import sb3_side_by_side as ppo
 from benchmarks.env_throughput import machine_description
+from benchmarks.monobeast_sps import _CLEAN_ENVIRON
 from benchmarks.peers import DISTRIBUTIONS, NAMES, run_peer
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME, RATE = "time", "rate"  # a race's figures: wall-clock to the threshold, env steps/s
 DEFAULT_SEEDS = (1, 4, 5)
+CACHE_VARIABLE = "BEAST_COMPILE_CACHE"
 
 
 @dataclass(frozen=True)
@@ -79,11 +90,12 @@ class Side:
 
     library: str  # "beast", "sb3" or "sbx"
     threads: int = 1
+    cache: str = ""  # beast's compile cache: "cold" or "warm" ("": as it is)
 
     @property
     def label(self) -> str:
         if self.library == "beast":
-            return "beast"
+            return f"beast ({self.cache} cache)" if self.cache else "beast"
         if self.library == "sbx":
             return NAMES["sbx"]
         count = "torch default" if self.threads == 0 else f"{self.threads} thr"
@@ -130,6 +142,7 @@ class Settings:
 
     beast_flags: tuple[str, ...] = ()
     xla_flags: str = ""
+    warm_cache: str = ""  # beast's warm compile cache ("": the user's own)
 
 
 def _dqn_cartpole(race: Race, side: Side, seed: int, settings: Settings) -> Run:
@@ -318,10 +331,44 @@ RACES = {
 }
 
 
-def sides(race: Race, sb3_threads: Sequence[int] | None) -> list[Side]:
-    """beast, SB3 at each thread count (`sb3_threads`, else the race's), then SBX."""
+def sides(
+    race: Race,
+    sb3_threads: Sequence[int] | None,
+    libraries: Sequence[str] = ("beast", "sb3", "sbx"),
+    caches: Sequence[str] = ("cold", "warm"),
+) -> list[Side]:
+    """beast with each compile cache (`caches`), SB3 at each thread count
+    (`sb3_threads`, else the race's), then SBX: those of `libraries`."""
     counts = race.sb3_threads if sb3_threads is None else sb3_threads
-    return [Side("beast"), *(Side("sb3", n) for n in counts), Side("sbx")]
+    racers = [
+        *(Side("beast", cache=cache) for cache in caches),
+        *(Side("sb3", n) for n in counts),
+        Side("sbx"),
+    ]
+    return [side for side in racers if side.library in libraries]
+
+
+@contextlib.contextmanager
+def beast_cache(side: Side, settings: Settings) -> Iterator[None]:
+    """beast's runs inside the block see the side's compile cache (`Side.cache`): a new
+    empty folder (cold; removed after), the warm one, or the environment's as it is."""
+    if side.library != "beast" or not side.cache:
+        yield
+        return
+    before = _CLEAN_ENVIRON.get(CACHE_VARIABLE)
+    with contextlib.ExitStack() as stack:
+        if side.cache == "cold":
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="beast-cold-"))
+        else:
+            folder = settings.warm_cache or compile_cache_dir()
+        _CLEAN_ENVIRON[CACHE_VARIABLE] = folder
+        try:
+            yield
+        finally:
+            if before is None:
+                _CLEAN_ENVIRON.pop(CACHE_VARIABLE, None)
+            else:
+                _CLEAN_ENVIRON[CACHE_VARIABLE] = before
 
 
 def rotated(items: Sequence[Any], shift: int) -> list[Any]:
@@ -357,16 +404,19 @@ def faster(medians: dict[str, float | None], figure: str) -> str | None:
     return pick(known, key=known.__getitem__)
 
 
-def paired_ratios(runs: Sequence[Run], peer: str, figure: str) -> list[float]:
-    """beast / `peer` per seed, over the seeds where both have the figure."""
+def paired_ratios(
+    runs: Sequence[Run], peer: str, figure: str, ours_label: str = "beast"
+) -> list[float]:
+    """`ours_label` (a beast side) / `peer` per seed, over the seeds where both have the
+    figure."""
     by_seed: dict[int, dict[str, Run]] = {}
     for run in runs:
         by_seed.setdefault(run.seed, {})[run.side] = run
     ratios = []
     for pair in by_seed.values():
-        if "beast" not in pair or peer not in pair:
+        if ours_label not in pair or peer not in pair:
             continue
-        ours, theirs = figure_value(pair["beast"], figure), figure_value(pair[peer], figure)
+        ours, theirs = figure_value(pair[ours_label], figure), figure_value(pair[peer], figure)
         if ours is not None and theirs:
             ratios.append(ours / theirs)
     return ratios
@@ -425,29 +475,47 @@ def summary(race: Race, labels: Sequence[str], runs: Sequence[Run]) -> list[str]
             for label in labels
             if any(r.side == label for r in runs)
         }
-        ours = medians.get("beast")
-        peers = {label: value for label, value in medians.items() if label != "beast"}
-        for peer, theirs in peers.items():
-            ratios = paired_ratios(runs, peer, figure)
-            of_medians = f"{ours / theirs:.2f}" if ours is not None and theirs else "n/a"
-            per_seed = (
-                f"{statistics.median(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)})"
-                if ratios
-                else "n/a"
-            )
-            lines.append(f"{what}, beast / {peer}: {of_medians} (medians); per seed: {per_seed}")
-        # With several SB3 sides (thread counts), SB3 at its better setting as well.
-        sb3 = {label: v for label, v in peers.items() if label.startswith(f"{NAMES['sb3']} (")}
-        groups = [("SB3 at its better thread setting", sb3)] if len(sb3) > 1 else []
-        for name, group in [*groups, ("the faster peer", peers)]:
-            best = faster(group, figure)
-            if best is None:
-                lines.append(f"{what}, beast / {name}: n/a (no median)")
-                continue
-            theirs = group[best]
-            ratio = f"{ours / theirs:.2f}" if ours is not None and theirs else "n/a"
-            lines.append(f"{what}, beast / {name} ({best}): {ratio}")
+        beasts = [label for label in medians if label.startswith("beast")]
+        peers = {label: value for label, value in medians.items() if label not in beasts}
+        # beast cold against warm: what a first run on a machine pays for its build.
+        if len(beasts) == 2:
+            lines.append(_ratio_line(what, beasts[0], beasts[1], medians, runs, figure))
+        for label in beasts:
+            ours = medians[label]
+            for peer in peers:
+                lines.append(_ratio_line(what, label, peer, medians, runs, figure))
+            # With several SB3 sides (thread counts), SB3 at its better setting as well.
+            sb3 = {p: v for p, v in peers.items() if p.startswith(f"{NAMES['sb3']} (")}
+            groups = [("SB3 at its better thread setting", sb3)] if len(sb3) > 1 else []
+            for name, group in [*groups, ("the faster peer", peers)] if peers else ():
+                best = faster(group, figure)
+                if best is None:
+                    lines.append(f"{what}, {label} / {name}: n/a (no median)")
+                    continue
+                theirs = group[best]
+                ratio = f"{ours / theirs:.2f}" if ours is not None and theirs else "n/a"
+                lines.append(f"{what}, {label} / {name} ({best}): {ratio}")
     return lines
+
+
+def _ratio_line(
+    what: str,
+    ours: str,
+    theirs: str,
+    medians: dict[str, float | None],
+    runs: Sequence[Run],
+    figure: str,
+) -> str:
+    """`ours` / `theirs` of the medians and per seed, as a printed line."""
+    a, b = medians.get(ours), medians.get(theirs)
+    of_medians = f"{a / b:.2f}" if a is not None and b else "n/a"
+    ratios = paired_ratios(runs, theirs, figure, ours)
+    per_seed = (
+        f"{statistics.median(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)})"
+        if ratios
+        else "n/a"
+    )
+    return f"{what}, {ours} / {theirs}: {of_medians} (medians); per seed: {per_seed}"
 
 
 def run_race(race: Race, seeds: Sequence[int], racers: Sequence[Side], settings: Settings) -> None:
@@ -462,10 +530,20 @@ def run_race(race: Race, seeds: Sequence[int], racers: Sequence[Side], settings:
         detail += f"; within {race.budget:,} env steps"
     print(f"\n## {race.name}: {detail}\n\n{header(race)}", flush=True)
     runs = []
+    warm = [side for side in racers if side.library == "beast" and side.cache == "warm"]
+    if warm and seeds:
+        # One untimed run fills the warm cache: its package, its thread count.
+        with beast_cache(warm[0], settings):
+            try:
+                race.run(race, warm[0], seeds[0], settings)
+                print(f"(the warm cache filled by an untimed run, seed {seeds[0]})", flush=True)
+            except (RuntimeError, subprocess.TimeoutExpired) as error:
+                print(f"(the warm-up run failed: {str(error).strip()[-300:]})", flush=True)
     for i, seed in enumerate(seeds):
         for side in rotated(racers, i):
             try:
-                runs.append(race.run(race, side, seed, settings))
+                with beast_cache(side, settings):
+                    runs.append(race.run(race, side, seed, settings))
             except (RuntimeError, subprocess.TimeoutExpired) as error:
                 lines = str(error).strip().splitlines()
                 print(f"| {seed} | {side.label} | failed: {lines[-1] if lines else error} |")
@@ -523,6 +601,21 @@ def _race_names(text: str) -> tuple[str, ...]:
     return names
 
 
+def _libraries(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [name for name in names if name not in ("beast", "sb3", "sbx")]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown side(s) {unknown or text!r}: beast, sb3, sbx")
+    return names
+
+
+def _caches(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names or any(name not in ("cold", "warm") for name in names):
+        raise argparse.ArgumentTypeError(f"{text!r}: cold, warm or cold,warm")
+    return names
+
+
 def split_flags(text: str) -> tuple[str, ...]:
     """Run flags given as one string ("--compile on --updates_per_sample 4"), split as a
     shell would; argparse's error (one line, exit code 2) where they cannot be."""
@@ -569,6 +662,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         " (default: XLA's own)",
     )
     parser.add_argument(
+        "--sides",
+        type=_libraries,
+        default=("beast", "sb3", "sbx"),
+        help="comma-separated libraries that race (default: beast,sb3,sbx)",
+    )
+    parser.add_argument(
+        "--beast_cache",
+        type=_caches,
+        default=("cold", "warm"),
+        help="beast's compile caches, one beast side each: cold (an empty folder per run)"
+        " and warm (filled by an untimed run first); default: cold,warm",
+    )
+    parser.add_argument(
+        "--warm_cache",
+        default="",
+        help="the warm compile cache's folder (default: the user's, ~/.cache/beast/inductor"
+        " or $BEAST_COMPILE_CACHE)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="smoke test: one seed, tiny budgets, low thresholds"
     )
     args = parser.parse_args(argv)
@@ -590,18 +702,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                 file=sys.stderr,
             )
             raise SystemExit(2)
-    settings = Settings(args.beast_flags, args.xla_flags)
+    settings = Settings(args.beast_flags, args.xla_flags, args.warm_cache)
     print(machine_description(), flush=True)
     print(versions(), flush=True)
     print(
         f"races {', '.join(args.only)}; seeds {', '.join(map(str, args.seeds))}"
         f"{' (quick: smoke-test budgets)' if args.quick else ''}; beast flags:"
         f" {shlex.join(args.beast_flags) or '(the configs)'}; SBX: JAX_PLATFORMS=cpu,"
-        f" XLA_FLAGS={args.xla_flags or '(unset)'}",
+        f" XLA_FLAGS={args.xla_flags or '(unset)'}; beast's compile cache:"
+        f" {', '.join(args.beast_cache)} (warm: {args.warm_cache or compile_cache_dir()})",
         flush=True,
     )
     for race in races:
-        run_race(race, args.seeds, sides(race, args.sb3_threads), settings)
+        racers = sides(race, args.sb3_threads, args.sides, args.beast_cache)
+        run_race(race, args.seeds, racers, settings)
 
 
 if __name__ == "__main__":

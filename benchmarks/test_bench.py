@@ -351,13 +351,47 @@ def test_every_race_has_a_header_matching_its_rows_and_quick_settings(name):
     assert columns.count("|") == rule.count("|") == line.count("|")
 
 
-def test_sides_are_beast_sb3_per_thread_count_then_sbx():
+def test_sides_are_beast_cold_and_warm_sb3_per_thread_count_then_sbx():
+    cold, warm = "beast (cold cache)", "beast (warm cache)"
     labels = [side.label for side in races.sides(races.RACES["sac_halfcheetah"], None)]
-    assert labels == ["beast", "SB3 (1 thr)", "SB3 (2 thr)", "SBX"]
+    assert labels == [cold, warm, "SB3 (1 thr)", "SB3 (2 thr)", "SBX"]
     labels = [side.label for side in races.sides(races.RACES["dqn_cartpole"], None)]
-    assert labels == ["beast", "SB3 (1 thr)", "SBX"]
+    assert labels == [cold, warm, "SB3 (1 thr)", "SBX"]
     labels = [side.label for side in races.sides(races.RACES["dqn_cartpole"], (0, 2))]
-    assert labels == ["beast", "SB3 (torch default)", "SB3 (2 thr)", "SBX"]
+    assert labels == [cold, warm, "SB3 (torch default)", "SB3 (2 thr)", "SBX"]
+    race = races.RACES["sac_pendulum"]
+    labels = [side.label for side in races.sides(race, None, ("beast",), ("warm",))]
+    assert labels == [warm]
+
+
+def test_beasts_runs_see_an_empty_cache_cold_and_the_warm_one_warm(tmp_path):
+    """A cold side's run gets a new empty compile cache, removed after it; a warm side's
+    the warm cache; other sides the environment as it was."""
+    seen = {}
+    settings = races.Settings(warm_cache=str(tmp_path / "warm"))
+    before = dict(races._CLEAN_ENVIRON)
+    for side in (races.Side("beast", cache="cold"), races.Side("beast", cache="warm")):
+        with races.beast_cache(side, settings):
+            seen[side.cache] = races._CLEAN_ENVIRON[races.CACHE_VARIABLE]
+            if side.cache == "cold":
+                assert os.path.isdir(seen["cold"]) and not os.listdir(seen["cold"])
+    with races.beast_cache(races.Side("sbx"), settings):
+        assert dict(races._CLEAN_ENVIRON) == before
+    assert not os.path.exists(seen["cold"])
+    assert seen["warm"] == str(tmp_path / "warm")
+    assert dict(races._CLEAN_ENVIRON) == before
+
+
+def test_summary_of_beast_cold_and_warm_gives_their_ratio_first():
+    race = races.RACES["sac_pendulum"]
+    cold, warm = "beast (cold cache)", "beast (warm cache)"
+    runs = [_run(cold, 1, 60.0), _run(warm, 1, 50.0), _run(cold, 4, 66.0), _run(warm, 4, 55.0)]
+    lines = races.summary(race, [cold, warm], runs)
+    assert lines[3] == (
+        "time to -200, beast (cold cache) / beast (warm cache): 1.20 (medians); per seed: 1.20"
+        " (1.20, 1.20)"
+    )
+    assert len(lines) == 4  # no peer: no other ratio
 
 
 def test_race_flags_parse_lists_and_beast_flags():
