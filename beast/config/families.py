@@ -5,9 +5,12 @@ suggest), and the start-up line that says which and why.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import yaml
 
 if TYPE_CHECKING:
     from beast.envs import EnvSpec
@@ -32,23 +35,15 @@ class TunedConfig:
 # How the start-up line names the families that --env's id gives.
 _FAMILY_WORDS = {"atari": "an Atari game", "classic": "classic control", "mujoco": "a MuJoCo task"}
 
-# Tuned families' ids whose reward the defaults do not find, with what to use instead, for
-# the start-up line (issue 43: not a silent failure). MountainCar-v0 pays -1 a step until
-# the car reaches the hilltop, which random actions almost never do in its 200 steps. In
-# 500k steps (seed 1, docs/learning.md, "MountainCar-v0") IMPALA's classic defaults reached
-# it in none of 2,480 episodes and PPO's in 20 of 2,488: best means of 100, -200 and -198.
-# DQN's classic defaults learn it (-110 at 77k-79k steps, seeds 1-3, within their own 100k):
-# its Q-values start near 0, above the true -1 a step, so the actions least tried look best
-# and its greedy policy explores. The first value is the algorithm that learned it: a run
-# of that algorithm gets no note, nor one given --config.
-_SPARSE_REWARD_NOTES = {
-    "MountainCar-v0": (
-        "dqn",
-        "MountainCar-v0's reward is sparse (-1 a step until a goal random actions rarely"
-        " reach): IMPALA's and PPO's classic defaults did not learn it in 500k steps;"
-        " --algo dqn learns it (a mean of -110 by 80k steps, docs/learning.md)",
-    ),
-}
+# Tasks whose reward the tuned defaults do not find, and what does: data measured per
+# task, kept beside the configs (configs/notes.yaml says why each is there).
+_NOTES_FILE = os.path.join(CONFIGS_DIR, "notes.yaml")
+
+
+@functools.cache
+def _task_notes() -> dict[str, dict[str, str]]:
+    with open(_NOTES_FILE) as f:
+        return yaml.safe_load(f) or {}
 
 
 def tuned_config(
@@ -100,7 +95,7 @@ def _family_file(algo: str, family: str) -> str:
 def describe_defaults(config: Config, spec: EnvSpec) -> str:
     """For the start-up line: the file the run's values started from, and why, e.g.
     "defaults: configs/impala/classic.yaml (vector observations, Discrete actions)"; for
-    an id whose reward those defaults do not find (`_SPARSE_REWARD_NOTES`), what does.
+    an id whose reward those defaults do not find (configs/notes.yaml), what does.
 
     Worked out again from the run's config and its env's `spec` (so no env is made): the
     tuned file `tuned_config` picks when the run's file is that one, else --config's.
@@ -115,7 +110,7 @@ def describe_defaults(config: Config, spec: EnvSpec) -> str:
     else:
         in_checkout = os.path.relpath(path, os.path.dirname(CONFIGS_DIR))
         line = f"defaults: {path if in_checkout.startswith('..') else in_checkout} ({reason})"
-    learner, note = _SPARSE_REWARD_NOTES.get(config.env, (config.algo, ""))
-    if config.algo != learner and config.config == tuned.path:
-        line += f"; {note}"
+    note = _task_notes().get(config.env)
+    if note and config.algo != note["learned_by"] and config.config == tuned.path:
+        line += f"; {note['note']}"
     return line

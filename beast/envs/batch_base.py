@@ -122,8 +122,12 @@ class EnvBatch(abc.ABC):
         if self.return_discount is None:
             return
         G = self.discounted_return
-        G *= self.return_discount * self._continues
-        G += self.reward
+        # A reward so large that the return overflows float32 becomes inf here, quietly:
+        # the learner's non-finite guard stops the run on it in one line, which a NumPy
+        # warning from the actor would only precede.
+        with np.errstate(over="ignore", invalid="ignore"):
+            G *= self.return_discount * self._continues
+            G += self.reward
         np.logical_not(self.terminated | self.truncated, out=self._continues)
 
     @abc.abstractmethod
