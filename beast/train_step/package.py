@@ -27,6 +27,7 @@ import json
 import os
 import re
 import resource
+import select
 import shutil
 import signal
 import subprocess
@@ -159,8 +160,10 @@ class BuildChild:
         # Each phase's wall and CPU seconds, once it built (`_Phases`): what
         # benchmarks/cold_build.py reports.
         self.phases: dict[str, dict[str, float]] = {}
-        # Removed by whichever of the two ends last (a stopped run exits at once).
-        self.scratch = tempfile.mkdtemp(prefix="beast-step-")
+        # Removed by whichever of the two ends last (a stopped run exits at once); one
+        # whose run and child were both killed outright, by the next build's start.
+        _remove_orphaned_scratch()
+        self.scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
         self._stderr = open(os.path.join(self.scratch, "stderr"), "w+")  # noqa: SIM115
         try:
             self._process = subprocess.Popen(
@@ -171,6 +174,7 @@ class BuildChild:
                     str(os.getpid()),
                     "SIGTERM",
                     f"{__name__}:build_in_child",
+                    self.scratch,
                 ],
                 env=dict(os.environ, PYTHONPATH=path),
                 stdin=subprocess.PIPE,
@@ -183,6 +187,10 @@ class BuildChild:
             self._stderr.close()
             shutil.rmtree(self.scratch, ignore_errors=True)
             raise
+
+    def waiting(self) -> bool:
+        """Whether the child still runs, waiting for its program (or importing)."""
+        return self._process.poll() is None
 
     def finish(self, program: str, destination: str, stopping: threading.Event | None) -> None:
         """Build `program` (a file in `scratch`) into the package at `destination`; as
@@ -513,8 +521,9 @@ def _instruction_set() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
-def build_in_child() -> None:
-    """The child process of a build (`BuildChild`): imports the compiler, then reads one
+def build_in_child(scratch: str) -> None:
+    """The child process of a build (`BuildChild`, whose directory `scratch` holds the
+    program): imports the compiler, then reads one
     line, the program to build and the package to write, tab-separated (none: the build
     was not needed, and it exits). The program (a graph file, graph_file.py, or an
     exported program) is compiled into the package, written under another name and
@@ -524,46 +533,71 @@ def build_in_child() -> None:
     removes what it wrote and exits at once."""
     if os.getpgrp() == os.getpid():  # the group is the build's own (not a caller's)
         signal.signal(signal.SIGTERM, _stop_build)
+    _written.append(scratch)
     temporary = None
     program = None
     phases = _Phases()  # the imports: from the interpreter's start
     try:
-        try:
-            # The compiler imported before the program comes: while the learner traces.
-            compiler.import_compiler()
-            compiler.configure_compiler()
-            compiler.configure_build()
-            phases.mark("imports")
-            compiler.probe_instruction_sets()
-            phases.mark("probes")
-            line = sys.stdin.readline().rstrip("\n")
-            phases.mark("waiting")
-            if not line:
-                return
-            program, destination = line.split("\t")
-            handle, temporary = tempfile.mkstemp(suffix=".pt2", dir=os.path.dirname(destination))
-            os.close(handle)
-            with warnings.catch_warnings():  # torch's own deprecations, said while pickling
-                warnings.simplefilter("ignore", FutureWarning)
-                _compile_and_package(program, temporary)
-            phases.mark("compiling")
-            os.replace(temporary, destination)
-            print(f"{_PHASES_LINE}{json.dumps(phases.seconds)}", file=sys.stderr, flush=True)
-            if os.path.abspath(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == os.path.abspath(
-                compile_cache_dir()
-            ):  # beast's own cache (not one a user shares with other programs)
-                _remove_build_leftovers(compile_cache_dir(), time.time())
-        finally:
-            if temporary is not None and os.path.exists(temporary):
-                os.remove(temporary)
-            if program is not None:
-                shutil.rmtree(os.path.dirname(program), ignore_errors=True)
-    except SystemExit:
-        # Stopped: gone at once, not through the interpreter's exit, which takes seconds
-        # in a process that imported inductor.
-        os._exit(1)
+        # The compiler imported before the program comes: while the learner traces.
+        compiler.import_compiler()
+        compiler.configure_compiler()
+        compiler.configure_build()
+        phases.mark("imports")
+        compiler.probe_instruction_sets()
+        phases.mark("probes")
+        # A child started with the run may never get its program (a run that stops,
+        # or stays eager, in a process that goes on: the Python API): not forever.
+        if not select.select([sys.stdin], [], [], _PROGRAM_WAIT_SECONDS)[0]:
+            return
+        line = sys.stdin.readline().rstrip("\n")
+        phases.mark("waiting")
+        if not line:
+            return
+        program, destination = line.split("\t")
+        handle, temporary = tempfile.mkstemp(suffix=".pt2", dir=os.path.dirname(destination))
+        os.close(handle)
+        _written.append(temporary)
+        with warnings.catch_warnings():  # torch's own deprecations, said while pickling
+            warnings.simplefilter("ignore", FutureWarning)
+            _compile_and_package(program, temporary)
+        phases.mark("compiling")
+        os.replace(temporary, destination)
+        print(f"{_PHASES_LINE}{json.dumps(phases.seconds)}", file=sys.stderr, flush=True)
+        if os.path.abspath(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == os.path.abspath(
+            compile_cache_dir()
+        ):  # beast's own cache (not one a user shares with other programs)
+            _remove_build_leftovers(compile_cache_dir(), time.time())
+    finally:
+        if temporary is not None and os.path.exists(temporary):
+            os.remove(temporary)
+        if program is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
+# A build's scratch directory: this, the run's pid, a dash (`BuildChild`).
+_SCRATCH_PREFIX = "beast-step-"
+
+
+def _remove_orphaned_scratch() -> None:
+    """Remove the scratch directories of builds whose run is gone: a run and its build's
+    child both killed outright (SIGKILL, the machine's OOM killer) leave theirs."""
+    pattern = re.compile(re.escape(_SCRATCH_PREFIX) + r"(\d+)-")
+    root = tempfile.gettempdir()
+    with suppress(OSError):
+        for entry in os.scandir(root):
+            found = pattern.match(entry.name)
+            if found is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                os.kill(int(found.group(1)), 0)
+            except ProcessLookupError:
+                shutil.rmtree(entry.path, ignore_errors=True)
+            except PermissionError:  # another user's live process
+                pass
+
+
+# How long a build's child waits for its program before it exits (`build_in_child`).
+_PROGRAM_WAIT_SECONDS = 900.0
 # A build's child ends its stderr with this and its phases' seconds (`BuildChild.phases`).
 _PHASES_LINE = "beast build phases: "
 
@@ -647,9 +681,21 @@ def _remove_build_leftovers(cache: str, now: float) -> int:
     return removed
 
 
+# What a build's child would leave behind (its scratch directory, the package's temporary
+# file): what `_stop_build` removes.
+_written: list[str] = []
+
+
 def _stop_build(*_: Any) -> None:
     """SIGTERM in a build's child: every other process of its group (the compilers and
-    their own children) gets it too, then the child exits."""
+    their own children) gets it too, the child removes what it wrote and exits there and
+    then, not by unwinding through the compiler's frames and the interpreter's exit (a
+    second or more on a busy machine, in a process that imported inductor)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.killpg(0, signal.SIGTERM)
-    sys.exit(1)
+    for path in _written:
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.exists(path):
+            os.remove(path)
+    os._exit(1)
