@@ -58,13 +58,14 @@ def one_build(case: str, threads: int) -> list[dict[str, Any]]:
     torch.set_num_threads(threads)
     builds: list[dict[str, Any]] = []
     phases: list[dict[str, Any]] = []
-    finish = package.BuildChild.finish
+    if hasattr(package, "BuildChild"):  # (code before it: no phases)
+        finish = package.BuildChild.finish
 
-    def finish_and_keep(self: Any, *args: Any, **kwargs: Any) -> None:
-        finish(self, *args, **kwargs)
-        phases.append(self.phases)
+        def finish_and_keep(self: Any, *args: Any, **kwargs: Any) -> None:
+            finish(self, *args, **kwargs)
+            phases.append(self.phases)
 
-    package.BuildChild.finish = finish_and_keep  # type: ignore[method-assign]
+        package.BuildChild.finish = finish_and_keep  # type: ignore[method-assign]
     decide = step.TrainStep._decide
 
     def timed_decide(self: Any, kind: Any, inputs: Any, parts: int) -> None:

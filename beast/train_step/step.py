@@ -9,6 +9,7 @@ import functools
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,10 @@ _KNOWN_PACKAGES = "beast_packages.json"
 # The packages each setup (a run's settings and beast's code, no batch yet) used, for the
 # start-up line's account of the update's path (`TrainStep.plan`).
 _SETUP_PACKAGES = "beast_setups.json"
+# --compile auto: a run of at least this many optimizer steps starts its build's child
+# with the run (`TrainStep._child_for_a_coming_build`); shorter ones (the tests' 2,000-step
+# runs) may well stay eager, and would pay its imports for nothing.
+_PRESTART_STEPS = 5_000
 
 
 class TrainStep:
@@ -139,6 +144,8 @@ class TrainStep:
         # Built after the layout: they list the tensors the parameters now are.
         self._eager_targets = [PolyakAverager(t.target, t.online) for t in targets]
         self._buffer_targets = BufferAverager(targets)
+        # A build's child started now, for the first build (`_early_build_child`).
+        self._spare_child = self._child_for_a_coming_build()
 
     @property
     def steps_taken(self) -> int:
@@ -330,6 +337,9 @@ class TrainStep:
         record = self._record(kind, inputs)
         reason = self.decision.not_worth(kind, eager, record, parts, self._hardware())
         if reason is not None:
+            if self._spare_child is not None:
+                self._spare_child.stop()
+                self._spare_child = None
             self._decided[kind] = None
             took = self.decision.per_step(kind, eager)
             self.log(f"{_subject(kind)} runs eagerly ({took}): {reason}")
@@ -470,12 +480,41 @@ class TrainStep:
         thread traces; None where the trace may find a package built already (a user's
         model, whose steps are always traced) or no package is built (the tests'
         backend)."""
+        spare, self._spare_child = self._spare_child, None
+        if spare is not None and spare.waiting():
+            return spare
+        if spare is not None:
+            spare.stop()
         if not self.background or self.identity is None or compiler.BACKEND == "aot_eager":
             return None
         try:
             return package.BuildChild()
         except OSError:  # no process to spare: the build starts its own
             return None
+
+    def _child_for_a_coming_build(self) -> package.BuildChild | None:
+        """A build's child started with the run, where a first build is as good as certain:
+        a run's learner on CPU, compiling (`on`, or `auto` over at least
+        `_PRESTART_STEPS` steps), whose setup no earlier run packaged. The child's imports
+        and instruction-set probes (4-6 s on the 2-core VM, busy: benchmarks/RESULTS.md
+        2026-12-07) then run while the run starts and takes its first eager steps, not
+        after the decision to compile; it waits for its program, and is stopped if none
+        comes (an eager decision, the step's collection)."""
+        if not (self._compiling and self.background and self.identity is not None):
+            return None
+        if compiler.BACKEND == "aot_eager" or self._device().type != "cpu":
+            return None
+        expected = self.decision.expected_steps
+        if self.decision.mode == "auto" and (expected is None or expected < _PRESTART_STEPS):
+            return None
+        if self._setup_packages():
+            return None
+        try:
+            child = package.BuildChild()
+        except OSError:
+            return None
+        weakref.finalize(self, child.stop)
+        return child
 
     def _setup_key(self) -> str | None:
         """What names this setup's packages before any batch (`_SETUP_PACKAGES`): the
