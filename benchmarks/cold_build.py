@@ -51,21 +51,20 @@ def one_build(case: str, threads: int) -> list[dict[str, Any]]:
     """Every first build of `case`'s update in this process (a fresh cache)."""
     import torch
 
-    from beast.train_step import background, package, step
+    from beast.train_step import background, build_child, step
     from benchmarks.learner_step import CASES as STEP_CASES
     from benchmarks.learner_step import Timed
 
     torch.set_num_threads(threads)
     builds: list[dict[str, Any]] = []
     phases: list[dict[str, Any]] = []
-    if hasattr(package, "BuildChild"):  # (code before it: no phases)
-        finish = package.BuildChild.finish
+    finish = build_child.BuildChild.finish
 
-        def finish_and_keep(self: Any, *args: Any, **kwargs: Any) -> None:
-            finish(self, *args, **kwargs)
-            phases.append(self.phases)
+    def finish_and_keep(self: Any, *args: Any, **kwargs: Any) -> None:
+        finish(self, *args, **kwargs)
+        phases.append(self.phases)
 
-        package.BuildChild.finish = finish_and_keep  # type: ignore[method-assign]
+    build_child.BuildChild.finish = finish_and_keep  # type: ignore[method-assign]
     decide = step.TrainStep._decide
 
     def timed_decide(self: Any, kind: Any, inputs: Any, parts: int) -> None:
@@ -80,7 +79,7 @@ def one_build(case: str, threads: int) -> list[dict[str, Any]]:
     # (beast/run/build.py `step_identity`; here any: the cache is empty), so the build's
     # child starts before the trace.
     train_step.background = True
-    train_step.identity = f"benchmarks.cold_build {case}"
+    train_step.known_packages.identity = f"benchmarks.cold_build {case}"
     for _ in range(40):
         run()
         if background.compilations_under_way():

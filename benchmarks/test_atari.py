@@ -309,17 +309,18 @@ def test_shared_memory_counts_each_segment_once():
         ),
         (
             14,
-            "python -m beast.util.parent_death 10 SIGTERM beast.train_step.package:build_in_child",
+            "python -m beast.util.parent_death 10 SIGTERM"
+            " beast.train_step.build_child:build_in_child",
             "python",
             "main",
-            "beast.train_step.package:build_in_child",
+            "beast.train_step.build_child:build_in_child",
         ),
         (
             15,
             "g++ wrapper.cpp",
             "g++",
-            "beast.train_step.package:build_in_child",
-            "beast.train_step.package:build_in_child",
+            "beast.train_step.build_child:build_in_child",
+            "beast.train_step.build_child:build_in_child",
         ),
         (16, "python -c import sys", "python", "main", "python -c"),
     ],

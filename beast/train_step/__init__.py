@@ -46,10 +46,14 @@ The modules, each of one purpose:
 
     interface.py    what an algorithm hands the step, and what a step hands back
     step.py         `TrainStep`: the eager path, and which path each kind of step takes
+    lines.py        what the step says of its path: the plan, a build's progress
     flat.py         the flat parameter, target and optimizer-state buffers
     arithmetic.py   Adam's and RMSprop's steps on flat tensors, for the graph
     graph.py        the compiled step's function
+    compilation.py  a kind's call compiled: traced and packaged, loaded, or torch.compile's
     package.py      the CPU's compiled steps, traced and packaged ahead of time
+    build_child.py  the child process that builds a package, and one started ahead
+    known_packages.py  the record across runs of the packages each step was built into
     cuda_graph.py   a compiled step replayed as one CUDA graph
     auto.py         --compile auto: whether compiling pays, and the records kept of it
     background.py   compilations in a thread of their own, and the lock steps share

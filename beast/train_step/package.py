@@ -6,11 +6,11 @@ step's as long. Here the step is traced once per run at the operator level inste
 (`make_fx` over fake tensors: 0.3 s, no kernel runs), the trace's code names the
 package, and a package already built is a shared library loaded in milliseconds
 (AOTInductor). A new one is compiled by inductor from the trace itself (graph_file.py)
-into the same fused C++ kernels torch.compile makes, in a child process while the
-learner goes on eagerly, then kept in `compile_cache_dir()/steps` for every later run
-whose step traces the same. A block of steps is each distinct step's package called in
-turn (`ChainedSteps`), not one graph of the steps unrolled, which took twice as long to
-build and ran no faster.
+into the same fused C++ kernels torch.compile makes, in a child process
+(build_child.py) while the learner goes on eagerly, then kept in
+`compile_cache_dir()/steps` for every later run whose step traces the same. A block of
+steps is each distinct step's package called in turn (`ChainedSteps`), not one graph of
+the steps unrolled, which took twice as long to build and ran no faster.
 
 The package's name is a hash of everything its code depends on: the traced graph's
 code, the values of the constants the trace kept, every input's shape, dtype and
@@ -23,21 +23,11 @@ parameter and buffer of the modules is an input, read at each step.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import re
-import resource
-import select
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, suppress
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -45,6 +35,7 @@ from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten, treespec_loads
 
 from beast.train_step import compiler, graph_file, rewrites
+from beast.train_step.build_child import BuildChild
 from beast.train_step.compiler import inductor_patch
 from beast.train_step.graph import copied
 from beast.train_step.interface import split_block
@@ -52,8 +43,6 @@ from beast.util.graph_capture import capturing_graph
 from beast.util.records import compile_cache_dir, source_digest
 
 __all__ = [
-    "BuildChild",
-    "BuildStopped",
     "ChainedSteps",
     "PackagedStep",
     "Trace",
@@ -66,15 +55,6 @@ __all__ = [
 
 # Bumped when what a package holds or how it is called changes.
 _FORMAT = 1
-# How often a build's wait looks whether the run is stopping.
-_POLL_SECONDS = 0.1
-# inductor leaves a build's own files in its cache: the generated C++, and the library the
-# package holds a copy of (108 MB beside 101 MB of 42 packages on one machine). A build
-# removes those of builds that ended long ago (`_remove_build_leftovers`): nothing in them
-# written for this long, far longer than a build takes, so no build under way reads them.
-_LEFTOVER_SECONDS = 3600.0
-# What inductor calls such a directory: "c" and 51 more characters of a base-32 hash.
-_BUILD_DIRECTORY = re.compile(r"c[a-z0-9]{51}")
 
 
 class Trace:
@@ -107,11 +87,11 @@ class Trace:
         nothing in this one waits for it but what needs the package (the learner's steps
         go on eagerly meanwhile). `program`: what the child compiles, by default the
         trace's graph itself (beast/train_step/graph_file.py), or an ExportedProgram
-        (`export`). `child`: a `BuildChild` started earlier (its imports then ran beside
-        the trace), else one started here. RuntimeError, with the child's last line, if it
-        failed; `BuildStopped` if `stopping` was set first (the child is stopped too, as it
-        is when the thread that started it ends: the kernel signals it, from the child's
-        first line on, `beast.util.parent_death`)."""
+        (`export`). `child`: a `build_child.BuildChild` started earlier (its imports then
+        ran beside the trace), else one started here. RuntimeError, with the child's last
+        line, if it failed; `build_child.BuildStopped` if `stopping` was set first (the
+        child is stopped too, as it is when the thread that started it ends: the kernel
+        signals it, from the child's first line on, `beast.util.parent_death`)."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         if program is None:
             program = self.graph_file()
@@ -139,93 +119,6 @@ class Trace:
     def load(self) -> Runner:
         """The built package (`load_package`)."""
         return load_package(self.path)
-
-
-class BuildChild:
-    """A build's child process (`build_in_child`), started before it has a program to
-    build: its imports (torch and inductor, 2.3-2.7 CPU s on the 2-core VM) run while the
-    learner traces the step, on the other core. `finish` hands it the program and waits
-    for the package; `stop` ends it, used or not.
-
-    The child leads a process group of its own, which the C++ compilers it runs join:
-    stopped, it stops them with it (`build_in_child`). A compiler it only killed would
-    leave its own children (cc1plus, the assembler) compiling on for seconds after the
-    run's exit, orphans of the run. The kernel stops the child when the thread that
-    started it ends (`beast.util.parent_death`): start it in a thread that outlives the
-    build (the learner's)."""
-
-    def __init__(self) -> None:
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
-        # Each phase's wall and CPU seconds, once it built (`_Phases`): what
-        # benchmarks/cold_build.py reports.
-        self.phases: dict[str, dict[str, float]] = {}
-        # Removed by whichever of the two ends last (a stopped run exits at once); one
-        # whose run and child were both killed outright, by the next build's start.
-        _remove_orphaned_scratch()
-        self.scratch = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-")
-        self._stderr = open(os.path.join(self.scratch, "stderr"), "w+")  # noqa: SIM115
-        try:
-            self._process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "beast.util.parent_death",
-                    str(os.getpid()),
-                    "SIGTERM",
-                    f"{__name__}:build_in_child",
-                    self.scratch,
-                ],
-                env=dict(os.environ, PYTHONPATH=path),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=self._stderr,
-                start_new_session=True,
-                text=True,
-            )
-        except BaseException:
-            self._stderr.close()
-            shutil.rmtree(self.scratch, ignore_errors=True)
-            raise
-
-    def waiting(self) -> bool:
-        """Whether the child still runs, waiting for its program (or importing)."""
-        return self._process.poll() is None
-
-    def finish(self, program: str, destination: str, stopping: threading.Event | None) -> None:
-        """Build `program` (a file in `scratch`) into the package at `destination`; as
-        `Trace.build`."""
-        child = self._process
-        try:
-            assert child.stdin is not None
-            child.stdin.write(f"{program}\t{destination}\n")
-            child.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass  # it ended already: its exit code and last line say why
-        while not _exited(child):
-            if stopping is not None and stopping.is_set():
-                raise BuildStopped("the run stopped before the step's package")
-        self._stderr.seek(0)
-        lines = self._stderr.read().strip().splitlines()
-        if child.returncode != 0:
-            last = lines[-1] if lines else f"exit code {child.returncode}"
-            raise RuntimeError(f"building the step's package failed: {last}")
-        if lines and lines[-1].startswith(_PHASES_LINE):
-            with suppress(ValueError):
-                self.phases = json.loads(lines[-1].removeprefix(_PHASES_LINE))
-
-    def stop(self) -> None:
-        """End the child if it still runs (a build not needed, or stopped), and remove its
-        scratch directory."""
-        child = self._process
-        if child.poll() is None:
-            child.terminate()
-            child.wait()
-        if child.stdin is not None and not child.stdin.closed:
-            with suppress(OSError):
-                child.stdin.close()
-        self._stderr.close()
-        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def load_package(path: str) -> Runner:
@@ -321,7 +214,8 @@ class PackagedStep:
         function: the step's function.
         holding: held while a trace is exported (which patches torch.nn.Module for the
             whole process).
-        stopping: set when the run stops: a build under way then stops (`BuildStopped`).
+        stopping: set when the run stops: a build under way then stops
+            (`build_child.BuildStopped`).
     """
 
     def __init__(
@@ -445,19 +339,6 @@ class _GraphRunner:
         return self.graph(*arguments)
 
 
-class BuildStopped(Exception):
-    """The run stopped while a package was being built; the build was stopped too."""
-
-
-def _exited(child: subprocess.Popen) -> bool:
-    """Whether `child` ended, after waiting up to `_POLL_SECONDS` for it."""
-    try:
-        child.wait(timeout=_POLL_SECONDS)
-    except subprocess.TimeoutExpired:
-        return False
-    return True
-
-
 def _tensors_and_shapes(arguments: tuple[Any, ...]) -> tuple[list[Tensor], Any]:
     """The tensors among the arguments' leaves, in the order a package takes them
     (pytree's: sequences in order, dicts in their keys' order), and what picks the
@@ -519,183 +400,3 @@ def _key(graph: torch.fx.GraphModule, arguments: tuple[Any, ...]) -> str:
 def _instruction_set() -> str:
     """The vector instructions inductor's C++ kernels were built for."""
     return torch.backends.cpu.get_cpu_capability()
-
-
-def build_in_child(scratch: str) -> None:
-    """The child process of a build (`BuildChild`, whose directory `scratch` holds the
-    program): imports the compiler, then reads one
-    line, the program to build and the package to write, tab-separated (none: the build
-    was not needed, and it exits). The program (a graph file, graph_file.py, or an
-    exported program) is compiled into the package, written under another name and
-    renamed (runs building the same step at once never read half a file; a stopped build
-    leaves none), and its scratch directory removed. SIGTERM (the run stopped the build,
-    or ended) stops the compilers it runs too, all of its process group; the child then
-    removes what it wrote and exits at once."""
-    if os.getpgrp() == os.getpid():  # the group is the build's own (not a caller's)
-        signal.signal(signal.SIGTERM, _stop_build)
-    _written.append(scratch)
-    temporary = None
-    program = None
-    phases = _Phases()  # the imports: from the interpreter's start
-    try:
-        # The compiler imported before the program comes: while the learner traces.
-        compiler.import_compiler()
-        compiler.configure_compiler()
-        compiler.configure_build()
-        phases.mark("imports")
-        compiler.probe_instruction_sets()
-        phases.mark("probes")
-        # A child started with the run may never get its program (a run that stops,
-        # or stays eager, in a process that goes on: the Python API): not forever.
-        if not select.select([sys.stdin], [], [], _PROGRAM_WAIT_SECONDS)[0]:
-            return
-        line = sys.stdin.readline().rstrip("\n")
-        phases.mark("waiting")
-        if not line:
-            return
-        program, destination = line.split("\t")
-        handle, temporary = tempfile.mkstemp(suffix=".pt2", dir=os.path.dirname(destination))
-        os.close(handle)
-        _written.append(temporary)
-        with warnings.catch_warnings():  # torch's own deprecations, said while pickling
-            warnings.simplefilter("ignore", FutureWarning)
-            _compile_and_package(program, temporary)
-        phases.mark("compiling")
-        os.replace(temporary, destination)
-        print(f"{_PHASES_LINE}{json.dumps(phases.seconds)}", file=sys.stderr, flush=True)
-        if os.path.abspath(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == os.path.abspath(
-            compile_cache_dir()
-        ):  # beast's own cache (not one a user shares with other programs)
-            _remove_build_leftovers(compile_cache_dir(), time.time())
-    finally:
-        if temporary is not None and os.path.exists(temporary):
-            os.remove(temporary)
-        if program is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-
-# A build's scratch directory: this, the run's pid, a dash (`BuildChild`).
-_SCRATCH_PREFIX = "beast-step-"
-
-
-def _remove_orphaned_scratch() -> None:
-    """Remove the scratch directories of builds whose run is gone: a run and its build's
-    child both killed outright (SIGKILL, the machine's OOM killer) leave theirs."""
-    pattern = re.compile(re.escape(_SCRATCH_PREFIX) + r"(\d+)-")
-    root = tempfile.gettempdir()
-    with suppress(OSError):
-        for entry in os.scandir(root):
-            found = pattern.match(entry.name)
-            if found is None or not entry.is_dir(follow_symlinks=False):
-                continue
-            try:
-                os.kill(int(found.group(1)), 0)
-            except ProcessLookupError:
-                shutil.rmtree(entry.path, ignore_errors=True)
-            except PermissionError:  # another user's live process
-                pass
-
-
-# How long a build's child waits for its program before it exits (`build_in_child`).
-_PROGRAM_WAIT_SECONDS = 900.0
-# A build's child ends its stderr with this and its phases' seconds (`BuildChild.phases`).
-_PHASES_LINE = "beast build phases: "
-
-
-class _Phases:
-    """A build child's phases, each its wall seconds and the CPU seconds of the child
-    itself (Python: imports, inductor's lowering and code generation) and of the
-    processes it waited for (the C++ compilers, the probes), from the interpreter's
-    start."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, dict[str, float]] = {}
-        self._last = (_process_start(), 0.0, 0.0)
-
-    def mark(self, name: str) -> None:
-        now = time.time()
-        own = resource.getrusage(resource.RUSAGE_SELF)
-        waited = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = own.ru_utime + own.ru_stime
-        compilers = waited.ru_utime + waited.ru_stime
-        then, then_cpu, then_compilers = self._last
-        self.seconds[name] = {
-            "wall": round(now - then, 3),
-            "cpu": round(cpu - then_cpu, 3),
-            "compilers_cpu": round(compilers - then_compilers, 3),
-        }
-        self._last = (now, cpu, compilers)
-
-
-def _process_start() -> float:
-    """When this process started (the epoch's seconds), from /proc; now elsewhere."""
-    try:
-        with open("/proc/self/stat") as file:
-            ticks = int(file.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as file:
-            uptime = float(file.read().split()[0])
-        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.time()
-
-
-def _compile_and_package(program: str, package: str) -> None:
-    """inductor's ahead-of-time compilation of `program` into `package`: a graph file
-    compiled as the GraphModule it holds (`torch._inductor.aot_compile`, what
-    `aoti_compile_and_package` does with an ExportedProgram's module), else the exported
-    program."""
-    if not program.endswith(".graph"):
-        torch._inductor.aoti_compile_and_package(torch.export.load(program), package_path=package)
-        return
-    from torch._inductor.package import package_aoti
-
-    with open(program, "rb") as file:
-        module, arguments = graph_file.loads(file.read())
-    files = torch._inductor.aot_compile(module, arguments, options={"aot_inductor.package": True})
-    package_aoti(package, files)
-
-
-def _remove_build_leftovers(cache: str, now: float) -> int:
-    """Remove from inductor's cache `cache` the directories earlier builds left
-    (`_BUILD_DIRECTORY`s holding a wrapper's C++) where nothing was written within
-    `_LEFTOVER_SECONDS` of `now`; returns how many. A package holds what a run needs of
-    them, and a build of a step whose package exists does not happen."""
-    removed = 0
-    for entry in os.scandir(cache):
-        if not (entry.is_dir(follow_symlinks=False) and _BUILD_DIRECTORY.fullmatch(entry.name)):
-            continue
-        paths = [
-            os.path.join(root, name)
-            for root, directories, files in os.walk(entry.path)
-            for name in [*directories, *files]
-        ]
-        if not any(path.endswith(".wrapper.cpp") for path in paths):
-            continue
-        try:
-            newest = max(os.stat(path).st_mtime for path in [entry.path, *paths])
-        except OSError:  # a build under way renamed or removed one: it is in use
-            continue
-        if now - newest >= _LEFTOVER_SECONDS:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed += 1
-    return removed
-
-
-# What a build's child would leave behind (its scratch directory, the package's temporary
-# file): what `_stop_build` removes.
-_written: list[str] = []
-
-
-def _stop_build(*_: Any) -> None:
-    """SIGTERM in a build's child: every other process of its group (the compilers and
-    their own children) gets it too, the child removes what it wrote and exits there and
-    then, not by unwinding through the compiler's frames and the interpreter's exit (a
-    second or more on a busy machine, in a process that imported inductor)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    os.killpg(0, signal.SIGTERM)
-    for path in _written:
-        if os.path.isdir(path):
-            shutil.rmtree(path, ignore_errors=True)
-        elif os.path.exists(path):
-            os.remove(path)
-    os._exit(1)

@@ -4,21 +4,20 @@ each kind of step takes (beast/train_step/__init__.py)."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import os
 import threading
 import time
-import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from beast.models import BufferAverager, PolyakAverager
-from beast.train_step import auto, compiler, package
+from beast.train_step import auto, compilation, compiler, lines, package
 from beast.train_step.background import MODULES_IN_USE, compilation_thread
+from beast.train_step.build_child import BuildChild, SpareChild
 from beast.train_step.cuda_graph import CudaGraphStep
 from beast.train_step.flat import Layout, OptimizerState, Used, used_from_reached, used_parameters
 from beast.train_step.graph import STOPS_EARLY, GraphInputs, Program, StepGraph
@@ -34,18 +33,13 @@ from beast.train_step.interface import (
     split_block,
     step_trains,
 )
-from beast.util.records import read_record, write_record
+from beast.train_step.known_packages import PackageRecords
 
 __all__ = ["COMPILE_MODES", "TrainStep"]
 
 COMPILE_MODES = ("auto", "on", "off")
-# The record of packages by their key before a trace (`TrainStep._load_known`).
-_KNOWN_PACKAGES = "beast_packages.json"
-# The packages each setup (a run's settings and beast's code, no batch yet) used, for the
-# start-up line's account of the update's path (`TrainStep.plan`).
-_SETUP_PACKAGES = "beast_setups.json"
 # --compile auto: a run of at least this many optimizer steps starts its build's child
-# with the run (`TrainStep._child_for_a_coming_build`); shorter ones (the tests' 2,000-step
+# with the run (`TrainStep._child_with_the_run`); shorter ones (the tests' 2,000-step
 # runs) may well stay eager, and would pay its imports for nothing.
 _PRESTART_STEPS = 5_000
 
@@ -103,8 +97,11 @@ class TrainStep:
         self.cuda_graphs = cuda_graphs
         self.background = background
         self.stopping = stopping
-        self.identity = identity
         self.program = Program(modules, loss)
+        # The packages earlier runs recorded for this step, and this run's, for the next.
+        self.known_packages = PackageRecords(
+            identity, loss, self.program.parts, self.groups, stepper
+        )
         self.path = "eager"  # what the last step ran: eager, compiled, CUDA graph
         self.compile_seconds = 0.0  # spent compiling (or loading cached graphs)
         self._calls: collections.Counter[Kind] = collections.Counter()  # by kind
@@ -119,14 +116,8 @@ class TrainStep:
         self._build_seconds: dict[Kind, float] = {}
         self._used: dict[Train, Used | None] = {}  # by the groups a step trains
         self._looked_up: set[Kind] = set()  # kinds whose known package was looked for
-        # CPU: each traced kind's key before its trace, and its package (`_remember`).
-        self._known_keys: dict[Kind, tuple[str, str]] = {}
-        # A build under way in the background, for the progress line: when it started and
-        # about how long it takes (`progress_note`).
-        self._build_started: dict[Kind, tuple[float, float]] = {}
-        # Where a compiled step took over from the eager one (the agent step, the build's
-        # seconds), until the progress line has said so once.
-        self._switched: tuple[int | None, float] | None = None
+        # Builds under way in the background, for the progress line (`progress_note`).
+        self._progress = lines.BuildProgress()
         self._layout: Layout | None = None
         self._state: OptimizerState | None = None
         self._compiling = compile != "off"
@@ -145,7 +136,9 @@ class TrainStep:
         self._eager_targets = [PolyakAverager(t.target, t.online) for t in targets]
         self._buffer_targets = BufferAverager(targets)
         # A build's child started now, for the first build (`_early_build_child`).
-        self._spare_child = self._child_for_a_coming_build()
+        self._spare_child = SpareChild()
+        if self._child_with_the_run():
+            self._spare_child.start(self)
 
     @property
     def steps_taken(self) -> int:
@@ -178,32 +171,13 @@ class TrainStep:
         if not self._compiling:
             return "the update eager" + (" (--compile off)" if self.decision.mode == "off" else "")
         hardware = self._hardware()
-        if hardware != "cuda" and self._setup_packages():
-            return "the update compiled from its package of an earlier run"
-        seconds, source = auto.BuildHistory.estimate(hardware)
-        about = f"about {seconds:.0f} s {source}"
-        if hardware == "cuda":
-            how = f"compiling it by torch.compile ({about}; the steps wait)"
-        else:
-            how = f"compiling it in the background ({about}; eager until then)"
-        if self.decision.mode == "auto":
-            return f"the update eager for its first steps, then {how} if the steps left pay for it"
-        return f"the update eager for its first steps, then {how}"
+        packaged = hardware != "cuda" and self.known_packages.setup_packaged()
+        return lines.plan(hardware, packaged, self.decision.mode)
 
     def progress_note(self) -> str | None:
         """What the progress line adds about the update's path: a build under way (its
         seconds so far, of about how many), or, once, the switch to the compiled step."""
-        now = time.perf_counter()
-        for kind, (started, estimate) in list(self._build_started.items()):
-            compilation = self._compilations.get(kind)
-            if compilation is not None and compilation.is_alive():
-                return f"update eager, compiling ({now - started:.0f} s of about {estimate:.0f})"
-        switched, self._switched = self._switched, None
-        if switched is None:
-            return None
-        step, seconds = switched
-        at = f" at step {step:,}" if step is not None else ""
-        return f"update compiled{at} (built in {seconds:.0f} s)"
+        return self._progress.note(self._compilations)
 
     def _decline(self, reason: str) -> None:
         self._compiling = False
@@ -260,7 +234,7 @@ class TrainStep:
         cut = None if cut is None else tuple(cut)
         if self._cuts.setdefault(kind, cut) != cut:
             raise ValueError(
-                f"{_subject(kind)} cut {self._cuts[kind]} of its inputs before, {cut} now:"
+                f"{lines.subject(kind)} cut {self._cuts[kind]} of its inputs before, {cut} now:"
                 " every call of a kind cuts the same inputs"
             )
         with MODULES_IN_USE.held(self.stopping):
@@ -337,12 +311,10 @@ class TrainStep:
         record = self._record(kind, inputs)
         reason = self.decision.not_worth(kind, eager, record, parts, self._hardware())
         if reason is not None:
-            if self._spare_child is not None:
-                self._spare_child.stop()
-                self._spare_child = None
+            self._spare_child.stop()
             self._decided[kind] = None
             took = self.decision.per_step(kind, eager)
-            self.log(f"{_subject(kind)} runs eagerly ({took}): {reason}")
+            self.log(f"{lines.subject(kind)} runs eagerly ({took}): {reason}")
             return
         self.decision.timed[kind] = record._replace(eager=eager)
         function = functools.partial(
@@ -361,7 +333,13 @@ class TrainStep:
             # in the modules while it runs, which no other thread may see (a checkpoint
             # takes the lock the learner's step holds).
             try:
-                traced = self._trace(kind, inputs, parts)
+                traced = compilation.trace_call(
+                    self._graph.step,
+                    step_trains(kind, parts),
+                    split_block(inputs, parts, self._cuts[kind]),
+                    self._used,
+                    lambda piece: self._inputs.arguments(piece, copies=True, parts=1),
+                )
             except Exception as error:  # an operation no graph holds
                 if child is not None:
                     child.stop()
@@ -369,18 +347,20 @@ class TrainStep:
                 self.decision.timed.pop(kind)
                 self._failed(error)
                 return
-            if self.identity is not None:
-                key = self._known_key(
-                    kind, self._inputs.arguments(inputs, copies=False, parts=parts)
+            if self.known_packages.identity is not None:
+                self.known_packages.traced(
+                    kind,
+                    self._cuts[kind],
+                    self._inputs.arguments(inputs, copies=False, parts=parts),
+                    [traced.traces[i].path for i in traced.order],
                 )
-                self._known_keys[kind] = (key, [traced.traces[i].path for i in traced.order])
             if child is not None and package.loads_only(traced.traces):
                 child.stop()
                 child = None
-        compilation = compilation_thread(
+        thread = compilation_thread(
             _name(kind), self._compile, kind, function, arguments, traced, started, child
         )
-        self._compilations[kind] = compilation
+        self._compilations[kind] = thread
         # A package an earlier run built is loaded here, in the learner's thread: 0.3 s,
         # where a thread of its own would first need the compiler imported here (1 s of
         # the learner's time, every run, for what only a build needs).
@@ -388,10 +368,10 @@ class TrainStep:
             compiler.import_compiler()
             if traced is None:  # torch.compile (CUDA) holds the modules from its start
                 MODULES_IN_USE.compilation_starting()
-            self._announce_build(kind, parts)
-            compilation.start()
+            self.log(self._progress.start(kind, parts, self._hardware()))
+            thread.start()
         else:
-            compilation.run()
+            thread.run()
             self._adopt(kind, inputs, parts)
 
     def _adopt(self, kind: Kind, inputs: Mapping[str, Any], parts: int) -> None:
@@ -400,7 +380,7 @@ class TrainStep:
         del self._compilations[kind]
         compiled = self._compiled_steps.pop(kind, None)
         if compiled is None:
-            self._build_started.pop(kind, None)
+            self._progress.failed(kind)
             self._decided[kind] = None
             self.decision.timed.pop(kind, None)
             return
@@ -409,140 +389,51 @@ class TrainStep:
                 arguments = self._inputs.arguments(inputs, copies=False, parts=parts)
                 compiled = CudaGraphStep(compiled, arguments)
             except Exception as error:  # a step that does not capture: compiled, ungraphed
-                self.log(f"no CUDA graph for {_subject(kind)} ({compiler.first_line(error)})")
+                self.log(f"no CUDA graph for {lines.subject(kind)} ({compiler.first_line(error)})")
         compiler.configure_compiler()  # this thread runs the step, and recompiles it if need be
         self._decided[kind] = compiled
-        self._remember(kind, parts)
+        self.known_packages.remember(kind, self._step_used(kind, parts))
         seconds = self._compiled_seconds[kind]
         record = self.decision.timed[kind]
-        eager = f"eager it took {self.decision.per_step(kind, record.eager)}"
+        took = self.decision.per_step(kind, record.eager)
         built = self._build_seconds.get(kind)  # None: torch.compile's (CUDA)
-        if self._build_started.pop(kind, None) is not None or built:
-            # What the progress line marks once (`progress_note`), and the next builds'
-            # estimate (a build's own seconds: trace to load).
-            progress = getattr(self.stepper, "progress", None)
-            self._switched = (getattr(progress, "step", None), seconds)
-            auto.BuildHistory.add(self._hardware(), seconds, parts)
-        if built:
-            how = f" ({seconds:.1f} s, its package built beside the learner's eager steps;"
-        elif built is not None:
-            how = f" from its package of an earlier run ({seconds:.1f} s;"
-        else:
-            cached = " from cached graphs" if record.compile_seconds is not None else ""
-            how = f"{cached} ({seconds:.1f} s;"
-        self.log(f"{_subject(kind)} is compiled{how} {eager})")
+        step = getattr(getattr(self.stepper, "progress", None), "step", None)
+        self._progress.adopted(kind, parts, seconds, built, step, self._hardware)
+        cached = record.compile_seconds is not None
+        self.log(lines.compiled_line(kind, seconds, built, cached, took))
         # What compiling will cost the next run of this step: tracing and loading its
         # package (a build, this run's alone, is not counted).
         self.decision.timed[kind] = record._replace(compile_seconds=seconds - (built or 0.0))
 
-    def _announce_build(self, kind: Kind, parts: int) -> None:
-        """Say at once that a build starts in the background, and about how long it takes
-        (`auto.BuildHistory`); the progress line counts its seconds (`progress_note`)."""
-        hardware = self._hardware()
-        seconds, source = auto.BuildHistory.estimate(hardware, parts)
-        self._build_started[kind] = (time.perf_counter(), seconds)
-        subject = _subject(kind).replace("the learner's ", "the ")
-        if hardware == "cuda":
-            self.log(
-                f"compiling {subject} by torch.compile (about {seconds:.0f} s {source});"
-                " the learner's steps wait for it"
-            )
-        else:
-            self.log(
-                f"compiling {subject} in the background (about {seconds:.0f} s {source});"
-                " eager until then"
-            )
-
-    def _trace(self, kind: Kind, inputs: Mapping[str, Any], parts: int) -> _Traced:
-        """A call of `kind` traced for its packages: each distinct step of it alone (a
-        block's steps that train the same groups share one trace), on its part of the
-        block (`package.ChainedSteps` says why not the block's unrolled graph)."""
-        trains = step_trains(kind, parts)
-        pieces = split_block(inputs, parts, self._cuts[kind])
-        traced = _Traced()
-        first: dict[Train, int] = {}
-        for train, piece in zip(trains, pieces, strict=True):
-            if train not in first:
-                first[train] = len(traced.traces)
-                function = functools.partial(
-                    self._graph.step, trains=(train,), used=(self._used.get(train),), cut=None
-                )
-                arguments = self._inputs.arguments(piece, copies=True, parts=1)
-                traced.functions.append(function)
-                traced.traces.append(package.trace(function, arguments))
-            traced.order.append(first[train])
-        return traced
-
-    def _early_build_child(self) -> package.BuildChild | None:
+    def _early_build_child(self) -> BuildChild | None:
         """A package build's child, started before the trace where a build is all but
         certain (a step of known identity whose package no earlier run recorded:
         `_load_known` found none), so that its imports run on the other core while this
         thread traces; None where the trace may find a package built already (a user's
         model, whose steps are always traced) or no package is built (the tests'
-        backend)."""
-        spare, self._spare_child = self._spare_child, None
-        if spare is not None and spare.waiting():
-            return spare
-        if spare is not None:
-            spare.stop()
-        if not self.background or self.identity is None or compiler.BACKEND == "aot_eager":
-            return None
-        try:
-            return package.BuildChild()
-        except OSError:  # no process to spare: the build starts its own
-            return None
+        backend). The one started with the run, if it still waits, is this one."""
+        return self._spare_child.take(
+            self.background
+            and self.known_packages.identity is not None
+            and compiler.BACKEND != "aot_eager"
+        )
 
-    def _child_for_a_coming_build(self) -> package.BuildChild | None:
-        """A build's child started with the run, where a first build is as good as certain:
-        a run's learner on CPU, compiling (`on`, or `auto` over at least
+    def _child_with_the_run(self) -> bool:
+        """Whether a build's child starts with the run, where a first build is as good as
+        certain: a run's learner on CPU, compiling (`on`, or `auto` over at least
         `_PRESTART_STEPS` steps), whose setup no earlier run packaged. The child's imports
         and instruction-set probes (4-6 s on the 2-core VM, busy: benchmarks/RESULTS.md
         2026-12-07) then run while the run starts and takes its first eager steps, not
         after the decision to compile; it waits for its program, and is stopped if none
         comes (an eager decision, the step's collection)."""
-        if not (self._compiling and self.background and self.identity is not None):
-            return None
+        if not (self._compiling and self.background and self.known_packages.identity is not None):
+            return False
         if compiler.BACKEND == "aot_eager" or self._device().type != "cpu":
-            return None
+            return False
         expected = self.decision.expected_steps
         if self.decision.mode == "auto" and (expected is None or expected < _PRESTART_STEPS):
-            return None
-        if self._setup_packages():
-            return None
-        try:
-            child = package.BuildChild()
-        except OSError:
-            return None
-        weakref.finalize(self, child.stop)
-        return child
-
-    def _setup_key(self) -> str | None:
-        """What names this setup's packages before any batch (`_SETUP_PACKAGES`): the
-        known keys' parts (`_known_key`) but the kind and the arguments; None where steps
-        are always traced (no `identity`)."""
-        if self.identity is None:
-            return None
-        return package.known_step_key(repr(("setup", self.identity, *self._made_of())), ())
-
-    def _setup_packages(self) -> bool:
-        """Whether an earlier run of this setup left packages of its steps, all still here
-        (its first step then loads one: `_load_known`)."""
-        key = self._setup_key()
-        names = read_record(_SETUP_PACKAGES, key).get("packages") if key else None
-        return bool(names) and all(
-            isinstance(name, str) and os.path.exists(package.package_path(name)) for name in names
-        )
-
-    def _made_of(self) -> tuple[Any, ...]:
-        """What the step's graph is made from besides the run's settings and its
-        arguments: the loss, the modules, the optimizers and the clipping."""
-        loss = getattr(self.loss, "__qualname__", type(self.loss).__qualname__)
-        modules = [(name, repr(module)) for name, module in self.program.parts.items()]
-        optimizers = [
-            (name, type(group.optimizer).__name__, sorted(group.optimizer.defaults.items()))
-            for name, group in self.groups.items()
-        ]
-        return loss, modules, optimizers, self.stepper.grad_norm_clipping
+            return False
+        return not self.known_packages.setup_packaged()
 
     def _record(self, kind: Kind, inputs: Mapping[str, Any]) -> auto.StepRecord:
         """What compiling this kind of step cost and gained in earlier runs."""
@@ -552,55 +443,26 @@ class TrainStep:
     def _hardware(self) -> str:
         return auto.hardware(self._device(), self.program.modules())
 
-    def _known_key(self, kind: Kind, arguments: tuple[Any, ...]) -> str:
-        """`package.known_step_key` of this kind of step, for these arguments."""
-        assert self.identity is not None
-        loss, modules, optimizers, clipping = self._made_of()
-        cut = self._cuts[kind]
-        identity = repr((self.identity, loss, kind, cut, modules, optimizers, clipping))
-        return package.known_step_key(identity, arguments)
-
-    def _remember(self, kind: Kind, parts: int) -> None:
-        """A kind traced and packaged in this run: its package under its key before the
-        trace, with the parameters it reaches, for the next run's `_load_known`."""
-        known = self._known_keys.pop(kind, None)
-        if known is None:
-            return
-        key, paths = known
-        # Each step's, in order (None: every parameter), and its package.
-        reached = [None if u is None else u.params.tolist() for u in self._step_used(kind, parts)]
-        packages = [os.path.basename(path) for path in paths]
-        write_record(_KNOWN_PACKAGES, key, {"packages": packages, "reached": reached})
-        setup = self._setup_key()
-        if setup is not None:
-            names = read_record(_SETUP_PACKAGES, setup).get("packages")
-            names = [n for n in names if isinstance(n, str) and n not in packages] if names else []
-            write_record(_SETUP_PACKAGES, setup, {"packages": [*names, *dict.fromkeys(packages)]})
-
     def _load_known(self, kind: Kind, inputs: Mapping[str, Any], parts: int) -> bool:
         """At a kind's first step on CPU: the package an earlier run recorded for this
-        step (`_remember`), loaded (in milliseconds) and adopted with no trace and no
-        eager step before it, where --compile auto finds it worth loading. False where
-        there is none, and the kind goes the usual way: eager steps, then a trace.
+        step (`PackageRecords.remember`), loaded (in milliseconds) and adopted with no
+        trace and no eager step before it, where --compile auto finds it worth loading.
+        False where there is none, and the kind goes the usual way: eager steps, then a
+        trace.
 
         The key (`package.known_step_key`) holds beast's code, the run's settings, the
         env's spaces, the modules and optimizers and the arguments' shapes, what the graph
         is made from; a user's model, whose code is not beast's, has no `identity` and is
         always traced."""
         self._looked_up.add(kind)
-        if self.identity is None or self._device().type != "cpu":
+        if self.known_packages.identity is None or self._device().type != "cpu":
             return False
         if compiler.BACKEND == "aot_eager":
             return False  # the tests' backend: graphs, no packages
         started = time.perf_counter()
         arguments = self._inputs.arguments(inputs, copies=False, parts=parts)
-        known = read_record(_KNOWN_PACKAGES, self._known_key(kind, arguments))
-        names = known.get("packages")
-        if not (
-            isinstance(names, list)
-            and len(names) == parts
-            and all(isinstance(n, str) and os.path.exists(package.package_path(n)) for n in names)
-        ):
+        known = self.known_packages.recorded(kind, self._cuts[kind], arguments, parts)
+        if known is None:
             return False
         layout = self._layout
         assert layout is not None
@@ -615,24 +477,20 @@ class TrainStep:
         try:
             used = tuple(
                 None if reached is None else used_from_reached(layout, reached)
-                for reached in known["reached"]
+                for reached in known.reached
             )
             if len(used) != parts:
                 raise ValueError(f"{len(used)} steps recorded for {parts}")
-            loaded: dict[str, package.PackagedStep] = {}
-            pieces = split_block(inputs, parts, self._cuts[kind])
-            for name, train, piece, used_i in zip(names, trains, pieces, used, strict=True):
-                if name not in loaded:
-                    function = functools.partial(
-                        self._graph.step, trains=(train,), used=(used_i,), cut=None
-                    )
-                    loaded[name] = package.PackagedStep(
-                        function, MODULES_IN_USE.for_compilation, self.stopping
-                    )
-                    one = self._inputs.arguments(piece, copies=False, parts=1)
-                    loaded[name].add_package(package.package_path(name), one)
-            steps = [loaded[name] for name in names]
-            compiled = steps[0] if parts == 1 else package.ChainedSteps(steps, self._cuts[kind])
+            compiled = compilation.load_call(
+                self._graph.step,
+                known.names,
+                trains,
+                used,
+                split_block(inputs, parts, self._cuts[kind]),
+                lambda piece: self._inputs.arguments(piece, copies=False, parts=1),
+                self._cuts[kind],
+                self.stopping,
+            )
         except Exception:  # a record or package this torch cannot read: traced instead
             return False
         self._used.update(zip(trains, used, strict=True))
@@ -641,7 +499,7 @@ class TrainStep:
         seconds = time.perf_counter() - started
         self.compile_seconds += seconds
         self.log(
-            f"{_subject(kind)} is compiled from its package of an earlier run"
+            f"{lines.subject(kind)} is compiled from its package of an earlier run"
             f" ({seconds:.2f} s, untraced: the same code, settings and shapes;"
             f" eager it took {self.decision.per_step(kind, record.eager)})"
         )
@@ -660,47 +518,26 @@ class TrainStep:
         kind: Kind,
         function: Callable[..., tuple[Any, ...]],
         arguments: tuple[Any, ...],
-        traced: _Traced | None,
+        traced: compilation.Traced | None,
         started: float,
-        child: package.BuildChild | None = None,
+        child: BuildChild | None = None,
     ) -> None:
-        """Compile this kind's step (`arguments`: copies of the state and the batch; the
-        dry run that proves the result writes them, never the run's state); the result
-        waits in `_compiled_steps` for `_adopt`. The steps of every update in the process
-        wait meanwhile (`MODULES_IN_USE`). A failure is said once, and the steps stay
-        eager.
-
-        On CPU the step was `traced` and is packaged ahead of time (beast/train_step/
-        package.py: a later run of the same step loads it in milliseconds); on CUDA it is
-        torch.compile's, whose graph `_adopt` captures for replay."""
+        """Compile this kind's step (`compilation.compile_call`: on CPU the `traced` call
+        packaged ahead of time, beast/train_step/package.py, which a later run of the same
+        step loads in milliseconds; on CUDA torch.compile's, whose graph `_adopt` captures
+        for replay); the result waits in `_compiled_steps` for `_adopt`. A failure is said
+        once, and the steps stay eager."""
         compiler.configure_compiler()
         try:
-            if traced is not None:
-                holding = _holding_for_export
-                packaged = []
-                for each, trace in zip(traced.functions, traced.traces, strict=True):
-                    packaged.append(package.PackagedStep(each, holding, self.stopping))
-                    packaged[-1].add(trace, child)  # the first build takes the child
-                    child = None
-                compiled = traced.call([packaged[i] for i in traced.order], self._cuts[kind])
-                self._build_seconds[kind] = sum(each.build_seconds for each in packaged)
-            else:
-                compiled = torch.compile(
-                    function,
-                    backend=compiler.BACKEND,
-                    fullgraph=True,
-                    dynamic=False,
-                    **compiler.lean_guards(),
-                )
-            with MODULES_IN_USE.for_compilation():
-                compiled(*arguments)  # torch.compile's compilation; a package's proof
+            compiled, built = compilation.compile_call(
+                function, arguments, traced, self._cuts[kind], self.stopping, child
+            )
         except Exception as error:  # dynamo/inductor errors, a missing C++ compiler
             if not (self.stopping is not None and self.stopping.is_set()):
                 self._failed(error)  # (a stopped run has nothing more to say of it)
             return
-        finally:
-            if child is not None:  # not handed to a build (the package's own stops it)
-                child.stop()
+        if built is not None:
+            self._build_seconds[kind] = built
         seconds = time.perf_counter() - started
         self.compile_seconds += seconds
         self._compiled_seconds[kind] = seconds
@@ -725,75 +562,18 @@ class TrainStep:
         started = time.perf_counter()
         self._inputs.set(taus)
         arguments = self._inputs.arguments(inputs, copies=False, parts=len(taus))
-        totals, grad_norms, finite, weights_finite, proceed, stats, priorities = compiled(
-            *arguments
-        )
+        outputs = compiled(*arguments)
         self.path = "CUDA graph" if isinstance(compiled, CudaGraphStep) else "compiled"
         if kind in self.decision.timed:
+            finite = outputs[2]  # `StepGraph.step`'s: totals, norms, finite, ...
             seconds = bool(finite.all()) and time.perf_counter() - started
             back_to_eager = self.decision.time_compiled(kind, seconds)
             if back_to_eager:
                 self._decided[kind] = None
                 self.log(back_to_eager)
-        if not kind:  # forward only
-            return [StepResult(False, False, *each) for each in zip(stats, priorities, strict=True)]
-        if not bool(proceed[0]):  # (a call of one step: a block's loss has no proceed)
-            return [StepResult(False, True, stats[0], priorities[0])]
-        # Read from the device once a call, not once a step.
-        verdicts = zip(
-            finite.tolist(),
-            weights_finite.tolist(),
-            totals.tolist(),
-            grad_norms.tolist(),
-            strict=True,
+        return compilation.call_results(
+            kind, outputs, taus, self.stepper, self.groups, self._buffer_targets
         )
-        results = []
-        trains = step_trains(kind, len(taus))
-        # Each distinct step's optimizers, listed once a call (a block of one kind: once).
-        optimizers = {
-            train: [self.groups[name].optimizer for name in train] for train in set(trains)
-        }
-        for i, (tau, train, (finite_i, weights_finite_i, total, norm)) in enumerate(
-            zip(taus, trains, verdicts, strict=True)
-        ):
-            applied = self.stepper.record(
-                finite=finite_i,
-                weights_finite=weights_finite_i,
-                loss=total,
-                grad_norm=norm,
-                optimizers=optimizers[train],
-            )
-            if applied and tau is not None:
-                self._buffer_targets(tau)
-            results.append(StepResult(applied, False, stats[i], priorities[i]))
-        return results
-
-
-@contextlib.contextmanager
-def _holding_for_export() -> Iterator[None]:
-    """The modules held for a trace's export (beast/train_step/package.py, a graph its
-    own file cannot hold), which patches torch.nn.Module process-wide: the learner's next
-    step waits until the export holds them (Python's locks are not fair: it could take
-    them back at every step)."""
-    MODULES_IN_USE.compilation_starting()
-    with MODULES_IN_USE.for_compilation():
-        yield
-
-
-class _Traced:
-    """A call's traces (`TrainStep._trace`): each distinct step's function and trace, and
-    for each step of the call, which of them it is."""
-
-    def __init__(self) -> None:
-        self.functions: list[Callable[..., Any]] = []
-        self.traces: list[package.Trace] = []
-        self.order: list[int] = []
-
-    def call(
-        self, steps: Sequence[Callable[..., Any]], cut: tuple[str, ...] | None
-    ) -> Callable[..., Any]:
-        """The compiled call: the one step's own, or the steps chained."""
-        return steps[0] if len(steps) == 1 else package.ChainedSteps(steps, cut)
 
 
 def _name(kind: Kind) -> str:
@@ -801,9 +581,3 @@ def _name(kind: Kind) -> str:
     another ("critic/critic-actor")."""
     trains = kind if per_step(kind) else (kind,)
     return "/".join("-".join(train) for train in trains)
-
-
-def _subject(kind: Kind) -> str:
-    """What a log line about `kind`'s path names: the update's steps, or its forward pass
-    (a kind that trains nothing)."""
-    return "the learner's update" if kind else "the learner's forward pass before its steps"

@@ -83,10 +83,10 @@ def test_a_runs_learner_starts_its_builds_child_with_the_run(monkeypatch, tmp_pa
     """--compile on, a setup no run packaged: the child starts with the learner's update,
     so that its imports run during the run's start; it is the build's child later."""
     update = _run_learner("on", monkeypatch, tmp_path)
-    child = update.train_step._spare_child
+    child = update.train_step._spare_child.child
     assert child is not None and child.waiting()
     assert update.train_step._early_build_child() is child
-    assert update.train_step._spare_child is None
+    assert update.train_step._spare_child.child is None
     child.stop()
 
 
@@ -95,17 +95,18 @@ def test_no_child_for_a_short_auto_run_and_none_left_by_an_eager_decision(monkey
     update then decides to stay eager stops it."""
     update = _run_learner("auto", monkeypatch, tmp_path)
     assert update.train_step.decision.expected_steps is None  # (no length: no child)
-    assert update.train_step._spare_child is None
+    assert update.train_step._spare_child.child is None
     monkeypatch.setattr(auto, "worth_compiling", lambda *args: (False, "too short"))
     monkeypatch.setattr(auto, "EAGER_PROBES", 2)
     step = update.train_step
     step.decision.expected_steps = 10**6
-    step._spare_child = step._child_for_a_coming_build()
-    child = step._spare_child
+    assert step._child_with_the_run()
+    step._spare_child.start(step)
+    child = step._spare_child.child
     assert child is not None
     for seed in range(4):
         update(transition_batch(8, seed, continuous=False))
-    assert step.path == "eager" and step._spare_child is None
+    assert step.path == "eager" and step._spare_child.child is None
     deadline = time.monotonic() + 30.0  # stopped: ended by a signal at once
     while child.waiting() and time.monotonic() < deadline:
         time.sleep(0.05)

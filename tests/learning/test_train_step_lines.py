@@ -55,7 +55,9 @@ def test_a_setup_whose_packages_exist_plans_to_load_them(fast_backend, monkeypat
     _, first, _ = build("dqn", CARTPOLE, "on", *flags, identity="run", background=True)
     step_until_compiled(first)
     # The tests' backend writes no package file: the record names them all the same.
-    names = read_record("beast_setups.json", first.train_step._setup_key())["packages"]
+    names = read_record("beast_setups.json", first.train_step.known_packages.setup_key())[
+        "packages"
+    ]
     assert names and not any(os.path.exists(package.package_path(n)) for n in names)
     _, second, _ = build("dqn", CARTPOLE, "on", *flags, identity="run")
     assert second.train_step.plan().startswith("the update eager for its first steps")

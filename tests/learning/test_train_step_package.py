@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten
 from beast.train_step import (
     ParameterGroup,
     auto,
+    build_child,
     compiler,
     package,
 )
@@ -185,12 +186,12 @@ def test_a_build_removes_what_earlier_builds_left_in_the_cache(tmp_path):
     packages = made("steps", {"c.pt2": 7200})
     short_name = made("cabc", {"cw.wrapper.cpp": 7200})
 
-    assert package._remove_build_leftovers(str(tmp_path), now) == 1
+    assert build_child._remove_build_leftovers(str(tmp_path), now) == 1
     left = {entry.name for entry in tmp_path.iterdir()}
     assert old_build not in left
     kept = {recent_build, recent_inside, renamed_inside, not_a_build, probe, packages}
     assert left == {*kept, short_name}
-    assert package._remove_build_leftovers(str(tmp_path), now + 3600) == 3
+    assert build_child._remove_build_leftovers(str(tmp_path), now + 3600) == 3
 
 
 def test_a_package_build_under_way_stops_with_the_run(monkeypatch, tmp_path):
@@ -204,11 +205,11 @@ def test_a_package_build_under_way_stops_with_the_run(monkeypatch, tmp_path):
         children.append(popen([sys.executable, "-c", "import time; time.sleep(60)"], **kwargs))
         return children[-1]
 
-    monkeypatch.setattr(package.subprocess, "Popen", endless_build)
+    monkeypatch.setattr(build_child.subprocess, "Popen", endless_build)
     traced = package.trace(lambda x: (x * 2.0,), (torch.ones(3),))
     stopping = threading.Event()
     threading.Timer(0.5, stopping.set).start()
-    with pytest.raises(package.BuildStopped):
+    with pytest.raises(build_child.BuildStopped):
         traced.build(traced.export(), stopping)
     # Stopped, not waited for: the 60 s child ended by a signal, not of its own.
     assert len(children) == 1 and children[0].poll() is not None
@@ -274,7 +275,7 @@ def test_a_run_that_dies_mid_build_leaves_nothing_behind(tmp_path, stage):
     # Its build's scratch directory: removed by the child's stop (compiling), or by the
     # next build's start (importing: the kernel's signal ended the child before it had a
     # handler).
-    package.BuildChild().stop()
+    build_child.BuildChild().stop()
     assert glob.glob(os.path.join(tempfile.gettempdir(), f"beast-step-{run.pid}-*")) == []
 
 
