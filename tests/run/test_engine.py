@@ -152,11 +152,12 @@ def children(pid: int) -> dict[int, list[str]]:
 def is_a_worker(argv: list[str]) -> bool:
     """Whether a child's command line is a process of the run's own: not one of the run
     log's `git` calls, and not the builder of a compiled step's package (`python -m
-    beast.train_step.package`, started where --compile auto decides that compiling pays;
-    it is one process and the run's learner waits for nothing from it)."""
+    beast.util.parent_death PID SIGTERM beast.train_step.build_child:build_in_child ...`,
+    started where --compile decides that compiling pays; it is one process and the run's
+    learner waits for nothing from it)."""
     if argv and os.path.basename(argv[0]) == "git":
         return False
-    return argv[1:3] != ["-m", "beast.train_step.package"]
+    return not any(part.endswith(":build_in_child") for part in argv)
 
 
 @pytest.mark.parametrize(
