@@ -121,8 +121,9 @@ def test_env_picks_the_family_config():
     assert (atari.optimizer, atari.learning_rate, atari.total_steps) == (
         "rmsprop",
         6e-4,
-        20_000_000,
+        5_000_000,
     )
+    assert (atari.batch_size, atari.unroll_length) == (8, 20)
     classic = parse_args(["--env", "CartPole-v1"])
     assert classic.config == os.path.join(CONFIGS_DIR, "impala", "classic.yaml")
     assert (classic.optimizer, classic.learning_rate, classic.discounting) == ("adam", 0.0015, 0.98)
