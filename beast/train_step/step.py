@@ -495,6 +495,7 @@ class TrainStep:
             return False
         self._used.update(zip(trains, used, strict=True))
         self._decided[kind] = compiled
+        self._spare_child.stop()  # an earlier run's package: no build to start it for
         self.decision.timed[kind] = record  # its first steps timed against eager's, as ever
         seconds = time.perf_counter() - started
         self.compile_seconds += seconds
