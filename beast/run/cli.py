@@ -1,7 +1,8 @@
 """What monobeast.py and polybeast.py share: exceptions to one-line errors and exit codes.
 
 Exit 2 for bad input (flags, config files, an env that cannot be made), 1 for a run
-that had to stop (TrainingError, CheckpointError), 130 after Ctrl-C, 0 otherwise;
+that had to stop (TrainingError, CheckpointError), 130 after a Ctrl-C during start-up, 0
+otherwise (a started run that Ctrl-C stops writes its final checkpoint and exits 0);
 `--mode test` evaluates a checkpoint instead of training.
 """
 

@@ -209,7 +209,8 @@ def test_a_resumed_search_counts_its_runs_not_its_requeued_trials(tmp_path, monk
     data["optuna"] = {**OPTUNA, "n_trials": 3}
     spec = load_sweep(sweep_file(tmp_path, data))
     sweep_dir = str(tmp_path / "count")
-    plans = {name: ({100: 5.0}, 0, 100) for name in ("trial0", "trial1", "trial2")}
+    # The new run is Optuna's trial 3 (trial1 requeued is trial 2, still run "trial1").
+    plans = {name: ({100: 5.0}, 0, 100) for name in ("trial0", "trial1", "trial3")}
     monkeypatch.setattr(optuna_search, "drive", fake_drive(plans))
     study = optuna_search.open_study(spec, sweep_dir)
     for name, interrupted in (("trial0", False), ("trial1", True)):
