@@ -139,7 +139,17 @@ def load_package(path: str) -> Runner:
         with inductor_patch(**{"cpp.vec_isa_ok": True}):
             loader = torch._inductor.aoti_load_package(path, run_single_threaded=True).loader
     out_spec = treespec_loads(loader.get_call_spec()[1])
-    return lambda arguments, tensors: tree_unflatten(loader.boxed_run(tensors), out_spec)
+
+    def run(arguments: Any, tensors: list[Tensor]) -> Any:
+        # The kernels' OpenMP regions take this thread's OpenMP count, which in a thread
+        # started after torch.set_num_threads is still the core count: a learner thread
+        # on one torch thread ran its package on two, beside the actors (AtariNet's
+        # 8 x 80 Pong run: 1,372-1,397 agent steps/s, against 1,767 eager). torch's
+        # count, set again here (0.2 us), is the thread's.
+        torch.set_num_threads(torch.get_num_threads())
+        return tree_unflatten(loader.boxed_run(tensors), out_spec)
+
+    return run
 
 
 def package_path(name: str) -> str:
