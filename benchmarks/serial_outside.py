@@ -33,6 +33,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks.cold_build import _loadavg
+
 __all__ = ["main"]
 
 # (module, class or "", function, label): what is timed; a missing one is skipped (code
@@ -156,14 +158,6 @@ def _print(figures: dict[str, Any], title: str) -> None:
     for label, value in figures.items():
         if isinstance(value, tuple):
             print(f"  {label:34s} {value[0]:.3f} ms wall, {value[1]:.3f} ms CPU an env step")
-
-
-def _loadavg() -> str:
-    try:
-        with open("/proc/loadavg") as file:
-            return file.read().split()[0]
-    except OSError:
-        return "?"
 
 
 if __name__ == "__main__":
