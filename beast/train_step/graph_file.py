@@ -11,13 +11,25 @@ the child as its nodes, written here in 0.02 s and read in 0.04.
 The trace is operator-level (make_fx): each node's target is an operator overload
 (`torch.ops.aten.mm.default`), named by its schema, or a plain Python function (the
 `getitem` of an operator's tuple output), named by module and qualified name; its
-arguments are nodes, Python values, dtypes, devices and layouts, which pickle. A graph
-with anything else raises `Unwritable`, and the build takes the export's way.
+arguments are nodes, Python values, devices, and torch's named constants (dtypes,
+memory formats, layouts), written as `torch.<name>`. A graph with anything else raises
+`Unwritable`, and the build takes the export's way.
+
+torch's own pickling of those constants names no module (a dtype reduces to "float32",
+a memory format to "torch.preserve_format"), so pickle searches `sys.modules` for one
+that holds the object, and takes the first. `import multiprocessing` registers the main
+module as `__mp_main__`, which pickle does not skip; a script that imports
+multiprocessing before torch (isort's order) and holds `torch` itself had
+`torch.preserve_format` written as `__mp_main__`'s, and the child, whose main module
+is another, failed to read it: every build of such a script's steps failed, and its
+learner stayed eager (`python -m benchmarks.learner_step` timed eager as compiled).
+Layouts do not pickle at all.
 """
 
 from __future__ import annotations
 
 import importlib
+import io
 import pickle
 from typing import Any
 
@@ -80,13 +92,14 @@ def dumps(graph: torch.fx.GraphModule, arguments: tuple[Any, ...]) -> bytes:
             )
         )
     in_spec = treespec_dumps(tree_flatten((arguments, {}))[1])
+    written = io.BytesIO()
     try:
-        return pickle.dumps(
-            (_FORMAT, nodes, constants, in_spec, treespec_dumps(out_spec), arguments),
-            protocol=pickle.HIGHEST_PROTOCOL,
+        _Pickler(written).dump(
+            (_FORMAT, nodes, constants, in_spec, treespec_dumps(out_spec), arguments)
         )
     except (pickle.PicklingError, TypeError, AttributeError) as error:
         raise Unwritable(str(error)) from error
+    return written.getvalue()
 
 
 def loads(data: bytes) -> tuple[torch.fx.GraphModule, tuple[Any, ...]]:
@@ -115,6 +128,30 @@ def loads(data: bytes) -> tuple[torch.fx.GraphModule, tuple[Any, ...]]:
     module._in_spec = treespec_loads(in_spec)
     module._out_spec = treespec_loads(out_spec)
     return module, arguments
+
+
+_NAMED_CONSTANTS = (torch.dtype, torch.memory_format, torch.layout, torch.qscheme)
+
+
+class _Pickler(pickle.Pickler):
+    """pickle, with torch's named constants written as `torch.<name>` (the module's
+    docstring says why)."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def reducer_override(self, obj: Any) -> Any:
+        if not isinstance(obj, _NAMED_CONSTANTS):
+            return NotImplemented
+        name = str(obj).removeprefix("torch.")
+        if getattr(torch, name, None) is not obj:
+            raise Unwritable(f"the constant {obj!r}")
+        return (_torch_constant, (name,))
+
+
+def _torch_constant(name: str) -> Any:
+    """`torch.<name>`, for a written constant (`_Pickler`)."""
+    return getattr(torch, name)
 
 
 def _refer(value: Any) -> Any:

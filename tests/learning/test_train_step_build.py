@@ -6,6 +6,9 @@ check), and the child started with the run where a build is coming."""
 from __future__ import annotations
 
 import operator
+import pickletools
+import subprocess
+import sys
 import time
 
 import pytest
@@ -58,6 +61,51 @@ def test_a_graph_of_a_target_it_cannot_name_is_refused():
     node.target = local_function
     with pytest.raises(graph_file.Unwritable):
         graph_file.dumps(traced.graph, traced.arguments)
+
+
+_SCRIPT_THAT_IMPORTS_MULTIPROCESSING_FIRST = """
+import multiprocessing  # registers this module as __mp_main__, before torch's modules
+import sys
+
+import torch
+
+from beast.train_step import graph_file, package
+
+def step(x):
+    return (torch.zeros_like(x) + x.clone(memory_format=torch.contiguous_format),
+            torch.ones(2, dtype=torch.bfloat16, layout=torch.strided))
+
+traced = package.trace(step, (torch.ones(3),))
+with open(sys.argv[1], "wb") as file:
+    file.write(graph_file.dumps(traced.graph, traced.arguments))
+"""
+
+
+def test_a_graph_names_torchs_constants_whatever_the_main_module_holds(tmp_path):
+    """A script that imports multiprocessing before torch and holds `torch` itself: its
+    graph's memory formats were written as constants of `__mp_main__`, a module the
+    build's child resolves to its own main, so every build of such a script failed."""
+    written = tmp_path / "graph"
+    subprocess.run(
+        [sys.executable, "-c", _SCRIPT_THAT_IMPORTS_MULTIPROCESSING_FIRST, str(written)],
+        check=True,
+        timeout=120,
+    )
+    data = written.read_bytes()
+    modules = {
+        argument
+        for opcode, argument, _ in pickletools.genops(data)
+        if opcode.name in ("SHORT_BINUNICODE", "BINUNICODE") and "main" in argument
+    }
+    assert modules == set()
+    module, arguments = graph_file.loads(data)
+    kwargs = [node.kwargs for node in module.graph.nodes if node.op == "call_function"]
+    assert {"memory_format": torch.contiguous_format} in [
+        {k: v for k, v in each.items() if k == "memory_format"} for each in kwargs
+    ]
+    got = module(*arguments)
+    torch.testing.assert_close(got[0], torch.ones(3))
+    assert got[1].dtype == torch.bfloat16 and got[1].layout == torch.strided
 
 
 def test_copies_keep_a_views_strides():
