@@ -121,7 +121,7 @@ def test_env_picks_the_family_config():
     assert (atari.optimizer, atari.learning_rate, atari.total_steps) == (
         "rmsprop",
         6e-4,
-        5_000_000,
+        10_000_000,
     )
     assert (atari.batch_size, atari.unroll_length) == (8, 20)
     classic = parse_args(["--env", "CartPole-v1"])
