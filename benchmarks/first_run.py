@@ -25,8 +25,6 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from benchmarks.cold_build import _loadavg
-
 __all__ = ["main"]
 
 DEFAULT_COMMAND = ("--algo", "sac", "--env", "Pendulum-v1", "--total_steps", "6000")
@@ -69,18 +67,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         _run(flags, warm, os.path.join(scratch, "runs"))  # fills the warm cache, untimed
         for repeat in range(args.repeats):
             for kind in ("cold", "warm"):
-                with tempfile.TemporaryDirectory(dir=scratch) as cold:
-                    load = _loadavg()
-                    cache = cold if kind == "cold" else warm
-                    seconds, update = _run(flags, cache, os.path.join(scratch, "runs"))
+                cache = tempfile.mkdtemp(dir=scratch) if kind == "cold" else warm
+                load = os.getloadavg()[0]
+                seconds, update = _run(flags, cache, os.path.join(scratch, "runs"))
                 walls[kind].append(seconds)
                 print(
-                    f"{kind} #{repeat + 1}: {seconds:.1f} s; {update}; load {load} -> {_loadavg()}",
+                    f"{kind} #{repeat + 1}: {seconds:.1f} s; {update};"
+                    f" load {load:.2f} -> {os.getloadavg()[0]:.2f}",
                     flush=True,
                 )
-    cold, warm_ = statistics.median(walls["cold"]), statistics.median(walls["warm"])
+    cold, warm = statistics.median(walls["cold"]), statistics.median(walls["warm"])
     pairs = ", ".join(f"{c / w:.2f}" for c, w in zip(walls["cold"], walls["warm"], strict=True))
-    print(f"medians: cold {cold:.1f} s, warm {warm_:.1f} s; cold / warm {cold / warm_:.2f}")
+    print(f"medians: cold {cold:.1f} s, warm {warm:.1f} s; cold / warm {cold / warm:.2f}")
     print(f"cold / warm per pair: {pairs}")
 
 

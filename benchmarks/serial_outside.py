@@ -24,6 +24,7 @@ import argparse
 import ast
 import collections
 import importlib
+import os
 import shlex
 import statistics
 import subprocess
@@ -32,8 +33,6 @@ import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
-
-from benchmarks.cold_build import _loadavg
 
 __all__ = ["main"]
 
@@ -132,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
     """One run in a process of its own (`--one`)."""
-    load = _loadavg()
+    load = os.getloadavg()[0]
     argv = [sys.executable, "-m", "benchmarks.serial_outside", "--one"]
     argv += ["--total_steps", str(args.total_steps), "--flags", shlex.join(args.flags)]
     result = subprocess.run(argv, capture_output=True, text=True)
@@ -140,7 +139,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     if result.returncode != 0 or not lines:
         raise RuntimeError(f"the run failed: {result.stderr[-2000:]}")
     figures = ast.literal_eval(lines[-1].removeprefix("FIGURES "))
-    figures["load"] = f"{load} -> {_loadavg()}"
+    figures["load"] = f"{load:.2f} -> {os.getloadavg()[0]:.2f}"
     return figures
 
 
