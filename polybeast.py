@@ -31,11 +31,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from beast.util.interrupts import hold_interrupts_during_start_up
+
+    hold_interrupts_during_start_up()  # until the run raises it: beast/util/interrupts.py
     try:
         from beast.run.cli import exit_process
 
         code = main()
-    except KeyboardInterrupt:  # Ctrl-C while beast is still being imported
+    except KeyboardInterrupt:  # a second Ctrl-C while beast is still being imported
         print(f"{PROG}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
     exit_process(code)

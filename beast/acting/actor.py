@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +51,7 @@ from beast.algos.base import ActingRule
 from beast.envs.batch import EnvBatch, make_env_batch
 from beast.experience.contract import Sink
 from beast.native import QueueClosed
+from beast.util.interrupts import ignore_interrupts
 from beast.util.profile import ACTOR_PHASES, PhaseClock
 from beast.util.threads import die_with_fork_server, process_alive
 
@@ -150,7 +150,7 @@ def run_actor(
     adds the seconds of each phase of its loop to its row (beast/util/profile.py).
     """
     die_with_fork_server()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_interrupts()
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)  # actors never backpropagate
     torch.manual_seed(settings.seed * 7919 + actor_index + incarnation * _INCARNATION_SEED_STRIDE)

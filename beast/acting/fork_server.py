@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import multiprocessing as mp
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import multiprocessing.util
 import os
 import signal
@@ -35,19 +36,23 @@ def start() -> None:
     importing (a run that stopped early) is stopped with it, not left to finish its
     imports alone.
 
-    It starts with SIGINT ignored, which it keeps across its exec and its interpreter's
+    It starts with SIGINT blocked, which it keeps across its exec and its interpreter's
     start: a terminal's Ctrl-C reaches the whole process group, and multiprocessing's
     server ignores SIGINT only once its imports are done, so a Ctrl-C in the run's first
     seconds printed a KeyboardInterrupt traceback from them (or a "Fatal Python error"
-    from its interpreter's start). The run stops it and its actors itself."""
+    from its interpreter's start). Blocked here, not ignored: a Ctrl-C to this process
+    while the server starts waits for the unblock, where an ignored one was lost and the
+    run trained on. The run stops the server and its actors
+    itself; they unblock SIGINT (beast.util.interrupts.ignore_interrupts). The resource
+    tracker, which the server's start starts first, starts before the block: its start
+    unblocks SIGINT when done, whatever the mask was."""
     actor_context()
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    multiprocessing.resource_tracker.ensure_running()
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
     atexit.unregister(stop)  # once, however many runs this process starts
     atexit.register(stop)
 

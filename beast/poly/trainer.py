@@ -57,13 +57,11 @@ from beast.run.lifecycle import (
     TrainingError,
     learner_failure,
     open_run_log,
-    raise_if_stop_requested,
-    raise_keyboard_interrupt,
     report,
-    stop_on_signals,
 )
 from beast.run.plan import plan_run, select_device
 from beast.run.resume import load_resume_payload, restore
+from beast.util.interrupts import raise_if_stop_requested, raise_keyboard_interrupt, stop_on_signals
 
 __all__ = ["LearnerNode", "train"]
 

@@ -39,12 +39,15 @@ def run_entry_point(prog: str, parse: Callable[[], object], train: Callable[[obj
     from beast.config import ConfigError
     from beast.envs import EnvError
     from beast.outputs.checkpoint import CheckpointError
+    from beast.util.interrupts import raise_if_stop_requested, release_held_interrupts
 
     try:
         config = parse()
+        raise_if_stop_requested()  # a Ctrl-C the imports or the env's probe held
         if config.mode == "test":
             from beast.trained.play import test
 
+            release_held_interrupts()
             test(config)
         else:
             from beast.run.runner import TrainingError

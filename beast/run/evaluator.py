@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import statistics
 import sys
 import time
@@ -73,6 +72,7 @@ from beast.outputs.eval_report import EvalReport
 from beast.run.build import Run
 from beast.train_step import MODULES_IN_USE
 from beast.trained.play import play_episodes
+from beast.util.interrupts import ignore_interrupts
 from beast.util.threads import die_with_fork_server, process_alive
 
 if TYPE_CHECKING:
@@ -320,7 +320,7 @@ def run_evaluator(
     """The evaluator process: evaluate snapshots as they come, until told to stop or the
     learner is gone. Exits 1 after posting its traceback to `error_row`."""
     die_with_fork_server()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # shutdown is the learner's job
+    ignore_interrupts()  # shutdown is the learner's job
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)
 

@@ -1,17 +1,14 @@
 """What a monobeast run does around its loop, shared by the threaded run (beast/run/runner.py),
 --serial (beast/run/serial.py) and polybeast's learners (beast/poly/trainer.py): build and
-resume the run, open its log, start its evaluation, make Ctrl-C and SIGTERM stop it,
-and report progress and a failed learner.
+resume the run, open its log, start its evaluation, and report progress and a failed
+learner (Ctrl-C and SIGTERM: beast/util/interrupts.py).
 
 Its own module so that --serial, which the runner starts, does not import the runner.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
 import traceback
-from typing import Any
 
 import torch
 
@@ -33,12 +30,9 @@ __all__ = [
     "actor_settings",
     "learner_failure",
     "open_run_log",
-    "raise_if_stop_requested",
-    "raise_keyboard_interrupt",
     "report",
     "start_evaluation",
     "start_run",
-    "stop_on_signals",
     "update_note",
 ]
 
@@ -47,44 +41,8 @@ class TrainingError(RuntimeError):
     """A run that had to stop; the message says why in one line."""
 
 
-# Set by a stop signal's handler. Its KeyboardInterrupt is raised wherever the main thread
-# is, which can be a finalizer (multiprocessing's, closing a dead actor's pipes during a
-# garbage collection): Python prints "Exception ignored" there and drops it, and a run
-# with no end would train on. So the runs' loops look here too (`raise_if_stop_requested`).
-_STOP_REQUESTED = threading.Event()
 # A wait for a compilation this long is said beside the progress line (`report`).
 _SAY_WAITS_OVER_SECONDS = 5.0
-
-
-def raise_keyboard_interrupt(signum: int, frame: Any) -> None:
-    _STOP_REQUESTED.set()
-    raise KeyboardInterrupt
-
-
-def raise_if_stop_requested() -> None:
-    """KeyboardInterrupt if a stop signal came since `stop_on_signals`, though the
-    interrupt it raised was dropped (`_STOP_REQUESTED`): a run's loop calls it each pass.
-    Only in the main thread, whose run installed the handlers: a run in another thread
-    keeps the process's own, and a stop an earlier run took is not its own."""
-    if _STOP_REQUESTED.is_set() and threading.current_thread() is threading.main_thread():
-        raise KeyboardInterrupt
-
-
-def stop_on_signals() -> dict[int, Any]:
-    """Make SIGINT and SIGTERM raise KeyboardInterrupt; returns the handlers they replace.
-
-    Installed explicitly: a shell starts background jobs with SIGINT ignored, and `kill
-    -INT` must still stop the run cleanly. Only the main thread may set handlers: a run
-    started from another thread (a Ray Tune trial, beast.train in a thread) keeps the
-    process's own and returns {}; it ends at total_steps or on an error.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    _STOP_REQUESTED.clear()  # a stop an earlier run in this process took
-    return {
-        signum: signal.signal(signum, raise_keyboard_interrupt)
-        for signum in (signal.SIGINT, signal.SIGTERM)
-    }
 
 
 def open_run_log(config: Config) -> RunLog:

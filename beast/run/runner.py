@@ -44,15 +44,13 @@ from beast.run.lifecycle import (
     end_of_run,
     learner_failure,
     open_run_log,
-    raise_if_stop_requested,
-    raise_keyboard_interrupt,
     report,
     start_evaluation,
     start_run,
-    stop_on_signals,
 )
 from beast.run.plan import acting_bf16
 from beast.train_step import MODULES_IN_USE
+from beast.util.interrupts import raise_if_stop_requested, stop_on_signals
 from beast.util.profile import format_profile
 
 __all__ = [
@@ -61,10 +59,8 @@ __all__ = [
     "build_inference",
     "open_run_log",
     "end_of_run",
-    "raise_keyboard_interrupt",
     "start_evaluation",
     "start_run",
-    "stop_on_signals",
     "train",
 ]
 

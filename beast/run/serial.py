@@ -38,13 +38,12 @@ from beast.run.lifecycle import (
     TrainingError,
     actor_settings,
     end_of_run,
-    raise_if_stop_requested,
     report,
     start_evaluation,
     start_run,
-    stop_on_signals,
     update_note,
 )
+from beast.util.interrupts import raise_if_stop_requested, stop_on_signals
 from beast.util.profile import ACTOR_PHASES, PhaseClock
 
 __all__ = ["train_serial"]

@@ -34,7 +34,7 @@ def run_tuner(
     if dry_run:
         _print_plan(spec, sweep_dir, cpus_per_run)
         return []
-    from beast.run.runner import stop_on_signals
+    from beast.util.interrupts import stop_on_signals
 
     handlers = stop_on_signals()
     try:

@@ -130,7 +130,7 @@ def interrupt(proc: subprocess.Popen) -> int:
 
 def wait_for_threads(threads: Sequence[threading.Thread], stop: threading.Event) -> None:
     """Wait until every thread has ended; on Ctrl-C or SIGTERM (KeyboardInterrupt, from
-    beast.run.runner.stop_on_signals) set `stop`, wait for them with further signals ignored
+    beast.util.interrupts.stop_on_signals) set `stop`, wait for them with further signals ignored
     (each thread stops its run cleanly), and raise KeyboardInterrupt.
 
     Polled rather than joined: in Python 3.11 a KeyboardInterrupt that lands inside

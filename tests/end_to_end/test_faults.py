@@ -38,7 +38,7 @@ from beast.algos.policies import CategoricalPolicy
 from beast.experience.rollout_slots import RolloutBuffers, owner_id, rollout_spec
 from beast.fields import box_obs, is_core_state
 from beast.native import NO_OWNER, IndexQueue
-from beast.run.lifecycle import raise_if_stop_requested, raise_keyboard_interrupt, stop_on_signals
+from beast.util.interrupts import raise_if_stop_requested, raise_keyboard_interrupt, stop_on_signals
 from beast.util.threads import process_alive
 from tests.support.in_process import run_monobeast, run_polybeast
 from tests.support.runs import shm_entries
