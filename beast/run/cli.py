@@ -39,11 +39,11 @@ def run_entry_point(prog: str, parse: Callable[[], object], train: Callable[[obj
     from beast.config import ConfigError
     from beast.envs import EnvError
     from beast.outputs.checkpoint import CheckpointError
-    from beast.util.interrupts import raise_if_stop_requested, release_held_interrupts
+    from beast.util.interrupts import raise_if_interrupt_held, release_held_interrupts
 
     try:
         config = parse()
-        raise_if_stop_requested()  # a Ctrl-C the imports or the env's probe held
+        raise_if_interrupt_held()  # a Ctrl-C during the imports or the env's probe
         if config.mode == "test":
             from beast.trained.play import test
 

@@ -2,11 +2,11 @@
 
 A run's start-up holds Ctrl-C (`hold_interrupts_during_start_up`): the entry scripts
 install the hold before their imports, and the run raises the KeyboardInterrupt at a
-point of its own (`raise_if_stop_requested`). A KeyboardInterrupt raised wherever the
-main thread happens to be is not safe there: inside torch's import it is raised through
-pybind11 and aborts the process ("terminate called after throwing an instance of
-'pybind11::error_already_set'", exit -6; ale_py's nanobind the same), and C code that
-clears errors can drop it silently, after which the run trained on.
+point of its own (`raise_if_interrupt_held`, or its loop's `raise_if_stop_requested`).
+A KeyboardInterrupt raised wherever the main thread happens to be is not safe there:
+inside torch's import it is raised through pybind11 and aborts the process ("terminate
+called after throwing an instance of 'pybind11::error_already_set'", exit -6; ale_py's
+nanobind the same), and C code that clears errors can drop it silently.
 
 Once a run's loop is up, `stop_on_signals` makes SIGINT and SIGTERM raise at once, and
 keeps the request in a flag that the loops look at too: the interrupt can be raised in a
@@ -25,6 +25,7 @@ from typing import Any
 __all__ = [
     "hold_interrupts_during_start_up",
     "ignore_interrupts",
+    "raise_if_interrupt_held",
     "raise_if_stop_requested",
     "raise_keyboard_interrupt",
     "release_held_interrupts",
@@ -49,18 +50,30 @@ def _hold_interrupt(signum: int, frame: Any) -> None:
 
 
 def hold_interrupts_during_start_up() -> None:
-    """Hold SIGINT until the run raises it (`raise_if_stop_requested`) or its loop takes
+    """Hold SIGINT until the run raises it (`raise_if_interrupt_held`) or its loop takes
     over (`stop_on_signals`). Call from the main thread, before the heavy imports."""
     _STOP_REQUESTED.clear()
     signal.signal(signal.SIGINT, _hold_interrupt)
 
 
+def _holding() -> bool:
+    return signal.getsignal(signal.SIGINT) is _hold_interrupt
+
+
+def raise_if_interrupt_held() -> None:
+    """KeyboardInterrupt if the start-up's hold is in place and holds a Ctrl-C; not for
+    a stop an earlier run in this process took (the runs of a test, or of a sweep)."""
+    if _holding() and _STOP_REQUESTED.is_set():
+        raise KeyboardInterrupt
+
+
 def release_held_interrupts() -> None:
     """Back to Python's own Ctrl-C (for work with no loop of its own, such as --mode
     test), raising first a Ctrl-C that was held."""
-    if signal.getsignal(signal.SIGINT) is _hold_interrupt:
+    if _holding():
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    raise_if_stop_requested()
+        if _STOP_REQUESTED.is_set():
+            raise KeyboardInterrupt
 
 
 def raise_if_stop_requested() -> None:
@@ -83,7 +96,7 @@ def stop_on_signals() -> dict[int, Any]:
     """
     if threading.current_thread() is not threading.main_thread():
         return {}
-    if signal.getsignal(signal.SIGINT) is not _hold_interrupt:
+    if not _holding():
         _STOP_REQUESTED.clear()  # a stop an earlier run in this process took
     return {
         signum: signal.signal(signum, raise_keyboard_interrupt)

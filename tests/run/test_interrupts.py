@@ -1,6 +1,7 @@
 """Ctrl-C during a run's start-up (beast/util/interrupts.py, beast/acting/fork_server.py):
 held, never lost, raised where the run chooses."""
 
+import contextlib
 import multiprocessing.forkserver
 import signal
 import subprocess
@@ -12,7 +13,9 @@ import pytest
 from beast.acting import fork_server
 from beast.util.interrupts import (
     hold_interrupts_during_start_up,
+    raise_if_interrupt_held,
     raise_if_stop_requested,
+    raise_keyboard_interrupt,
     release_held_interrupts,
     stop_on_signals,
 )
@@ -34,10 +37,21 @@ def own_sigint():
 
 def test_a_held_ctrl_c_is_raised_by_the_run_not_where_it_landed(own_sigint):
     hold_interrupts_during_start_up()
-    raise_if_stop_requested()  # nothing requested yet
+    raise_if_interrupt_held()  # nothing held yet
     signal.raise_signal(signal.SIGINT)  # would raise inside an import (pybind11: abort)
     with pytest.raises(KeyboardInterrupt):
+        raise_if_interrupt_held()
+    with pytest.raises(KeyboardInterrupt):
         raise_if_stop_requested()
+
+
+def test_a_stop_an_earlier_run_took_is_not_held_for_the_next(own_sigint):
+    """In-process runs one after the other (a test's, a sweep's): the first one's Ctrl-C
+    must not stop the second at its start."""
+    with contextlib.suppress(KeyboardInterrupt):
+        raise_keyboard_interrupt(signal.SIGINT, None)
+    raise_if_interrupt_held()
+    release_held_interrupts()
 
 
 def test_a_second_ctrl_c_during_start_up_raises_at_once(own_sigint):
