@@ -42,10 +42,10 @@ def start() -> None:
     seconds printed a KeyboardInterrupt traceback from them (or a "Fatal Python error"
     from its interpreter's start). Blocked here, not ignored: a Ctrl-C to this process
     while the server starts waits for the unblock, where an ignored one was lost and the
-    run trained on. The run stops the server and its actors
-    itself; they unblock SIGINT (beast.util.interrupts.ignore_interrupts). The resource
-    tracker, which the server's start starts first, starts before the block: its start
-    unblocks SIGINT when done, whatever the mask was."""
+    run trained on. The run stops the server and its actors itself; they unblock SIGINT
+    (beast.util.interrupts.ignore_interrupts). The resource tracker, which the server's
+    start would start first, starts before the block: its start unblocks SIGINT when
+    done, whatever the mask was."""
     actor_context()
     multiprocessing.resource_tracker.ensure_running()
     previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

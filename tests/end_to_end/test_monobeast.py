@@ -187,6 +187,16 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path, seconds):
     assert wait_until_gone(marker) == []
 
 
+@pytest.mark.slow  # about a minute and a half on 2 cores
+@pytest.mark.parametrize("seconds", [round(0.1 + 0.1 * i, 1) for i in range(25)])
+def test_ctrl_c_at_every_moment_of_start_up(tmp_path, seconds):
+    """The test above at 25 moments, 0.1-2.5 s, which cover beast's and torch's imports,
+    the fork server's start and the run's first updates on this 2-core machine. Before
+    start-up held Ctrl-C (beast/util/interrupts.py), 1 run in 80 at random moments
+    aborted inside torch's import (pybind11, exit -6), and CI saw a run train on."""
+    test_ctrl_c_during_start_up_is_one_line(tmp_path, seconds)
+
+
 def test_old_gym_api_env_learns_through_the_adapter(tmp_path):
     # OldStyleEnv (tests/envs/test_envs.py): old gym API, reward = action, 5 steps.
     # Always choosing action 1 scores 5; a uniform policy scores 2.5.
