@@ -187,7 +187,7 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path, seconds):
     assert wait_until_gone(marker) == []
 
 
-@pytest.mark.slow  # about a minute and a half on 2 cores
+@pytest.mark.slow  # about a minute on 2 cores (51 s with -n 2)
 @pytest.mark.parametrize("seconds", [round(0.1 + 0.1 * i, 1) for i in range(25)])
 def test_ctrl_c_at_every_moment_of_start_up(tmp_path, seconds):
     """The test above at 25 moments, 0.1-2.5 s, which cover beast's and torch's imports,
