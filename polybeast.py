@@ -12,7 +12,6 @@ wrong. See docs/polybeast.md.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 PROG = "polybeast.py"
@@ -31,14 +30,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from beast.util.interrupts import hold_interrupts_during_start_up
+    from beast.run.cli import run_script
 
-    hold_interrupts_during_start_up()  # until the run raises it: beast/util/interrupts.py
-    try:
-        from beast.run.cli import exit_process
-
-        code = main()
-    except KeyboardInterrupt:  # a second Ctrl-C while beast is still being imported
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
-    exit_process(code)
+    run_script(PROG, main)

@@ -14,7 +14,24 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-__all__ = ["exit_process", "run_entry_point"]
+__all__ = ["exit_process", "run_entry_point", "run_script"]
+
+
+def run_script(prog: str, main: Callable[[], int]) -> NoReturn:
+    """monobeast.py's and polybeast.py's `__main__`: hold Ctrl-C from here on (this
+    module imports only the standard library, so the hold comes before torch's import,
+    inside which a KeyboardInterrupt aborts the process: beast/util/interrupts.py), run
+    `main` (`run_entry_point`), and exit with its code. A second Ctrl-C while beast is
+    still being imported is one line and exit 130."""
+    from beast.util.interrupts import hold_interrupts_during_start_up
+
+    hold_interrupts_during_start_up()  # until the run raises it
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    exit_process(code)
 
 
 def exit_process(code: int) -> NoReturn:
