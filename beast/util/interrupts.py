@@ -1,8 +1,9 @@
 """Stop signals (Ctrl-C's SIGINT, SIGTERM) turned into one clean stop of a run.
 
 A run's start-up holds Ctrl-C (`hold_interrupts_during_start_up`): the entry scripts
-install the hold before their imports (beast/run/cli.py's `run_script`), and the run raises the KeyboardInterrupt at a
-point of its own (`raise_if_interrupt_held`, or its loop's `raise_if_stop_requested`).
+install the hold before their imports (beast/run/cli.py's `run_script`), and the run
+raises the KeyboardInterrupt at a point of its own (`raise_if_interrupt_held`, or its
+loop's `raise_if_stop_requested`).
 A KeyboardInterrupt raised wherever the main thread happens to be is not safe there:
 inside torch's import it is raised through pybind11 and aborts the process ("terminate
 called after throwing an instance of 'pybind11::error_already_set'", exit -6; ale_py's
