@@ -14,17 +14,21 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from beast.util.interrupts import (
+    hold_interrupts_during_start_up,
+    raise_if_interrupt_held,
+    release_held_interrupts,
+)
+
 __all__ = ["exit_process", "run_entry_point", "run_script"]
 
 
 def run_script(prog: str, main: Callable[[], int]) -> NoReturn:
     """monobeast.py's and polybeast.py's `__main__`: hold Ctrl-C from here on (this
-    module imports only the standard library, so the hold comes before torch's import,
-    inside which a KeyboardInterrupt aborts the process: beast/util/interrupts.py), run
-    `main` (`run_entry_point`), and exit with its code. A second Ctrl-C while beast is
+    module and beast/util/interrupts.py import only the standard library, so the hold
+    comes before torch's import, inside which a KeyboardInterrupt aborts the process),
+    run `main` (`run_entry_point`), and exit with its code. A second Ctrl-C while beast is
     still being imported is one line and exit 130."""
-    from beast.util.interrupts import hold_interrupts_during_start_up
-
     hold_interrupts_during_start_up()  # until the run raises it
     try:
         code = main()
@@ -56,7 +60,6 @@ def run_entry_point(prog: str, parse: Callable[[], object], train: Callable[[obj
     from beast.config import ConfigError
     from beast.envs import EnvError
     from beast.outputs.checkpoint import CheckpointError
-    from beast.util.interrupts import raise_if_interrupt_held, release_held_interrupts
 
     try:
         config = parse()

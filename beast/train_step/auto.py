@@ -39,10 +39,10 @@ __all__ = [
 # the step's package is built in a process beside the run, which goes on eagerly: a DQN
 # CartPole run kept ~70% of its eager rate for the 28 s its first build took on 2 cores
 # (about 8 s lost), and a package built once loads in under a second; networks with
-# convolutions build for longer (R2D2's step, 100 s). On CUDA torch.compile stalls the
-# learner (SAC's step, 35-76 s). The ratios: on CPU 0.3-0.5 for the MLPs of classic
-# control and MuJoCo (benchmarks/RESULTS.md), 0.8-1.1 for convolutional networks, whose
-# time is their convolutions'; on CUDA 0.1-0.3.
+# convolutions build for about as long, or longer (`FIRST_BUILD_SECONDS`). On CUDA
+# torch.compile stalls the learner (SAC's step, 35-76 s). The ratios: on CPU 0.3-0.5 for
+# the MLPs of classic control and MuJoCo (benchmarks/RESULTS.md), 0.8-1.1 for
+# convolutional networks, whose time is their convolutions'; on CUDA 0.1-0.3.
 FIRST_COMPILE_SECONDS = {"cpu": 10.0, "cpu convolutions": 30.0, "cuda": 60.0}
 # A call of K steps (a block, `TrainStep.steps`) on CUDA unrolls them in one graph, whose
 # build takes longer: each step past the first adds about this share of a one-step build
