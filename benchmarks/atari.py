@@ -3,7 +3,7 @@ from launch.
 
     python -m benchmarks.atari                                  # IMPALA, Pong, seed 1, 20 min
     python -m benchmarks.atari --seeds 1 2 3 --budget 20m --threshold 18
-    python -m benchmarks.atari --algo r2d2 --budget 2h
+    python -m benchmarks.atari --algo r2d2 --budget 2h        # scored by its evaluations
     python -m benchmarks.atari --budget 5m --stop_at_threshold -- --num_actors auto
     python -m benchmarks.atari --budget 90 --threshold -20.5 --warmup 30   # smoke test
 
@@ -12,8 +12,22 @@ added), the seeds one after the other, never two at once. Nothing else is set: t
 keeps its config's --total_steps, which sets the learning-rate schedule a user's run
 gets, and its own thread count. A run is stopped as Ctrl-C stops it (SIGINT to its
 process group: a final checkpoint, exit 0) at the budget, or with --stop_at_threshold as
-soon as this script sees the mean of the last `--window` episodes reach the threshold;
-it is killed if it has not exited `--exit_timeout` seconds later.
+soon as this script sees the score (below) reach the threshold; it is killed if it has
+not exited `--exit_timeout` seconds later.
+
+Score. With `--score episodes` the threshold is judged on the mean return of the last
+`--window` finished training episodes, every env's. Where the run's envs act with
+different parameters (Ape-X and R2D2: each env its own epsilon, 0.4 down to 0.0007 over
+16 envs), that mean mixes them all and stays below what the policy scores, so `--score
+auto` (the default) judges those runs on their evaluations (`--score evaluation`) and
+every other run on its episodes. With evaluations the run gets `--eval_interval`
+(`--eval_interval` here, 100,000 agent steps unless one is given after `--`), and the
+threshold is judged on each evaluation's mean return over its `--eval_episodes` episodes
+(monobeast.py's default 10) with the greedy policy (`--mode test`'s), at the time its
+logs.csv row was written and the step of the weights it evaluated. The evaluator is a
+process of the run: its CPU counts in the wall-clock. Whether the envs act alike is
+asked of the acting rule the run builds from its flags and config file, so the benchmark
+names no algorithm.
 
 Clock. Every time is from launch (the subprocess's start), so the interpreter's start,
 imports, the fork server and compilation all count. episodes.csv stamps each episode
@@ -25,9 +39,9 @@ taken. With updates every fraction of a second and a poll a second, it is within
 milliseconds of the truth and never below it.
 
 Per run:
-- the wall-clock and agent steps at which the mean return of the last `--window`
-  finished episodes (every env's, exploring ones included) first reached the threshold,
-  the best such mean and when, the mean of the last `--window` at the end;
+- the wall-clock and agent steps at which the score first reached the threshold, the
+  best score and when, the last score; with --score evaluation also the training
+  episodes' best mean of `--window`;
 - steady SPS: agent steps per second between the first logs.csv row after `--warmup`
   seconds from launch and the last row (benchmarks.monobeast_sps.steady_sps);
 - peak RSS of every process of the run (the kernel's VmHWM, exact), found by sampling
@@ -110,6 +124,10 @@ PROG = "python -m benchmarks.atari"
 DEFAULT_ALGO, DEFAULT_ENV = "impala", "PongNoFrameskip-v4"
 DEFAULT_THRESHOLD = 18.0  # Pong's "solved" bar (issue 41)
 DEFAULT_WINDOW = 100  # episodes in the mean
+# What the threshold is judged on (the module docstring's "Score").
+EPISODES, EVALUATION, AUTO = "episodes", "evaluation", "auto"
+DEFAULT_EVAL_INTERVAL = 100_000  # agent steps between evaluations, with --score evaluation
+ENVS_PROBED = 16  # envs whose acting parameters --score auto compares
 DEFAULT_BUDGET = 20 * 60.0  # seconds per seed, from launch
 # Seconds from launch before SPS and growth count: start-up, the fork server, the first
 # compilations, the thread tuner.
@@ -178,12 +196,18 @@ class Crossing:
 
 def first_crossing(returns: Sequence[float], threshold: float, window: int) -> Crossing:
     """The first episode at which the mean of the last `window` returns is >= threshold."""
-    means = trailing_means(returns, window)
-    if not np.isfinite(means).any():
+    return crossing_of(trailing_means(returns, window), threshold)
+
+
+def crossing_of(scores: np.ndarray, threshold: float) -> Crossing:
+    """The first of `scores` (nan: none yet) that is >= threshold, and the best of them."""
+    if not np.isfinite(scores).any():
         return Crossing(None, None, math.nan)
-    reached = np.flatnonzero(means >= threshold)
-    best_index = int(np.nanargmax(means))
-    return Crossing(int(reached[0]) if len(reached) else None, best_index, float(means[best_index]))
+    reached = np.flatnonzero(scores >= threshold)
+    best_index = int(np.nanargmax(scores))
+    return Crossing(
+        int(reached[0]) if len(reached) else None, best_index, float(scores[best_index])
+    )
 
 
 @dataclass(frozen=True)
@@ -214,6 +238,44 @@ def read_episodes(path: Path, launch_offset: float) -> Episodes:
     except FileNotFoundError:
         pass
     return Episodes(*(np.array(v, dtype=np.float64) for v in (steps, returns, seconds)))
+
+
+@dataclass(frozen=True)
+class ScoreCurve:
+    """What the threshold is judged on: float64 [n] each, one point per finished episode
+    (`scores` the mean of the last `window` returns, nan before `window` episodes) or per
+    evaluation (`scores` its mean return; `steps` the step of the weights evaluated);
+    `seconds` from launch."""
+
+    steps: np.ndarray
+    seconds: np.ndarray
+    scores: np.ndarray
+
+
+def read_evaluations(path: Path, launch_offset: float) -> ScoreCurve:
+    """logs.csv's evaluation rows (--eval_interval; beast/outputs/logs.py's record_eval):
+    each at the time it was written, moved to launch."""
+    steps, seconds, scores = [], [], []
+    try:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if row.get("eval_mean_return") and row.get("time"):
+                    steps.append(float(row["eval_step"]))
+                    seconds.append(float(row["time"]) + launch_offset)
+                    scores.append(float(row["eval_mean_return"]))
+    except FileNotFoundError:
+        pass
+    return ScoreCurve(*(np.array(v, dtype=np.float64) for v in (steps, seconds, scores)))
+
+
+def score_curve(run_dir: Path, launch_offset: float, settings: Settings) -> ScoreCurve:
+    """The run's curve under `settings.score` (see the module docstring's "Score")."""
+    if settings.score == EVALUATION:
+        return read_evaluations(run_dir / "logs.csv", launch_offset)
+    episodes = read_episodes(run_dir / "episodes.csv", launch_offset)
+    return ScoreCurve(
+        episodes.steps, episodes.seconds, trailing_means(episodes.returns, settings.window)
+    )
 
 
 # --- Across seeds: median, IQM and the stratified bootstrap ----------------------------
@@ -579,6 +641,8 @@ class Settings:
     stop_at_threshold: bool
     flags: tuple[str, ...]
     out: Path
+    score: str = EPISODES  # EPISODES or EVALUATION (AUTO is resolved by parse_args)
+    eval_interval: int = DEFAULT_EVAL_INTERVAL
     sample_interval: float = DEFAULT_SAMPLE_INTERVAL
     exit_timeout: float = DEFAULT_EXIT_TIMEOUT
     bootstrap_reps: int = BOOTSTRAP_REPS
@@ -640,11 +704,18 @@ class Watch:
         for row in episodes.rows():
             if row.get("return"):
                 window.append(float(row["return"]))
-        if (
-            self.threshold_seen_at is None
-            and len(window) == window.maxlen
-            and sum(window) / len(window) >= self.settings.threshold
-        ):
+        if self.settings.score == EVALUATION:
+            reached = any(
+                float(row["eval_mean_return"]) >= self.settings.threshold
+                for row in rows
+                if row.get("eval_mean_return")
+            )
+        else:
+            reached = (
+                len(window) == window.maxlen
+                and sum(window) / len(window) >= self.settings.threshold
+            )
+        if self.threshold_seen_at is None and reached:
             self.threshold_seen_at = self.now()
 
     def signal_stop(self, reason: str) -> None:
@@ -739,6 +810,8 @@ def run_seed(settings: Settings, seed: int) -> dict[str, Any]:
         *("--savedir", str(runs_dir), "--xpid", xpid),
         *settings.flags,
     ]
+    if settings.score == EVALUATION and not flag_given(settings.flags, "--eval_interval"):
+        argv += ["--eval_interval", str(settings.eval_interval)]
     log_path = settings.out / f"{xpid}.log"
     shm_before = shm_state()
     with open(log_path, "w") as log:
@@ -895,12 +968,13 @@ def summarize_run(
     settings = watch.settings
     offset = watch.launch_offset if math.isfinite(watch.launch_offset) else None
     episodes = read_episodes(watch.run_dir / "episodes.csv", offset or 0.0)
-    crossing = first_crossing(episodes.returns, settings.threshold, settings.window)
+    curve = score_curve(watch.run_dir, offset or 0.0, settings)
+    crossing = crossing_of(curve.scores, settings.threshold)
 
     def at(index: int | None) -> dict[str, float] | None:
         if index is None or offset is None:
             return None
-        return {"seconds": float(episodes.seconds[index]), "step": int(episodes.steps[index])}
+        return {"seconds": float(curve.seconds[index]), "step": int(curve.steps[index])}
 
     sps, sps_error = None, None
     if offset is not None:
@@ -941,15 +1015,16 @@ def summarize_run(
         "launch_offset": offset,
         "threshold": settings.threshold,
         "window": settings.window,
+        "score": settings.score,
         "reached": at(crossing.index),
         "threshold_seen_at": watch.threshold_seen_at,
         "best_mean": crossing.best,
         "best_at": at(crossing.best_index),
-        "final_mean": (
-            float(np.mean(episodes.returns[-settings.window :]))
-            if len(episodes.returns) >= settings.window
-            else math.nan
-        ),
+        "final_mean": float(curve.scores[-1]) if len(curve.scores) else math.nan,
+        # The training episodes' best mean of `window`, whatever the score: with
+        # --score evaluation it shows what exploration costs the training returns.
+        "episodes_best_mean": first_crossing(episodes.returns, math.inf, settings.window).best,
+        "evaluations": len(curve.scores) if settings.score == EVALUATION else None,
         "episodes": len(episodes.returns),
         "agent_steps": watch.last_step,
         "steady_sps": sps,
@@ -1014,6 +1089,16 @@ def process_lines(run: dict[str, Any]) -> list[str]:
     return lines
 
 
+def score_words(settings: Settings) -> str:
+    """What a score is, for reports and plots."""
+    if settings.score == EVALUATION:
+        return (
+            f"an evaluation's mean return, the greedy policy, every"
+            f" {settings.eval_interval:,} agent steps"
+        )
+    return f"mean of the last {settings.window} episodes"
+
+
 def run_report(run: dict[str, Any], settings: Settings) -> list[str]:
     reached = run["reached"]
     to = (
@@ -1029,10 +1114,16 @@ def run_report(run: dict[str, Any], settings: Settings) -> list[str]:
     lines = [
         f"## seed {run['seed']}: {settings.algo} on {settings.env}, stopped: {run['stopped']},"
         f" exit {run['exit_code']} after {run['wall_clock']:,.1f} s from launch",
-        f"- to {settings.threshold:g} (mean of the last {settings.window}): {to}",
-        f"- best mean of {settings.window}: {best_text}; last {settings.window}:"
-        f" {_num(run['final_mean'], 2)}; {run['episodes']:,} episodes,"
-        f" {run['agent_steps']:,} agent steps",
+        f"- to {settings.threshold:g} ({score_words(settings)}): {to}",
+        f"- best score: {best_text}; last: {_num(run['final_mean'], 2)};"
+        f" {run['episodes']:,} training episodes"
+        + (
+            f" (best mean of {settings.window}: {_num(run['episodes_best_mean'], 2)}),"
+            f" {run['evaluations']} evaluations"
+            if settings.score == EVALUATION
+            else ""
+        )
+        + f", {run['agent_steps']:,} agent steps",
         f"- steady SPS: {_num(run['steady_sps'], 0)} agent steps/s (from {settings.warmup:g} s"
         f" after launch to the last update){sps_note}; learner threads"
         f" {run['learner_threads'] or '?'}",
@@ -1077,7 +1168,7 @@ def run_report(run: dict[str, Any], settings: Settings) -> list[str]:
 FIGURES = (
     ("seconds_to_threshold", "wall-clock to the threshold (s)"),
     ("steps_to_threshold", "agent steps to the threshold"),
-    ("best_mean", "best mean return"),
+    ("best_mean", "best score"),
     ("steady_sps", "steady SPS"),
     ("peak_summed_rss_mib", "peak summed RSS (MiB)"),
 )
@@ -1154,16 +1245,17 @@ def _pyplot() -> Any:
 def plot_run(run: dict[str, Any], settings: Settings, path: Path) -> None:
     """Return against wall-clock and agent steps, SPS and summed RSS against wall-clock."""
     plt = _pyplot()
-    episodes = read_episodes(Path(run["run_dir"]) / "episodes.csv", run["launch_offset"] or 0.0)
-    means = trailing_means(episodes.returns, settings.window)
+    offset = run["launch_offset"] or 0.0
+    episodes = read_episodes(Path(run["run_dir"]) / "episodes.csv", offset)
+    curve = score_curve(Path(run["run_dir"]), offset, settings)
+    marker = "o" if settings.score == EVALUATION else None
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    minutes = episodes.seconds / 60
-    for ax, x, label in (
-        (axes[0, 0], minutes, "minutes from launch"),
-        (axes[0, 1], episodes.steps, "agent steps"),
+    for ax, x, x_curve, label in (
+        (axes[0, 0], episodes.seconds / 60, curve.seconds / 60, "minutes from launch"),
+        (axes[0, 1], episodes.steps, curve.steps, "agent steps"),
     ):
-        ax.scatter(x, episodes.returns, s=3, alpha=0.25, color="gray", label="episode")
-        ax.plot(x, means, color="C0", label=f"mean of the last {settings.window}")
+        ax.scatter(x, episodes.returns, s=3, alpha=0.25, color="gray", label="training episode")
+        ax.plot(x_curve, curve.scores, color="C0", marker=marker, label=score_words(settings))
         ax.axhline(settings.threshold, color="C3", linestyle="--", linewidth=1)
         ax.set_xlabel(label)
         ax.set_ylabel("return")
@@ -1201,19 +1293,18 @@ def plot_run(run: dict[str, Any], settings: Settings, path: Path) -> None:
 
 
 def plot_seeds(runs: Sequence[dict[str, Any]], settings: Settings, path: Path) -> None:
-    """Every seed's mean of the last `window` against wall-clock and agent steps."""
+    """Every seed's score against wall-clock and agent steps."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for run in runs:
-        episodes = read_episodes(Path(run["run_dir"]) / "episodes.csv", run["launch_offset"] or 0.0)
-        means = trailing_means(episodes.returns, settings.window)
-        axes[0].plot(episodes.seconds / 60, means, label=f"seed {run['seed']}")
-        axes[1].plot(episodes.steps, means, label=f"seed {run['seed']}")
+        curve = score_curve(Path(run["run_dir"]), run["launch_offset"] or 0.0, settings)
+        axes[0].plot(curve.seconds / 60, curve.scores, label=f"seed {run['seed']}")
+        axes[1].plot(curve.steps, curve.scores, label=f"seed {run['seed']}")
     for ax, label in zip(axes, ("minutes from launch", "agent steps"), strict=True):
         ax.axhline(settings.threshold, color="C3", linestyle="--", linewidth=1)
         ax.set_xlabel(label)
         ax.set_xlim(left=0)
-        ax.set_ylabel(f"mean return of the last {settings.window}")
+        ax.set_ylabel(score_words(settings))
     axes[0].legend(loc="lower right")
     fig.suptitle(f"{settings.algo} {settings.env}, {len(runs)} seed(s)")
     fig.tight_layout()
@@ -1236,6 +1327,39 @@ def parse_duration(text: str) -> float:
 OWN_FLAGS = ("--seed", "--savedir", "--xpid", "--algo", "--env")
 
 
+def flag_value(flags: Sequence[str], name: str) -> str | None:
+    """The value of monobeast.py flag `name` among `flags` (`--name V` or `--name=V`), the
+    last one given; None if it is not there."""
+    value = None
+    for index, flag in enumerate(flags):
+        if flag.startswith(name + "="):
+            value = flag.partition("=")[2]
+        elif flag == name and index + 1 < len(flags):
+            value = flags[index + 1]
+    return value
+
+
+def flag_given(flags: Sequence[str], name: str) -> bool:
+    return flag_value(flags, name) is not None
+
+
+def envs_act_alike(algo: str, env: str, flags: Sequence[str]) -> bool:
+    """Whether every env of the run acts with the same parameters. Ape-X's and R2D2's
+    (`--exploration per_env`) give each env its own epsilon, 0.4 down to 0.0007: their
+    training episodes mix those rates, and their mean stays below the policy's score.
+    Read as the run reads its flags (its config file included) and asked of the acting
+    rule it builds, so that the benchmark names no algorithm."""
+    from beast.algos.build import build_algorithm
+    from beast.envs import probe_spec
+    from beast.run.parsing import parse_args as parse_run_args
+
+    with contextlib.chdir(ROOT):  # where run_seed starts the run: a relative --config
+        config = parse_run_args(["--algo", algo, "--env", env, *flags], prog="monobeast.py")
+    rule = build_algorithm(config, probe_spec(env)).acting_rule()
+    params = rule.env_params(ENVS_PROBED)
+    return all(np.all(values == values[:1]) for values in params.values())
+
+
 def parse_args(argv: Sequence[str] | None = None) -> Settings:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--algo", default=DEFAULT_ALGO)
@@ -1249,6 +1373,22 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     )
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
     parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="episodes per mean")
+    parser.add_argument(
+        "--score",
+        choices=(AUTO, EPISODES, EVALUATION),
+        default=AUTO,
+        help="what the threshold is judged on: the mean of the last --window training"
+        " episodes, or each evaluation's mean return (the greedy policy, monobeast.py's"
+        " --eval_interval); auto: evaluation for runs whose envs explore at different"
+        " rates (--exploration per_env: Ape-X, R2D2), else episodes",
+    )
+    parser.add_argument(
+        "--eval_interval",
+        type=int,
+        default=DEFAULT_EVAL_INTERVAL,
+        help="agent steps between evaluations with --score evaluation (default 100000;"
+        " an --eval_interval after -- wins)",
+    )
     parser.add_argument(
         "--warmup",
         type=parse_duration,
@@ -1269,10 +1409,24 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     for flag in args.flags:
         if flag.split("=")[0] in OWN_FLAGS:
             parser.error(f"{flag.split('=')[0]} is the benchmark's own: use its option instead")
-    if args.window < 1 or args.bootstrap_reps < 1:
-        parser.error("--window and --bootstrap_reps must be positive")
+    if args.window < 1 or args.bootstrap_reps < 1 or args.eval_interval < 1:
+        parser.error("--window, --bootstrap_reps and --eval_interval must be positive")
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds repeats a seed: {args.seeds}")
+    score = args.score
+    if score == AUTO:
+        try:
+            alike = envs_act_alike(args.algo, args.env, args.flags)
+        except (OSError, ValueError) as error:  # ConfigError, EnvError: as monobeast.py says
+            print(f"{PROG}: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
+        score = EPISODES if alike else EVALUATION
+    eval_interval = args.eval_interval
+    given = flag_value(args.flags, "--eval_interval")
+    if given is not None:
+        if not given.isdigit() or int(given) < 1:
+            parser.error(f"--eval_interval {given}: the benchmark needs a positive step count")
+        eval_interval = int(given)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="beast-atari-"))
     return Settings(
         algo=args.algo,
@@ -1288,6 +1442,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         sample_interval=args.sample_interval,
         exit_timeout=args.exit_timeout,
         bootstrap_reps=args.bootstrap_reps,
+        score=score,
+        eval_interval=eval_interval,
     )
 
 
@@ -1336,8 +1492,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     settings.out.mkdir(parents=True, exist_ok=True)
     extra = " ".join(settings.flags) or "(none)"
     header = [
-        f"# {settings.algo} on {settings.env}: time to {settings.threshold:g} (mean of the last"
-        f" {settings.window} episodes) from launch, {time.strftime('%Y-%m-%d %H:%M %Z')}",
+        f"# {settings.algo} on {settings.env}: time to {settings.threshold:g}"
+        f" ({score_words(settings)}) from launch, {time.strftime('%Y-%m-%d %H:%M %Z')}",
         "",
         f"machine: {machine_description()}",
         f"seeds {', '.join(map(str, settings.seeds))}, one after the other; budget"

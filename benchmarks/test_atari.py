@@ -82,6 +82,26 @@ def test_time_and_steps_to_the_threshold_from_an_episode_table(tmp_path):
     assert crossing.best == -16.0
 
 
+def test_time_and_steps_to_the_threshold_from_evaluations(tmp_path):
+    # logs.csv: update rows, and evaluation rows (written when the evaluation ended, at the
+    # step of the newest update; eval_step the step of the weights evaluated).
+    (tmp_path / "logs.csv").write_text(
+        "step,time,total_loss,eval_step,eval_mean_return\n"
+        "6400,10.0,0.5,,\n"
+        "12800,20.5,,6400,-21.0\n"
+        "19200,31.0,,12800,18.5\n"
+        "25600,40.0,0.4,,\n"
+        "32000,52.0,,25600,20.0\n"
+    )
+    settings = atari.parse_args(["--score", "evaluation", "--out", str(tmp_path)])
+    curve = atari.score_curve(tmp_path, 2.0, settings)
+    assert curve.steps.tolist() == [6400, 12800, 25600]
+    assert curve.seconds.tolist() == [22.5, 33.0, 54.0]
+    crossing = atari.crossing_of(curve.scores, 18.0)
+    assert (crossing.index, crossing.best_index, crossing.best) == (1, 2, 20.0)
+    assert atari.crossing_of(curve.scores, 20.5).index is None
+
+
 def test_an_episode_table_without_time_is_refused(tmp_path):
     write_episodes(tmp_path / "episodes.csv", [(640, -21, 800)], ("step", "return", "length"))
     with pytest.raises(atari.BenchError, match="no time column"):
@@ -418,6 +438,23 @@ def test_polling_bounds_the_start_up_from_above_and_sees_the_threshold(tmp_path)
     assert watch.last_step == 1280 and watch.threshold_seen_at >= now
 
 
+def test_polling_sees_the_threshold_in_an_evaluation_not_in_the_episodes(tmp_path):
+    settings = atari.parse_args(
+        ["--score", "evaluation", "--window", "1", "--threshold", "18", "--out", str(tmp_path)]
+    )
+    watch = atari.Watch(None, time.monotonic() - 10.0, tmp_path, settings, None)
+    logs, episodes = atari.CsvTail(tmp_path / "logs.csv"), atari.CsvTail(tmp_path / "episodes.csv")
+    window = deque(maxlen=1)
+    (tmp_path / "logs.csv").write_text("step,time,eval_mean_return\n640,4.0,\n1280,5.0,17.0\n")
+    write_episodes(tmp_path / "episodes.csv", [(640, 21, 800, 4.0)])  # a lucky episode
+    watch.poll_files(logs, episodes, window)
+    assert watch.threshold_seen_at is None
+    with open(tmp_path / "logs.csv", "a") as f:
+        f.write("1920,6.0,18.0\n")
+    watch.poll_files(logs, episodes, window)
+    assert watch.threshold_seen_at is not None
+
+
 # --- Command line ------------------------------------------------------------------------
 
 
@@ -453,11 +490,41 @@ def test_defaults_are_the_default_pong_run(tmp_path):
     assert settings.flags == ()
 
 
+@pytest.mark.parametrize(
+    "argv, score",
+    [
+        ([], "episodes"),  # IMPALA: every env samples the same policy
+        (["--algo", "apex"], "evaluation"),  # Ape-X's per-env epsilons
+        (["--algo", "apex", "--", "--exploration", "linear"], "episodes"),  # one schedule
+        (["--algo", "dqn", "--", "--exploration=per_env"], "evaluation"),
+        (["--algo", "dqn", "--score", "evaluation"], "evaluation"),
+    ],
+)
+def test_auto_score_asks_whether_the_envs_act_alike(argv, score, tmp_path):
+    assert atari.parse_args(["--out", str(tmp_path), *argv]).score == score
+
+
+def test_an_evaluation_interval_after_the_separator_wins(tmp_path):
+    settings = atari.parse_args(
+        ["--score", "evaluation", "--out", str(tmp_path), "--", "--eval_interval", "5000"]
+    )
+    assert settings.eval_interval == 5000
+    assert atari.flag_value(["--a", "1", "--a=2", "--b"], "--a") == "2"
+    assert atari.flag_value(["--b"], "--b") is None
+
+
 def test_a_failing_run_is_one_line_and_exit_2(tmp_path, capsys):
     # monobeast.py refuses the env in its start-up (a few seconds: its imports).
+    argv = ["--env", "NoSuchGame-v0", "--budget", "120", "--out", str(tmp_path)]
     with pytest.raises(SystemExit) as exit_info:
-        atari.main(["--env", "NoSuchGame-v0", "--budget", "120", "--out", str(tmp_path)])
+        atari.main([*argv, "--score", "episodes"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "exited with 2" in err[0] and "NoSuchGame-v0" in err[0]
     assert (tmp_path / "summary.json").exists()
+    # --score auto reads the run's config and env first: the same env error, before launch.
+    with pytest.raises(SystemExit) as exit_info:
+        atari.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "NoSuchGame-v0" in err[0]

@@ -287,6 +287,8 @@ class EpsilonGreedyPolicy(ActingRule):
         return {"action": Field((), torch.int64)}
 
     def env_params(self, num_envs: int) -> dict[str, np.ndarray]:
+        if self.scheduled:
+            return {}  # every env follows the one schedule the model outputs
         if self.epsilon is not None:
             return {"epsilon": np.full(num_envs, self.epsilon, dtype=np.float32)}
         return {"epsilon": actor_epsilons(num_envs, self.eps_base, self.eps_alpha)}
@@ -294,7 +296,8 @@ class EpsilonGreedyPolicy(ActingRule):
     def bind(
         self, record: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray]
     ) -> Callable[[Mapping[str, Tensor]], None]:
-        actions, epsilons = record["action"], params["epsilon"]
+        actions = record["action"]
+        epsilons = None if self.scheduled else params["epsilon"]
         n, num_actions = len(actions), self.num_actions
         q_values = np.zeros((n, num_actions), dtype=np.float32)
         scheduled = np.zeros(n, dtype=np.float32) if self.scheduled else None

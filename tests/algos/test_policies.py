@@ -53,6 +53,17 @@ def test_epsilon_greedy_params_are_the_apex_spread_or_one_test_epsilon():
     np.testing.assert_array_equal(spread, actor_epsilons(8, 0.4, 7.0))
     fixed = EpsilonGreedyPolicy(4, epsilon=0.001).env_params(3)["epsilon"]
     np.testing.assert_array_equal(fixed, np.full(3, 0.001, dtype=np.float32))
+    # A scheduled epsilon comes from the model's output, the same for every env: no
+    # per-env constants (benchmarks.atari reads their absence as "the envs act alike").
+    scheduled = EpsilonGreedyPolicy(3, scheduled=True)
+    assert scheduled.env_params(8) == {}
+    n = 2000
+    q = torch.tensor([[0.0, 5.0, 1.0]]).expand(n, 3).unsqueeze(0)
+    record, act = bound(scheduled, n)
+    act({"q_values": q, "epsilon": torch.zeros(1, n)})
+    assert (record["action"] == 1).all()
+    act({"q_values": q, "epsilon": torch.ones(1, n)})
+    assert (record["action"] != 1).any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
