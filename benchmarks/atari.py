@@ -939,8 +939,18 @@ def growth_findings(
         if LOG_FILES.match(base):
             continue
         if CHECKPOINTS.match(base):
-            if old.get(name) and growth > CHECKPOINT_GROWTH_SHARE * old[name]:
-                found.append(f"checkpoint: {name} grew {old[name]:,} -> {new[name]:,} B, {why}")
+            # From its first rewrite in the window: the file on disk when the window opens
+            # was written up to a --checkpoint_interval earlier, with the replay not yet full.
+            first = next(
+                (
+                    sizes[name]
+                    for t, sizes in snapshots
+                    if before[0] < t <= after[0] and sizes.get(name) != old.get(name)
+                ),
+                None,
+            )
+            if old.get(name) and first and new[name] - first > CHECKPOINT_GROWTH_SHARE * first:
+                found.append(f"checkpoint: {name} grew {first:,} -> {new[name]:,} B, {why}")
         elif name not in old:
             found.append(f"files: {name} appeared ({new[name]:,} B), {why}")
         elif growth > 0:

@@ -377,13 +377,17 @@ def test_growth_after_the_window_starts_is_found():
     window = (60.0, 300.0, "after warm-up")
     # 1,000 MiB growing 1 MiB a second: +240 MiB in the window, over 128 MiB and 5%.
     growing = samples([1000.0 + t for t in range(301)], fds=10)
+    # replay.tar: written before the fill, rewritten once at the full size, then flat (Ape-X's
+    # run of 2026-12-07): no finding. model.tar grows at each rewrite: found.
     snapshots = [
-        (60.0, {"model.tar": 5_000_000, "replay.tar": 100}),
-        (300.0, {"model.tar": 6_000_000, "replay.tar": 100, "stray.log": 10}),
+        (60.0, {"model.tar": 5_000_000, "replay.tar": 5_250_000}),
+        (180.0, {"model.tar": 5_500_000, "replay.tar": 7_080_000}),
+        (300.0, {"model.tar": 6_000_000, "replay.tar": 7_080_000, "stray.log": 10}),
     ]
     _, found = atari.growth_findings(growing, snapshots, window)
     assert any(line.startswith("memory:") for line in found)
-    assert any("model.tar grew" in line for line in found)
+    assert any("model.tar grew 5,500,000 -> 6,000,000" in line for line in found)
+    assert not any("replay.tar" in line for line in found)
     assert any("stray.log appeared" in line for line in found)
 
 
