@@ -268,11 +268,13 @@ def read_evaluations(path: Path, launch_offset: float) -> ScoreCurve:
     return ScoreCurve(*(np.array(v, dtype=np.float64) for v in (steps, seconds, scores)))
 
 
-def score_curve(run_dir: Path, launch_offset: float, settings: Settings) -> ScoreCurve:
-    """The run's curve under `settings.score` (see the module docstring's "Score")."""
+def score_curve(
+    episodes: Episodes, run_dir: Path, launch_offset: float, settings: Settings
+) -> ScoreCurve:
+    """The run's curve under `settings.score` (see the module docstring's "Score"), from
+    its episodes (read_episodes with the same `launch_offset`) or its logs.csv."""
     if settings.score == EVALUATION:
         return read_evaluations(run_dir / "logs.csv", launch_offset)
-    episodes = read_episodes(run_dir / "episodes.csv", launch_offset)
     return ScoreCurve(
         episodes.steps, episodes.seconds, trailing_means(episodes.returns, settings.window)
     )
@@ -808,10 +810,10 @@ def run_seed(settings: Settings, seed: int) -> dict[str, Any]:
         str(ROOT / "monobeast.py"),
         *("--algo", settings.algo, "--env", settings.env, "--seed", str(seed)),
         *("--savedir", str(runs_dir), "--xpid", xpid),
+        # parse_args took an --eval_interval among the flags into settings.eval_interval.
+        *(("--eval_interval", str(settings.eval_interval)) if settings.score == EVALUATION else ()),
         *settings.flags,
     ]
-    if settings.score == EVALUATION and not flag_given(settings.flags, "--eval_interval"):
-        argv += ["--eval_interval", str(settings.eval_interval)]
     log_path = settings.out / f"{xpid}.log"
     shm_before = shm_state()
     with open(log_path, "w") as log:
@@ -978,7 +980,7 @@ def summarize_run(
     settings = watch.settings
     offset = watch.launch_offset if math.isfinite(watch.launch_offset) else None
     episodes = read_episodes(watch.run_dir / "episodes.csv", offset or 0.0)
-    curve = score_curve(watch.run_dir, offset or 0.0, settings)
+    curve = score_curve(episodes, watch.run_dir, offset or 0.0, settings)
     crossing = crossing_of(curve.scores, settings.threshold)
 
     def at(index: int | None) -> dict[str, float] | None:
@@ -1257,7 +1259,7 @@ def plot_run(run: dict[str, Any], settings: Settings, path: Path) -> None:
     plt = _pyplot()
     offset = run["launch_offset"] or 0.0
     episodes = read_episodes(Path(run["run_dir"]) / "episodes.csv", offset)
-    curve = score_curve(Path(run["run_dir"]), offset, settings)
+    curve = score_curve(episodes, Path(run["run_dir"]), offset, settings)
     marker = "o" if settings.score == EVALUATION else None
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for ax, x, x_curve, label in (
@@ -1307,7 +1309,9 @@ def plot_seeds(runs: Sequence[dict[str, Any]], settings: Settings, path: Path) -
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for run in runs:
-        curve = score_curve(Path(run["run_dir"]), run["launch_offset"] or 0.0, settings)
+        run_dir, offset = Path(run["run_dir"]), run["launch_offset"] or 0.0
+        episodes = read_episodes(run_dir / "episodes.csv", offset)
+        curve = score_curve(episodes, run_dir, offset, settings)
         axes[0].plot(curve.seconds / 60, curve.scores, label=f"seed {run['seed']}")
         axes[1].plot(curve.steps, curve.scores, label=f"seed {run['seed']}")
     for ax, label in zip(axes, ("minutes from launch", "agent steps"), strict=True):
@@ -1347,10 +1351,6 @@ def flag_value(flags: Sequence[str], name: str) -> str | None:
         elif flag == name and index + 1 < len(flags):
             value = flags[index + 1]
     return value
-
-
-def flag_given(flags: Sequence[str], name: str) -> bool:
-    return flag_value(flags, name) is not None
 
 
 def envs_act_alike(algo: str, env: str, flags: Sequence[str]) -> bool:

@@ -94,7 +94,8 @@ def test_time_and_steps_to_the_threshold_from_evaluations(tmp_path):
         "32000,52.0,,25600,20.0\n"
     )
     settings = atari.parse_args(["--score", "evaluation", "--out", str(tmp_path)])
-    curve = atari.score_curve(tmp_path, 2.0, settings)
+    episodes = atari.read_episodes(tmp_path / "episodes.csv", 2.0)  # none: not read
+    curve = atari.score_curve(episodes, tmp_path, 2.0, settings)
     assert curve.steps.tolist() == [6400, 12800, 25600]
     assert curve.seconds.tolist() == [22.5, 33.0, 54.0]
     crossing = atari.crossing_of(curve.scores, 18.0)
