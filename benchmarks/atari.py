@@ -1276,7 +1276,7 @@ def plot_run(run: dict[str, Any], settings: Settings, path: Path) -> None:
     if reached:
         axes[0, 0].axvline(reached["seconds"] / 60, color="C3", linewidth=1)
         axes[0, 1].axvline(reached["step"], color="C3", linewidth=1)
-    axes[0, 0].legend(loc="lower right")
+    axes[0, 0].legend(loc="best")
     series = run["log_series"]
     if len(series) > 1:
         times = np.array([s[0] for s in series])
@@ -1319,7 +1319,7 @@ def plot_seeds(runs: Sequence[dict[str, Any]], settings: Settings, path: Path) -
         ax.set_xlabel(label)
         ax.set_xlim(left=0)
         ax.set_ylabel(score_words(settings))
-    axes[0].legend(loc="lower right")
+    axes[0].legend(loc="best")
     fig.suptitle(f"{settings.algo} {settings.env}, {len(runs)} seed(s)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

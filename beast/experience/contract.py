@@ -185,7 +185,8 @@ class Source(Protocol):
 
     def save_replay(self, write: Callable[[dict[str, Tensor]], None]) -> dict | None:
         """Checkpoint a replay: `write` its contents, return its small state (None: no
-        replay)."""
+        replay). Called outside the learner's lock (`Run.save`): updates may run
+        meanwhile."""
         ...
 
     def restore_replay(self, tensors: Mapping[str, torch.Tensor], state: Mapping) -> str:

@@ -179,13 +179,14 @@ class ReplaySource:
 
     def save_replay(self, write: Callable[[dict[str, torch.Tensor]], None]) -> dict:
         """Checkpoint the replay: `write` its contents (the atomic replay file), return the
-        small rest (priorities, generations, the rate limiter's counters) for model.tar."""
+        small rest (priorities, generations, the rate limiter's counters) for model.tar.
+        The actors and the learner may go on while the contents are written: the counters
+        are taken with the contents, and `settle` drops what was overwritten meanwhile."""
         tensors, state = self.replay.contents()
-        write(tensors)
-        state = self.replay.settle(state)
         state["inserted"] = self.sink.total_inserted()
         state["sampled"] = int(self.sink.sampled[0])
-        return state
+        write(tensors)
+        return self.replay.settle(state)
 
     def restore_replay(self, tensors: Mapping[str, torch.Tensor], state: Mapping) -> str:
         """Load a checkpointed replay before the actors start; returns what was restored."""

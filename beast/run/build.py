@@ -13,6 +13,7 @@ RUN_DIR/replay.tar, written first, with a token that model.tar repeats
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import threading
@@ -111,9 +112,16 @@ class Run:
         return f"{algo}, {self.source.describe()}"
 
     def save(self, *, step_multiplier: int = 1, timeout: float | None = None) -> bool | None:
-        """Write a checkpoint (module docstring), under the learner's lock. False (and
-        nothing written) when the model is not finite; None when the lock was not free
-        within `timeout` seconds (an update stuck in a collective). Raises CheckpointError.
+        """Write a checkpoint (module docstring). False (and nothing written) when the model
+        is not finite; None when the learner's lock was not free within `timeout` seconds
+        (an update stuck in a collective). Raises CheckpointError.
+
+        The lock is held only while the model's and the algorithm's state are copied (a
+        few MB). The files are written after it is released: a replay's contents take
+        tens of seconds for gigabytes, and the learner that waited for them held back
+        the actors too (samples_per_insert). The replay's contents are therefore those of
+        a moment later than the model's, by the updates that ran in between; its writers
+        may go on meanwhile (`Source.save_replay`).
 
         step_multiplier: polybeast's learners each count their share of the steps.
         """
@@ -127,27 +135,34 @@ class Run:
             progress["step"] *= step_multiplier
             # Held too: the optimizers' state_dict races a compilation's export (ModulesInUse).
             with MODULES_IN_USE.held():
-                payload = {
-                    "model_state_dict": self.model.state_dict(),
-                    "algorithm_state": self.update.state_dict(),
-                    "reward_scaler": (
-                        self.reward_scaler.state_dict() if self.reward_scaler is not None else None
-                    ),
-                    "config": config.to_dict(),
-                    "progress": progress,
-                    "torch_rng_state": torch.get_rng_state(),
-                    # Kept at the top level for tools that only want the step.
-                    "step": progress["step"],
-                }
-            if config.checkpoint_replay:
-                token = uuid.uuid4().hex
-                write = functools.partial(_write_replay, config.run_dir, token)
-                state = self.source.save_replay(write)
-                if state is not None:
-                    payload["replay"] = {"token": token, **state}
-            save_checkpoint(config.run_dir, payload)
+                # Copies: the learner changes its tensors in place once the lock is free.
+                payload = copy.deepcopy(
+                    {
+                        "model_state_dict": self.model.state_dict(),
+                        "algorithm_state": self.update.state_dict(),
+                        "reward_scaler": (
+                            self.reward_scaler.state_dict()
+                            if self.reward_scaler is not None
+                            else None
+                        ),
+                    }
+                )
+            payload.update(
+                config=config.to_dict(),
+                progress=progress,
+                torch_rng_state=torch.get_rng_state(),
+                # Kept at the top level for tools that only want the step.
+                step=progress["step"],
+            )
         finally:
             lock.release()
+        if config.checkpoint_replay:
+            token = uuid.uuid4().hex
+            write = functools.partial(_write_replay, config.run_dir, token)
+            state = self.source.save_replay(write)
+            if state is not None:
+                payload["replay"] = {"token": token, **state}
+        save_checkpoint(config.run_dir, payload)
         return True
 
 
