@@ -35,6 +35,7 @@ __all__ = [
     "core_state_shapes",
     "is_core_state",
     "is_obs_key",
+    "leading_rows",
     "map_inputs",
     "model_inputs",
     "nest_obs",
@@ -68,6 +69,21 @@ def shared_zeros(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     storage = torch.UntypedStorage._new_shared(nbytes)
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+
+
+def leading_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """`tensor[:rows]` (a contiguous tensor) on a storage that holds those rows alone: a
+    view, no copy. torch.save writes a view's whole storage, so a replay that is still
+    filling saved its full capacity, or (cloned, as it was) held a second copy of what
+    it had written while the checkpoint ran: 6.8 GB more for Rainbow's 1M replay."""
+    if not tensor.is_contiguous():
+        raise ValueError("leading_rows needs a contiguous tensor")
+    if rows == tensor.shape[0]:
+        return tensor
+    part = tensor[:rows]
+    start = tensor.storage_offset() * tensor.element_size()
+    storage = tensor.untyped_storage()[start : start + part.numel() * part.element_size()]
+    return torch.empty(0, dtype=tensor.dtype).set_(storage, 0, part.shape, part.stride())
 
 
 def torch_dtype(dtype: np.dtype | torch.dtype) -> torch.dtype:

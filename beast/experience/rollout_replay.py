@@ -36,7 +36,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from beast.fields import Field, shared_zeros
+from beast.fields import Field, leading_rows, shared_zeros
 
 __all__ = ["RolloutReplay"]
 
@@ -115,10 +115,7 @@ class RolloutReplay:
         `lock` until the tensors are written: they are the replay's own memory (a full
         Atari replay is gigabytes), and batch threads add to it."""
         size = self._size
-        tensors = {
-            key: tensor[:size].clone() if size < self.capacity else tensor
-            for key, tensor in self.tensors.items()
-        }
+        tensors = {key: leading_rows(tensor, size) for key, tensor in self.tensors.items()}
         return tensors, {"capacity": self.capacity, "size": size, "next": self._next}
 
     def restore(self, tensors: Mapping[str, Tensor], state: Mapping[str, object]) -> None:

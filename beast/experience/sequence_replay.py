@@ -55,7 +55,15 @@ from torch import Tensor
 
 from beast.experience.prioritized import ReplaySample, SumTreeReplay, scaled_priorities
 from beast.experience.rollout_slots import env_step_spec, time_major_spec
-from beast.fields import OBS_KEY, Field, core_state_key, is_core_state, is_obs_key, shared_zeros
+from beast.fields import (
+    OBS_KEY,
+    Field,
+    core_state_key,
+    is_core_state,
+    is_obs_key,
+    leading_rows,
+    shared_zeros,
+)
 from beast.native import SumTree
 
 __all__ = [
@@ -477,10 +485,7 @@ class PrioritizedReplay(SumTreeReplay):
         replay never samples a sequence that was half overwritten in the file.
         """
         size = len(self)
-        tensors = {
-            key: tensor[:size].clone() if size < self.capacity else tensor
-            for key, tensor in self.tensors.items()
-        }
+        tensors = {key: leading_rows(tensor, size) for key, tensor in self.tensors.items()}
         return tensors, {"capacity": self.capacity, "size": size, "tree": self.tree.state_dict()}
 
     def restore(self, tensors: Mapping[str, Tensor], state: Mapping[str, object]) -> None:

@@ -67,7 +67,7 @@ from beast.experience.sequence_replay import (
     step_spec,
 )
 from beast.experience.staging import StagedSteps, StagingRecipe, StepTally
-from beast.fields import Field, shared_zeros
+from beast.fields import Field, leading_rows, shared_zeros
 from beast.native import SumTree
 from beast.util.profile import PhaseClock
 
@@ -239,15 +239,15 @@ class RingReplay(SumTreeReplay):
         return batch
 
     def contents(self) -> tuple[dict[str, Tensor], dict[str, object]]:
-        """A checkpoint in two parts, as `PrioritizedReplay.contents`: the rings (views, to
-        be written first) and the small state; `settle` the state once they are written."""
+        """A checkpoint in two parts, as `PrioritizedReplay.contents`: the rings (each
+        field a list of the envs' rings, views to be written first) and the small state;
+        `settle` the state once they are written."""
         written = self.written.clone()
         # Only the ring positions some env has written: a replay that is still filling
-        # saves what it holds, not its capacity.
+        # saves what it holds, not its capacity (views of those rows alone, no copy).
         size = min(self.ring, int(written.max()))
-        tensors = {
-            key: tensor if size == self.ring else tensor[:, :size].clone()
-            for key, tensor in self.tensors.items()
+        tensors: dict[str, Any] = {
+            key: [leading_rows(ring, size) for ring in rings] for key, rings in self.tensors.items()
         }
         tensors["written"] = written
         return tensors, {"capacity": self.capacity, "tree": self.tree.state_dict()}
@@ -257,18 +257,29 @@ class RingReplay(SumTreeReplay):
         writer starts. ValueError (one line) when the layout or capacity differ."""
         mine = {**self.tensors, "written": self.written}
         self._check_saved(tensors, state, mine)
-        size = min(self.ring, int(tensors["written"].max()))
-        for key, tensor in mine.items():
-            saved = tensors[key]
-            shape = tensor.shape if key == "written" else (self.num_envs, size, *tensor.shape[2:])
-            if saved.shape != shape or saved.dtype != tensor.dtype:
-                raise ValueError(
-                    f"the saved replay's {key} is {saved.dtype} {tuple(saved.shape)}, this one"
-                    f" holds {tensor.dtype} {tuple(shape)}"
-                )
-        self.written.copy_(tensors["written"])
+        written = tensors["written"]
+        if written.shape != self.written.shape or written.dtype != self.written.dtype:
+            raise ValueError(
+                f"the saved replay's written is {written.dtype} {tuple(written.shape)}, this"
+                f" one holds {self.written.dtype} {tuple(self.written.shape)}"
+            )
+        size = min(self.ring, int(written.max()))
+        # Each field the envs' rings, as `contents` saves them (a list; an older file's
+        # tensor [num_envs, size, ...] iterates the same way).
+        rings = {key: list(tensors[key]) for key in self.tensors}
         for key, tensor in self.tensors.items():
-            tensor[:, :size] = tensors[key]
+            shape = (size, *tensor.shape[2:])
+            if len(rings[key]) != self.num_envs or any(
+                ring.shape != shape or ring.dtype != tensor.dtype for ring in rings[key]
+            ):
+                raise ValueError(
+                    f"the saved replay's {key} is not {self.num_envs} rings of {tensor.dtype}"
+                    f" {shape}"
+                )
+        self.written.copy_(written)
+        for key, tensor in self.tensors.items():
+            for env, ring in enumerate(rings[key]):
+                tensor[env, :size] = ring
         self.tree.load_state_dict(state["tree"])
 
 

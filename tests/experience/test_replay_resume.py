@@ -69,7 +69,7 @@ def test_sigterm_then_resume_restores_the_replay_as_saved(tmp_path, algo):
             assert len(replay) > 0
             size = min(replay.ring, int(replay.written.max()))
             for key, tensor in replay.tensors.items():
-                assert torch.equal(tensor[:, :size], saved["tensors"][key]), key
+                assert torch.equal(tensor[:, :size], torch.stack(saved["tensors"][key])), key
         else:
             assert len(replay) == saved_meta["size"] > 0
             for key, tensor in saved["tensors"].items():
