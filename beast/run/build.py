@@ -135,7 +135,7 @@ class Run:
             progress["step"] *= step_multiplier
             # Held too: the optimizers' state_dict races a compilation's export (ModulesInUse).
             with MODULES_IN_USE.held():
-                # Copies: the learner changes its tensors in place once the lock is free.
+                # A copy: the learner changes these tensors in place once the lock is free.
                 payload = copy.deepcopy(
                     {
                         "model_state_dict": self.model.state_dict(),
@@ -145,15 +145,13 @@ class Run:
                             if self.reward_scaler is not None
                             else None
                         ),
+                        "config": config.to_dict(),
+                        "progress": progress,
+                        "torch_rng_state": torch.get_rng_state(),
+                        # Kept at the top level for tools that only want the step.
+                        "step": progress["step"],
                     }
                 )
-            payload.update(
-                config=config.to_dict(),
-                progress=progress,
-                torch_rng_state=torch.get_rng_state(),
-                # Kept at the top level for tools that only want the step.
-                step=progress["step"],
-            )
         finally:
             lock.release()
         if config.checkpoint_replay:

@@ -454,9 +454,10 @@ def test_a_filling_replays_checkpoint_writes_its_rows_and_copies_nothing():
     made before held a second replay's worth of memory while the checkpoint was written
     (6.8 GB more for Rainbow's 1M replay on Pong)."""
     replay = make_replay(ring=20, prioritized=True, frame_dedup=True)
+    rng = np.random.default_rng(5)
     write_streams(
         [RingAppender(replay, 0, 3)],
-        [EnvStream(np.random.default_rng(5))] * 3,
+        [EnvStream(rng) for _ in range(3)],
         np.random.default_rng(6),
         15,
     )
