@@ -24,8 +24,10 @@ Layout: like the rollout slots, one contiguous shared-memory block per field,
 memory in the learner process and lets other processes (several learners
 sharing experience, as in the paper's sweeps) map the same replay.
 
-Checkpointed with the run (`contents` and `restore`, through `RolloutSource.save_replay`:
-beast/run/build.py `Run.save`) unless --no-checkpoint_replay.
+Checkpointed with the run (`contents`, `settle` and `restore`, through
+`RolloutSource.save_replay`: beast/run/build.py `Run.save`) unless --no-checkpoint_replay.
+The rollouts are written while batch threads go on adding; the rows they rewrite
+meanwhile are dropped at restore.
 """
 
 from __future__ import annotations
@@ -57,13 +59,15 @@ class RolloutReplay:
         self.tensors = {
             key: shared_zeros((capacity, *f.shape), f.dtype) for key, f in self.spec.items()
         }
-        # Guards the tensors, _next, _size and _generator: batch threads (one
-        # per learner thread) add and sample concurrently, and a sample must
-        # never copy a row that an add is overwriting. A checkpoint holds it while it
-        # writes the tensors out (`contents`).
+        # Guards the tensors, _next, _size, _generations and _generator: batch threads
+        # (one per learner thread) add and sample concurrently, and a sample must never
+        # copy a row that an add is overwriting.
         self.lock = threading.Lock()
         self._next = 0  # row the next rollout goes to: the oldest once full
         self._size = 0
+        # How often each row was written: a checkpoint written while adds go on drops
+        # the rows rewritten meanwhile (`settle`).
+        self._generations = torch.zeros(capacity, dtype=torch.int64)
         self._generator = torch.Generator().manual_seed(seed)
 
     def __len__(self) -> int:
@@ -88,6 +92,7 @@ class RolloutReplay:
             rows = (self._next + torch.arange(count)) % self.capacity
             for key, tensor in self.tensors.items():
                 tensor[rows] = batch[key][:, first:].movedim(1, 0)
+            self._generations[rows] += 1
             self._next = (self._next + count) % self.capacity
             self._size = min(self._size + count, self.capacity)
 
@@ -111,15 +116,32 @@ class RolloutReplay:
             }
 
     def contents(self) -> tuple[dict[str, Tensor], dict[str, object]]:
-        """A checkpoint of the replay: the stored rollouts and the ring's position. Hold
-        `lock` until the tensors are written: they are the replay's own memory (a full
-        Atari replay is gigabytes), and batch threads add to it."""
-        size = self._size
+        """A checkpoint of the replay: the stored rollouts and the ring's position.
+
+        The tensors are views of the replay's own memory (a full Atari replay is
+        gigabytes: no copy), and batch threads may go on adding while they are written
+        out; `settle` the state after the write, so that rows rewritten meanwhile are
+        not restored half old, half new."""
+        with self.lock:
+            size, next_row = self._size, self._next
+            generations = self._generations.clone()
         tensors = {key: leading_rows(tensor, size) for key, tensor in self.tensors.items()}
-        return tensors, {"capacity": self.capacity, "size": size, "next": self._next}
+        state = {"capacity": self.capacity, "size": size, "next": next_row}
+        return tensors, {**state, "generations": generations}
+
+    def settle(self, state: dict[str, object]) -> dict[str, object]:
+        """`contents`' state, once its tensors are written: "intact" marks the saved
+        rows that no add rewrote since (bool [size]); `restore` keeps only those."""
+        with self.lock:
+            rewritten = self._generations != state["generations"]
+        settled = {key: value for key, value in state.items() if key != "generations"}
+        return {**settled, "intact": ~rewritten[: int(state["size"])]}
 
     def restore(self, tensors: Mapping[str, Tensor], state: Mapping[str, object]) -> None:
-        """Load `contents`' two parts; ValueError (one line) for another layout."""
+        """Load `contents`' two parts, settled; ValueError (one line) for another layout.
+
+        Rows not intact (rewritten while the checkpoint was written) are dropped: the
+        rest are packed from the oldest, and the ring goes on after them."""
         if state["capacity"] != self.capacity:
             raise ValueError(
                 f"the saved replay holds {state['capacity']} rollouts, this one {self.capacity}"
@@ -129,7 +151,19 @@ class RolloutReplay:
             saved = tensors.get(key)
             if saved is None or tuple(saved.shape) != (size, *tensor.shape[1:]):
                 raise ValueError(f"the saved replay's field {key} does not fit this replay")
+        intact = state.get("intact")
         with self.lock:
-            for key, tensor in self.tensors.items():
-                tensor[:size] = tensors[key]
-            self._size, self._next = size, int(state["next"])
+            if intact is None or bool(intact.all()):
+                for key, tensor in self.tensors.items():
+                    tensor[:size] = tensors[key]
+                self._size, self._next = size, int(state["next"])
+            else:
+                # Oldest first: a full ring's oldest row is the one it would write next.
+                oldest = int(state["next"]) if size == self.capacity else 0
+                ages = [(oldest + age) % size for age in range(size)]
+                kept = [row for row in ages if intact[row]]
+                for key, tensor in self.tensors.items():
+                    for packed, row in enumerate(kept):
+                        tensor[packed] = tensors[key][row]
+                self._size, self._next = len(kept), len(kept) % self.capacity
+            self._generations.zero_()

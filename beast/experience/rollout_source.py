@@ -148,14 +148,13 @@ class RolloutSource:
 
     def save_replay(self, write: Callable[[dict[str, torch.Tensor]], None]) -> dict | None:
         """Checkpoint the replay: `write` its tensors (the atomic replay file) and return
-        the small rest for model.tar; None without a replay. Preparation threads wait
-        meanwhile: the tensors written are the replay's own memory."""
+        the small rest for model.tar; None without a replay. Preparation threads go on
+        adding meanwhile: `settle` marks the rows they rewrote, which a restore drops."""
         if self.replay is None:
             return None
-        with self.replay.lock:
-            tensors, state = self.replay.contents()
-            write(tensors)
-        return state
+        tensors, state = self.replay.contents()
+        write(tensors)
+        return self.replay.settle(state)
 
     def restore_replay(self, tensors: Mapping[str, torch.Tensor], state: Mapping) -> str:
         """Load a checkpointed replay; returns what was restored, for the start-up line."""
