@@ -58,11 +58,15 @@ Per run:
   after the exit (the final checkpoint), per file;
 - growth that the replay's fill does not explain (issue 41, item 5), judged between the
   end of warm-up, or the time the replay first reached its final fill (logs.csv's
-  `replay_fill`) if later, and the stop: the summed RSS growing by more than
-  max(MEMORY_GROWTH_MIB, MEMORY_GROWTH_SHARE of its start), open files by more than
-  FD_GROWTH, logs and TensorBoard files growing faster than LOG_GROWTH_MIB_PER_HOUR, a
-  checkpoint file growing, any other file appearing or growing, entries left in
-  /dev/shm, processes left after the run's exit (killed, then reported);
+  `replay_fill`) if later, and the stop: the run's private memory (its processes'
+  summed RssAnon: not the shared memory they map, whose RSS grows as each process
+  touches more of a full replay: an R2D2 actor's went from 1.7 to 3.1 GB as it wrote
+  into rows the other actor had filled) or the shared memory the run maps (each segment
+  once) growing by more than max(MEMORY_GROWTH_MIB, MEMORY_GROWTH_SHARE of its start),
+  open files by more than FD_GROWTH, logs and TensorBoard files growing faster than
+  LOG_GROWTH_MIB_PER_HOUR, a checkpoint file growing, any other file appearing or
+  growing, entries left in /dev/shm, processes left after the run's exit (killed, then
+  reported);
 - a PNG: the return against wall-clock and against agent steps, SPS and summed RSS
   against wall-clock.
 
@@ -107,7 +111,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -423,20 +427,30 @@ def run_members(root: int, session: int, stats: dict[int, ProcStat]) -> dict[int
     return {pid: stat for pid, stat in members.items() if stat.state != "Z"}
 
 
-def memory_kib(pid: int) -> tuple[int, int] | None:
-    """(VmRSS, VmHWM) of a process in KiB from /proc/PID/status; None when it is gone or
-    has none (a kernel thread)."""
-    rss = hwm = None
+class Memory(NamedTuple):
+    """A process's memory in KiB (/proc/PID/status): resident (VmRSS), its peak (VmHWM),
+    and the private part of it (RssAnon: neither files nor shared memory)."""
+
+    rss: int
+    hwm: int
+    private: int
+
+
+def memory_kib(pid: int) -> Memory | None:
+    """A process's `Memory`; None when it is gone or has none (a kernel thread). A kernel
+    without RssAnon (before 4.5) gives VmRSS for it."""
+    fields: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1])
-                elif line.startswith("VmHWM:"):
-                    hwm = int(line.split()[1])
+                name, _, value = line.partition(":")
+                if name in ("VmRSS", "VmHWM", "RssAnon"):
+                    fields[name] = int(value.split()[0])
     except OSError:
         return None
-    return None if rss is None or hwm is None else (rss, hwm)
+    if "VmRSS" not in fields or "VmHWM" not in fields:
+        return None
+    return Memory(fields["VmRSS"], fields["VmHWM"], fields.get("RssAnon", fields["VmRSS"]))
 
 
 def shared_segments(pid: int) -> dict[tuple[str, str], int]:
@@ -516,10 +530,12 @@ class ProcessRecord:
 
 @dataclass(frozen=True)
 class Sample:
-    """The run's processes at one time: their summed RSS and open files."""
+    """The run's processes at one time: their summed RSS, private memory (`Memory`) and
+    open files."""
 
     seconds: float  # from launch
     rss_kib: int
+    private_kib: int
     fds: int
     processes: int
 
@@ -540,7 +556,7 @@ class TreeSampler:
     def sample(self, seconds: float) -> Sample:
         members = self.members()
         roles = {key[0]: record.role for key, record in self.records.items()}
-        total_rss = total_fds = 0
+        total_rss = total_private = total_fds = 0
         # Parents first, so that a child's role can follow its parent's.
         for pid, stat in sorted(members.items(), key=lambda item: item[1].start):
             memory = memory_kib(pid)
@@ -556,12 +572,13 @@ class TreeSampler:
                 roles[pid] = role
             fds = open_files(pid)
             record.last_seen = seconds
-            record.peak_rss_kib = max(record.peak_rss_kib, memory[1])
-            record.last_rss_kib = memory[0]
+            record.peak_rss_kib = max(record.peak_rss_kib, memory.hwm)
+            record.last_rss_kib = memory.rss
             record.max_fds = max(record.max_fds, fds)
-            total_rss += memory[0]
+            total_rss += memory.rss
+            total_private += memory.private
             total_fds += fds
-        sample = Sample(seconds, total_rss, total_fds, len(members))
+        sample = Sample(seconds, total_rss, total_private, total_fds, len(members))
         self.samples.append(sample)
         self.pids = list(members)
         return sample
@@ -676,6 +693,7 @@ class Watch:
     dir_snapshots: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     shm_peak: int = 0  # /dev/shm's use, the whole machine's
     run_shm_peak: int = 0  # shared memory the run's processes map (run_shared_memory)
+    run_shm_series: list[tuple[float, int]] = field(default_factory=list)  # (seconds, bytes)
     stop_reason: str | None = None  # "budget", "threshold", "interrupted"
     signalled_at: float | None = None  # seconds from launch of the SIGINT
     killed: bool = False
@@ -749,6 +767,7 @@ class Watch:
                 self.dir_snapshots.append((started, dir_sizes(self.run_dir)))
                 shared = run_shared_memory(self.sampler.pids)  # maps take a while: not each second
                 self.run_shm_peak = max(self.run_shm_peak, shared)
+                self.run_shm_series.append((started, shared))
                 next_snapshot = started + DIR_SNAPSHOT_SECONDS
             if self.proc.poll() is not None:
                 break
@@ -894,9 +913,11 @@ def growth_findings(
     samples: Sequence[Sample],
     snapshots: Sequence[tuple[float, dict[str, int]]],
     window: tuple[float, float, str],
+    shared: Sequence[tuple[float, int]] = (),
 ) -> tuple[dict[str, Any], list[str]]:
     """The growth between `window`'s ends (its figures) and what of it is unexplained
-    (the module docstring's rules), as lines."""
+    (the module docstring's rules), as lines. `shared`: (seconds, bytes) of the shared
+    memory the run maps."""
     start, end, why = window
     figures: dict[str, Any] = {"from": start, "to": end, "why": why}
     if end - start < MIN_GROWTH_WINDOW:
@@ -904,20 +925,24 @@ def growth_findings(
         return figures, []
     figures["judged"] = True
     edge = min(30.0, (end - start) / 5)  # medians over each end: one sample is noisy
-    rss = [
-        _median_in(samples, a, b, "rss_kib") / 1024
-        for a, b in ((start, start + edge), (end - edge, end))
-    ]
-    fds = [_median_in(samples, a, b, "fds") for a, b in ((start, start + edge), (end - edge, end))]
-    figures.update(rss_mib=rss, fds=fds)
+    ends = ((start, start + edge), (end - edge, end))
+    private = [_median_in(samples, a, b, "private_kib") / 1024 for a, b in ends]
+    fds = [_median_in(samples, a, b, "fds") for a, b in ends]
+    inside = [(t, size / MIB) for t, size in shared if start <= t <= end]
+    mapped = [inside[0][1], inside[-1][1]] if len(inside) > 1 else [math.nan, math.nan]
+    figures.update(private_mib=private, shared_mib=mapped, fds=fds)
     found = []
-    if math.isfinite(rss[0]) and rss[1] - rss[0] > max(
-        MEMORY_GROWTH_MIB, MEMORY_GROWTH_SHARE * rss[0]
+    for name, (first, last) in (
+        ("private memory (summed RssAnon)", private),
+        ("shared memory (each segment once)", mapped),
     ):
-        found.append(
-            f"memory: the run's summed RSS grew {rss[1] - rss[0]:,.0f} MiB"
-            f" ({rss[0]:,.0f} -> {rss[1]:,.0f}) between {start:.0f} and {end:.0f} s, {why}"
-        )
+        if math.isfinite(first) and last - first > max(
+            MEMORY_GROWTH_MIB, MEMORY_GROWTH_SHARE * first
+        ):
+            found.append(
+                f"memory: the run's {name} grew {last - first:,.0f} MiB"
+                f" ({first:,.0f} -> {last:,.0f}) between {start:.0f} and {end:.0f} s, {why}"
+            )
     if math.isfinite(fds[0]) and fds[1] - fds[0] > FD_GROWTH:
         found.append(
             f"open files: {fds[0]:.0f} -> {fds[1]:.0f} between {start:.0f} and {end:.0f} s, {why}"
@@ -998,7 +1023,9 @@ def summarize_run(
     stop = watch.signalled_at if watch.signalled_at is not None else wall_clock
     fill = [(t, f) for t, _, f in series if f is not None]
     window = growth_window(settings.warmup, stop, fill)
-    growth, findings = growth_findings(watch.sampler.samples, watch.dir_snapshots, window)
+    growth, findings = growth_findings(
+        watch.sampler.samples, watch.dir_snapshots, window, watch.run_shm_series
+    )
     shm_before, shm_after = shm
     left_in_shm = sorted(shm_after.entries - shm_before.entries)
     if left_in_shm:

@@ -257,6 +257,7 @@ def test_sampler_finds_the_whole_tree_and_an_orphan_and_kills_what_is_left():
         # 64 MiB written: its peak RSS (VmHWM) and the sum hold them.
         assert records[grandchild].peak_rss_kib >= 64 * 1024
         assert sample.rss_kib >= 64 * 1024 and sample.processes == 2
+        assert sample.private_kib >= 64 * 1024  # malloc's pages: anonymous, private
         assert sample.fds >= 3 * 2  # stdin, stdout, stderr each
         # The child dies: the grandchild, an orphan now, is found through its session.
         os.kill(child.pid, signal.SIGKILL)
@@ -353,8 +354,13 @@ def test_process_roles(pid, cmdline, comm, parent_role, role):
 # --- Growth rules ---------------------------------------------------------------------
 
 
-def samples(rss_mib, fds=10, every=1.0):
-    return [atari.Sample(i * every, int(value * 1024), fds, 3) for i, value in enumerate(rss_mib)]
+def samples(private_mib, fds=10, every=1.0):
+    """Samples whose private memory is `private_mib` (their RSS that and 2 GiB of a
+    mapped replay)."""
+    return [
+        atari.Sample(i * every, int((value + 2048) * 1024), int(value * 1024), fds, 3)
+        for i, value in enumerate(private_mib)
+    ]
 
 
 def test_growth_window_starts_when_the_replay_is_full():
@@ -371,7 +377,7 @@ def test_flat_memory_and_files_are_no_finding():
     flat = samples([1000.0] * 301)
     snapshots = [(t, {"model.tar": 5_000_000, "logs.csv": 100 + int(t)}) for t in range(0, 301, 10)]
     figures, found = atari.growth_findings(flat, snapshots, window)
-    assert found == [] and figures["judged"] and figures["rss_mib"] == [1000.0, 1000.0]
+    assert found == [] and figures["judged"] and figures["private_mib"] == [1000.0, 1000.0]
 
 
 def test_growth_after_the_window_starts_is_found():
@@ -390,6 +396,24 @@ def test_growth_after_the_window_starts_is_found():
     assert any("model.tar grew 5,500,000 -> 6,000,000" in line for line in found)
     assert not any("replay.tar" in line for line in found)
     assert any("stray.log appeared" in line for line in found)
+
+
+def test_shared_memory_touched_by_more_processes_is_no_finding():
+    """A full replay's pages count in the RSS of every process that has touched them: an
+    actor writing into rows another actor filled grows its RSS, not the machine's use."""
+    window = (60.0, 300.0, "after the replay reached its fill of 1.000")
+    touching = [atari.Sample(t, (7_700 + 10 * t) * 1024, 4_000 * 1024, 10, 3) for t in range(301)]
+    replay = [(float(t), 2_889 * atari.MIB) for t in range(0, 301, 10)]
+    figures, found = atari.growth_findings(touching, [], window, replay)
+    assert found == [] and figures["private_mib"] == [4000.0, 4000.0]
+    assert figures["shared_mib"] == [2889.0, 2889.0]
+    # A segment that appears in the window (the replay held twice) is found.
+    grown = replay[:-1] + [(300.0, 2 * 2_889 * atari.MIB)]
+    _, found = atari.growth_findings(touching, [], window, grown)
+    assert found == [
+        "memory: the run's shared memory (each segment once) grew 2,889 MiB (2,889 -> 5,778)"
+        " between 60 and 300 s, after the replay reached its fill of 1.000"
+    ]
 
 
 def test_logs_faster_than_the_limit_are_found():
