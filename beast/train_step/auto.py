@@ -20,12 +20,14 @@ from beast.util.records import read_record, write_record
 
 __all__ = [
     "BUILD_SHARE_PER_EXTRA_STEP",
+    "BuildClass",
     "BuildHistory",
     "COMPILED_RATIO",
     "Decision",
     "EAGER_PROBES",
     "FIRST_BUILD_SECONDS",
     "KEEP_COMPILED_BELOW",
+    "RECURRENT_BUILD_FACTOR",
     "RETRY_BELOW_SECONDS",
     "StepRecord",
     "build_share",
@@ -71,6 +73,13 @@ EAGER_PROBES = 4
 # unrolled) in `benchmarks.cold_build`; the prior is the common case, and a machine's
 # own builds replace it (`BuildHistory`).
 FIRST_BUILD_SECONDS = {"cpu": 20.0, "cpu convolutions": 25.0, "cuda": 60.0}
+# A recurrent core's steps are unrolled in the graph, so its builds take several times
+# longer: R2D2's Pong update 133 s (`benchmarks.cold_build`) and 146 s in a run, against
+# 16-25 s for the feed-forward convolutional steps above. Their own history (`BuildClass`)
+# keeps them from skewing the feed-forward steps' estimate, and the feed-forward steps'
+# from announcing "about 19 s" for a build of 146; before one, the prior is this factor
+# over the hardware's.
+RECURRENT_BUILD_FACTOR = 5.5
 
 
 def build_share(hardware: str, steps_per_call: int) -> float:
@@ -83,38 +92,61 @@ def build_share(hardware: str, steps_per_call: int) -> float:
     return 1 + BUILD_SHARE_PER_EXTRA_STEP * max(steps_per_call - 1, 0)
 
 
+class BuildClass(NamedTuple):
+    """The steps whose builds take about as long as each other's: the same hardware
+    (`hardware`), and a recurrent core or none (`RECURRENT_BUILD_FACTOR`)."""
+
+    hardware: str
+    recurrent: bool = False
+
+    @classmethod
+    def of(cls, device: torch.device, modules: Iterable[nn.Module]) -> BuildClass:
+        modules = list(modules)
+        recurrent = any(isinstance(m, nn.RNNBase) for m in modules)
+        return cls(hardware(device, modules), recurrent)
+
+    @property
+    def key(self) -> str:
+        return self.hardware + (" recurrent" if self.recurrent else "")
+
+    def prior(self) -> float:
+        """A build's seconds before this machine has done one of the class."""
+        seconds = FIRST_BUILD_SECONDS[self.hardware]
+        return seconds * RECURRENT_BUILD_FACTOR if self.recurrent else seconds
+
+
 class BuildHistory:
-    """How long the last builds of compiled steps took on this machine, by hardware
-    (`hardware`), kept beside the compiled graphs: the log's "about N s" for the next
-    build of any step (a step built once loads from its package, so the figures that
+    """How long the last builds of compiled steps took on this machine, by `BuildClass`,
+    kept beside the compiled graphs: the log's "about N s" for the next build of any
+    step of the class (a step built once loads from its package, so the figures that
     matter are other steps'). Each figure is kept per step of its call (a block of K
     steps builds for longer, `BUILD_SHARE_PER_EXTRA_STEP`)."""
 
     _FILE = "beast_builds.json"
-    _KEEP = 10  # the newest figures, per hardware
+    _KEEP = 10  # the newest figures, per class
 
     @classmethod
-    def estimate(cls, hardware: str, steps_per_call: int = 1) -> tuple[float, str]:
+    def estimate(cls, builds: BuildClass, steps_per_call: int = 1) -> tuple[float, str]:
         """About how long a build of a call of `steps_per_call` steps takes here, and
-        where the figure comes from: the median of past builds, or the prior
-        (`FIRST_BUILD_SECONDS`)."""
-        figures = read_record(cls._FILE, hardware).get("seconds_per_unit")
-        scale = build_share(hardware, steps_per_call)
+        where the figure comes from: the median of past builds of the class, or the prior
+        (`BuildClass.prior`)."""
+        figures = read_record(cls._FILE, builds.key).get("seconds_per_unit")
+        scale = build_share(builds.hardware, steps_per_call)
         if isinstance(figures, list) and figures:
             try:
                 return statistics.median(float(f) for f in figures) * scale, "from past builds"
             except (TypeError, ValueError):
                 pass
-        return FIRST_BUILD_SECONDS[hardware] * scale, "from a prior"
+        return builds.prior() * scale, "from a prior"
 
     @classmethod
-    def add(cls, hardware: str, seconds: float, steps_per_call: int = 1) -> None:
+    def add(cls, builds: BuildClass, seconds: float, steps_per_call: int = 1) -> None:
         """A build of a call of `steps_per_call` steps took `seconds`."""
-        figures = read_record(cls._FILE, hardware).get("seconds_per_unit")
+        figures = read_record(cls._FILE, builds.key).get("seconds_per_unit")
         figures = [f for f in figures if isinstance(f, (int, float))] if figures else []
-        scale = build_share(hardware, steps_per_call)
+        scale = build_share(builds.hardware, steps_per_call)
         figures.append(round(seconds / scale, 2))
-        write_record(cls._FILE, hardware, {"seconds_per_unit": figures[-cls._KEEP :]})
+        write_record(cls._FILE, builds.key, {"seconds_per_unit": figures[-cls._KEEP :]})
 
 
 class StepRecord(NamedTuple):

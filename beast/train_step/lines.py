@@ -22,8 +22,8 @@ def subject(kind: Kind) -> str:
     return "the learner's update" if kind else "the learner's forward pass before its steps"
 
 
-def plan(hardware: str, packaged: bool, mode: str) -> str:
-    """The start-up line's path of a compiling update on `hardware`: the package an
+def plan(builds: auto.BuildClass, packaged: bool, mode: str) -> str:
+    """The start-up line's path of a compiling update of `builds`' class: the package an
     earlier run of this setup built (`packaged`: compiled from the first step), or a
     compilation after the first steps (on CPU a build in the background, the learner
     eager until it is done), with about how long it takes: the median of this machine's
@@ -31,9 +31,9 @@ def plan(hardware: str, packaged: bool, mode: str) -> str:
     steps left pay for it."""
     if packaged:
         return "the update compiled from its package of an earlier run"
-    seconds, source = auto.BuildHistory.estimate(hardware)
+    seconds, source = auto.BuildHistory.estimate(builds)
     about = f"about {seconds:.0f} s {source}"
-    if hardware == "cuda":
+    if builds.hardware == "cuda":
         how = f"compiling it by torch.compile ({about}; the steps wait)"
     else:
         how = f"compiling it in the background ({about}; eager until then)"
@@ -68,13 +68,13 @@ class BuildProgress:
         # seconds), until the progress line has said so once.
         self._switched: tuple[int | None, float] | None = None
 
-    def start(self, kind: Kind, parts: int, hardware: str) -> str:
-        """A build of `kind` (`parts` steps a call) starting now on `hardware`: the line
+    def start(self, kind: Kind, parts: int, builds: auto.BuildClass) -> str:
+        """A build of `kind` (`parts` steps a call, of `builds`' class) starting now: the line
         that says so at once, with about how long it takes (`auto.BuildHistory`)."""
-        seconds, source = auto.BuildHistory.estimate(hardware, parts)
+        seconds, source = auto.BuildHistory.estimate(builds, parts)
         self._started[kind] = (time.perf_counter(), seconds)
         named = subject(kind).replace("the learner's ", "the ")
-        if hardware == "cuda":
+        if builds.hardware == "cuda":
             return (
                 f"compiling {named} by torch.compile (about {seconds:.0f} s {source});"
                 " the learner's steps wait for it"
@@ -95,15 +95,15 @@ class BuildProgress:
         seconds: float,
         built: float | None,
         step: int | None,
-        hardware: Callable[[], str],
+        builds: Callable[[], auto.BuildClass],
     ) -> None:
         """`kind` compiled in `seconds` (`built`: its package's build, as `compiled_line`),
         adopted at agent step `step`: where it was built in this run, what the progress
         line marks once (`note`), and the next builds' estimate (a build's own seconds:
-        trace to load, on `hardware`)."""
+        trace to load, of `builds`' class)."""
         if self._started.pop(kind, None) is not None or built:
             self._switched = (step, seconds)
-            auto.BuildHistory.add(hardware(), seconds, parts)
+            auto.BuildHistory.add(builds(), seconds, parts)
 
     def note(self, compilations: Mapping[Kind, threading.Thread]) -> str | None:
         """What the progress line adds: a build under way (its seconds so far, of about

@@ -170,9 +170,9 @@ class TrainStep:
         machine's past builds, or a prior (`auto.BuildHistory`)."""
         if not self._compiling:
             return "the update eager" + (" (--compile off)" if self.decision.mode == "off" else "")
-        hardware = self._hardware()
-        packaged = hardware != "cuda" and self.known_packages.setup_packaged()
-        return lines.plan(hardware, packaged, self.decision.mode)
+        builds = self._build_class()
+        packaged = builds.hardware != "cuda" and self.known_packages.setup_packaged()
+        return lines.plan(builds, packaged, self.decision.mode)
 
     def progress_note(self) -> str | None:
         """What the progress line adds about the update's path: a build under way (its
@@ -368,7 +368,7 @@ class TrainStep:
             compiler.import_compiler()
             if traced is None:  # torch.compile (CUDA) holds the modules from its start
                 MODULES_IN_USE.compilation_starting()
-            self.log(self._progress.start(kind, parts, self._hardware()))
+            self.log(self._progress.start(kind, parts, self._build_class()))
             thread.start()
         else:
             thread.run()
@@ -398,7 +398,7 @@ class TrainStep:
         took = self.decision.per_step(kind, record.eager)
         built = self._build_seconds.get(kind)  # None: torch.compile's (CUDA)
         step = getattr(getattr(self.stepper, "progress", None), "step", None)
-        self._progress.adopted(kind, parts, seconds, built, step, self._hardware)
+        self._progress.adopted(kind, parts, seconds, built, step, self._build_class)
         cached = record.compile_seconds is not None
         self.log(lines.compiled_line(kind, seconds, built, cached, took))
         # What compiling will cost the next run of this step: tracing and loading its
@@ -442,6 +442,9 @@ class TrainStep:
 
     def _hardware(self) -> str:
         return auto.hardware(self._device(), self.program.modules())
+
+    def _build_class(self) -> auto.BuildClass:
+        return auto.BuildClass.of(self._device(), self.program.modules())
 
     def _load_known(self, kind: Kind, inputs: Mapping[str, Any], parts: int) -> bool:
         """At a kind's first step on CPU: the package an earlier run recorded for this

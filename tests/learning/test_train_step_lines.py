@@ -10,6 +10,9 @@ import os
 import re
 import threading
 
+import torch
+from torch import nn
+
 from beast.outputs.logs import RunLog
 from beast.train_step import auto, package
 from beast.util.records import read_record
@@ -40,10 +43,30 @@ def test_the_estimate_is_the_median_of_past_builds(monkeypatch, tmp_path):
     """Past builds on this machine, of any step, give the estimate: their median."""
     monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))
     for seconds in (12.0, 30.0, 14.0):
-        auto.BuildHistory.add("cpu", seconds)
-    assert auto.BuildHistory.estimate("cpu") == (14.0, "from past builds")
+        auto.BuildHistory.add(auto.BuildClass("cpu"), seconds)
+    assert auto.BuildHistory.estimate(auto.BuildClass("cpu")) == (14.0, "from past builds")
     _, update, _ = build("dqn", CARTPOLE, "on", "--hidden_size", "16")
     assert update.train_step.plan() == PLAN_OF_A_BUILD.format(seconds=14, source="from past builds")
+
+
+def test_recurrent_steps_keep_a_history_of_their_own(monkeypatch, tmp_path):
+    """A recurrent core's unrolled steps build several times longer (R2D2's Pong update:
+    146 s where the feed-forward ones took 16-25): its estimate is neither the
+    feed-forward steps' median nor moves it."""
+    monkeypatch.setenv("BEAST_COMPILE_CACHE", str(tmp_path))
+    feed_forward = auto.BuildClass.of(torch.device("cpu"), [nn.Conv2d(4, 8, 3), nn.Linear(8, 2)])
+    recurrent = auto.BuildClass.of(torch.device("cpu"), [nn.Conv2d(4, 8, 3), nn.LSTM(8, 8)])
+    assert (feed_forward, recurrent) == (
+        auto.BuildClass("cpu convolutions"),
+        auto.BuildClass("cpu convolutions", recurrent=True),
+    )
+    prior = auto.FIRST_BUILD_SECONDS["cpu convolutions"] * auto.RECURRENT_BUILD_FACTOR
+    assert auto.BuildHistory.estimate(recurrent) == (prior, "from a prior")
+    auto.BuildHistory.add(feed_forward, 19.0)
+    assert auto.BuildHistory.estimate(recurrent) == (prior, "from a prior")
+    auto.BuildHistory.add(recurrent, 146.0)
+    assert auto.BuildHistory.estimate(recurrent) == (146.0, "from past builds")
+    assert auto.BuildHistory.estimate(feed_forward) == (19.0, "from past builds")
 
 
 def test_a_setup_whose_packages_exist_plans_to_load_them(fast_backend, monkeypatch, tmp_path):
@@ -104,7 +127,7 @@ def test_a_build_is_said_at_once_and_the_progress_line_marks_the_switch(
     assert re.fullmatch(r"update compiled at step 1,234 \(built in \d+ s\)", step.progress_note())
     assert step.progress_note() is None  # said once
     # The build's seconds are the next estimate.
-    assert auto.BuildHistory.estimate("cpu")[1] == "from past builds"
+    assert auto.BuildHistory.estimate(auto.BuildClass("cpu"))[1] == "from past builds"
 
 
 def test_the_progress_line_ends_with_the_note(tmp_path):
