@@ -692,8 +692,8 @@ class Watch:
     last_log_time: float = -math.inf
     dir_snapshots: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     shm_peak: int = 0  # /dev/shm's use, the whole machine's
-    run_shm_peak: int = 0  # shared memory the run's processes map (run_shared_memory)
-    run_shm_series: list[tuple[float, int]] = field(default_factory=list)  # (seconds, bytes)
+    # Shared memory the run's processes map (run_shared_memory): (seconds, bytes).
+    run_shm_series: list[tuple[float, int]] = field(default_factory=list)
     stop_reason: str | None = None  # "budget", "threshold", "interrupted"
     signalled_at: float | None = None  # seconds from launch of the SIGINT
     killed: bool = False
@@ -766,7 +766,6 @@ class Watch:
             if started >= next_snapshot and self.log_series:  # from the first update on
                 self.dir_snapshots.append((started, dir_sizes(self.run_dir)))
                 shared = run_shared_memory(self.sampler.pids)  # maps take a while: not each second
-                self.run_shm_peak = max(self.run_shm_peak, shared)
                 self.run_shm_series.append((started, shared))
                 next_snapshot = started + DIR_SNAPSHOT_SECONDS
             if self.proc.poll() is not None:
@@ -1081,7 +1080,7 @@ def summarize_run(
             "before": shm_before.used / MIB,
             "peak": max(watch.shm_peak, shm_before.used) / MIB,
             "after": shm_after.used / MIB,
-            "mapped_by_the_run_peak": watch.run_shm_peak / MIB,
+            "mapped_by_the_run_peak": max((b for _, b in watch.run_shm_series), default=0) / MIB,
             "left": left_in_shm,
         },
         "run_dir_mib": {
